@@ -1,0 +1,102 @@
+"""Non-semantic negatives (Ge et al. 2021, Sec. 2.1, 2.3, App. B.1).
+
+A non-semantic (NS) image keeps the local statistics of the query view but not
+its global layout. Its key-encoder feature t enters the query's contrast as one
+extra negative logit per NS image, scaled by alpha.
+"""
+import jax
+import jax.numpy as jnp
+
+ALPHA_MODES = ("in", "out")
+
+
+def ns_logits(sim: jax.Array, alpha: float, temperature: float, mode: str) -> jax.Array:
+  """Logits of the non-semantic negatives from their similarities s = q . t.
+
+  mode "in"  (L_in, Eq. 1 and App. B.1):  alpha * s / T
+  mode "out" (L_out, App. B.1):           s / T + log(alpha),
+      i.e. alpha * exp(s / T) inside the denominator.
+
+  Args:
+    sim: (B, M) similarities of each l2-normalised query with its M NS keys.
+    alpha: > 0, the NS penalty.
+    temperature: T > 0.
+    mode: "in" or "out".
+
+  Returns:
+    (B, M) float32 logits, to be appended to the query's negative logits.
+  """
+  sim = sim.astype(jnp.float32)
+  if mode == "in":
+    return alpha * sim / temperature
+  if mode == "out":
+    return sim / temperature + jnp.log(alpha)
+  raise ValueError(f"nonsemantic.alpha_mode must be one of {ALPHA_MODES}, got {mode!r}")
+
+
+def sample_patch_layout(rng: jax.Array, batch: int, image_size: int, d_min: int,
+                        d_max: int) -> dict[str, jax.Array]:
+  """Random parameters of B patch-based NS images (Sec. 2.3).
+
+  One integer patch size d ~ U{d_min..d_max} per image, and for each of the
+  ceil-grid cells (image_size // d + 1)^2 an independent top-left corner
+  (y, x) ~ U{0..image_size - d} of a d x d crop of the query view (sampling with
+  replacement: crops may overlap and repeat). The grid is laid out for the
+  largest possible cell count, (image_size // d_min + 1)^2; cells beyond the
+  canvas of a larger d are never read.
+
+  Returns:
+    dict with "size": (B,) int32 patch sizes and "corner": (B, G, G, 2) int32
+    crop corners, G = image_size // d_min + 1.
+  """
+  grid = image_size // d_min + 1
+  r_size, r_corner = jax.random.split(rng)
+  size = jax.random.randint(r_size, (batch,), d_min, d_max + 1, dtype=jnp.int32)
+  u = jax.random.uniform(r_corner, (batch, grid, grid, 2))
+  span = (image_size - size + 1).astype(jnp.float32)[:, None, None, None]
+  corner = jnp.minimum(jnp.floor(u * span), span - 1).astype(jnp.int32)
+  return {"size": size, "corner": corner}
+
+
+def render_patches(views: jax.Array, layout: dict[str, jax.Array]) -> jax.Array:
+  """Tile the sampled d x d crops of each view and crop the canvas to S x S.
+
+  Output pixel (y, x) of image b lies in cell (y // d, x // d) at offset
+  (y % d, x % d), so it copies view[b, cy + y % d, cx + x % d] where (cy, cx) is
+  that cell's crop corner: a single gather, static shapes for any d.
+
+  Args:
+    views: (B, S, S, C) augmented query views.
+    layout: output of sample_patch_layout for the same B and S.
+
+  Returns:
+    (B, S, S, C) NS images, same dtype as views.
+  """
+  s = views.shape[1]
+  d = layout["size"][:, None, None]                       # (B, 1, 1)
+  pos = jnp.arange(s, dtype=jnp.int32)
+  yy, xx = pos[None, :, None], pos[None, None, :]         # (1, S, 1), (1, 1, S)
+  b = jnp.arange(views.shape[0])[:, None, None]
+  corner = layout["corner"][b, yy // d, xx // d]          # (B, S, S, 2)
+  src_y = corner[..., 0] + yy % d
+  src_x = corner[..., 1] + xx % d
+  return views[b, src_y, src_x]
+
+
+def patch_negatives(rng: jax.Array, views: jax.Array, num_ns: int, d_min: int,
+                    d_max: int) -> jax.Array:
+  """num_ns patch-based NS images per query view.
+
+  Args:
+    rng: PRNG key.
+    views: (B, S, S, C) augmented query views.
+    num_ns: M, NS images per view.
+    d_min, d_max: inclusive range of the patch size, 1 <= d_min <= d_max <= S.
+
+  Returns:
+    (B, M, S, S, C) NS images.
+  """
+  bsz, s = views.shape[0], views.shape[1]
+  layout = sample_patch_layout(rng, bsz * num_ns, s, d_min, d_max)
+  src = jnp.repeat(views, num_ns, axis=0)
+  return render_patches(src, layout).reshape((bsz, num_ns) + views.shape[1:])

@@ -1,0 +1,179 @@
+"""Validation of a run config: every field is checked before anything runs.
+
+Each error names the field, the value and the allowed range.
+"""
+import math
+
+import ml_collections
+
+METHODS = ("moco",)
+BN_MODES = ("sync", "local", "shuffle")
+NS_KINDS = ("patch",)
+ALPHA_MODES = ("in", "out")
+PROBE_PROTOCOLS = ("fast", "paper")
+DTYPES = ("float32", "bfloat16")
+# Named learning-rate recipes for MoCo-v2 on ImageNet-100 (lr, global batch).
+LR_RECIPES = {
+    "moco_0.03_b128": (0.03, 128),   # original MoCo lr, batch of Ge et al. App. C.1
+    "ifm_0.8_b512": (0.8, 512),      # Robinson et al. 2021 IN-100 runs
+    "custom": None,
+}
+
+
+class ConfigError(ValueError):
+  """A config field holds a value outside its allowed range."""
+
+
+def _fail(field: str, value, allowed: str):
+  raise ConfigError(f"config field {field} = {value!r} is invalid: {allowed}")
+
+
+def _get(c, path: str):
+  node = c
+  for part in path.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      raise ConfigError(f"config field {path} is missing")
+    node = node[part]
+  return node
+
+
+def _int(c, path, lo=None, hi=None):
+  v = _get(c, path)
+  if isinstance(v, bool) or not isinstance(v, int):
+    _fail(path, v, "must be an integer")
+  if (lo is not None and v < lo) or (hi is not None and v > hi):
+    _fail(path, v, f"must be an integer in [{lo}, {hi if hi is not None else 'inf'}]")
+  return v
+
+
+def _float(c, path, lo=None, hi=None, lo_open=False):
+  v = _get(c, path)
+  if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    _fail(path, v, "must be a finite number")
+  below = v <= lo if lo_open else v < lo if lo is not None else False
+  if below or (hi is not None and v > hi):
+    left = "(" if lo_open else "["
+    _fail(path, v, f"must be in {left}{lo}, {hi if hi is not None else 'inf'}]")
+  return float(v)
+
+
+def _choice(c, path, allowed):
+  v = _get(c, path)
+  if v not in allowed:
+    _fail(path, v, f"must be one of {', '.join(map(str, allowed))}")
+  return v
+
+
+def _bool(c, path):
+  v = _get(c, path)
+  if not isinstance(v, bool):
+    _fail(path, v, "must be True or False")
+  return v
+
+
+def _range(c, path, lo, hi):
+  v = _get(c, path)
+  if (not isinstance(v, (tuple, list)) or len(v) != 2
+      or not all(isinstance(x, (int, float)) for x in v) or not lo <= v[0] <= v[1] <= hi):
+    _fail(path, v, f"must be a pair (a, b) with {lo} <= a <= b <= {hi}")
+  return tuple(v)
+
+
+def _dataset_names():
+  from cl_jax.data import sources  # light: imports no TensorFlow
+  return sources.DATASET_NAMES
+
+
+def validate(c: ml_collections.ConfigDict, num_devices: int = 1) -> None:
+  """Raise ConfigError for the first invalid field of config `c`."""
+  _choice(c, "method", METHODS)
+  _int(c, "seed", 0, 2**31 - 1)
+
+  name = _choice(c, "data.name", _dataset_names())
+  if name != "trifeature" and not _get(c, "data.data_dir"):
+    _fail("data.data_dir", "", f"dataset {name} is read through TFDS: set data.data_dir "
+          "to the directory where it was prepared")
+  size = _int(c, "data.image_size", 16, 1024)
+  _range(c, "data.crop_scale", 1e-3, 1.0)
+  _float(c, "data.eval_crop_fraction", 0.0, 1.0, lo_open=True)
+  _int(c, "data.workers", 0, 256)
+  _int(c, "data.trifeature_seed", 0, 2**31 - 1)
+  _int(c, "data.trifeature_train", 1)
+  _int(c, "data.trifeature_test", 1)
+
+  for p in ("jitter_prob", "grayscale_prob", "blur_prob", "solarize_prob"):
+    _float(c, f"aug.{p}", 0.0, 1.0)
+  for p in ("brightness", "contrast", "saturation"):
+    _float(c, f"aug.{p}", 0.0, 1.0)
+  _float(c, "aug.hue", 0.0, 0.5)
+  _range(c, "aug.blur_sigma", 1e-3, 100.0)
+
+  _choice(c, "model.depth", (18, 50))
+  _choice(c, "model.stem", ("imagenet", "cifar"))
+  _float(c, "model.width_multiplier", 0.0, 16.0, lo_open=True)
+  _int(c, "model.head_hidden_dim", 1)
+  _int(c, "model.head_out_dim", 1)
+  _int(c, "model.head_layers", 1, 2)
+  _choice(c, "model.dtype", DTYPES)
+  bn_mode = _choice(c, "model.bn_mode", BN_MODES)
+  groups = _int(c, "model.bn_groups", 1)
+
+  queue = _int(c, "moco.queue_size", 1)
+  _float(c, "moco.temperature", 0.0, None, lo_open=True)
+  _float(c, "moco.momentum", 0.0, 1.0)
+  symmetric = _bool(c, "moco.symmetric")
+
+  if _bool(c, "nonsemantic.enabled"):
+    _choice(c, "nonsemantic.kind", NS_KINDS)
+    _int(c, "nonsemantic.num_ns", 1, 64)
+    _float(c, "nonsemantic.alpha", 0.0, None, lo_open=True)
+    _choice(c, "nonsemantic.alpha_mode", ALPHA_MODES)
+    d_min = _int(c, "nonsemantic.patch_min", 1)
+    d_max = _int(c, "nonsemantic.patch_max", 1)
+    if d_max > size:
+      _fail("nonsemantic.patch_max", d_max, f"the patch size must not exceed the view "
+            f"size data.image_size = {size}")
+    if d_min > d_max:
+      _fail("nonsemantic.patch_min", d_min, f"must be <= nonsemantic.patch_max = {d_max}")
+
+  recipe = _choice(c, "optim.lr_recipe", tuple(LR_RECIPES))
+  lr = _float(c, "optim.lr", 0.0, None, lo_open=True)
+  batch = _int(c, "optim.batch_size", 1)
+  if LR_RECIPES[recipe] is not None and (lr, batch) != LR_RECIPES[recipe]:
+    _fail("optim.lr_recipe", recipe, f"recipe fixes (lr, batch_size) = {LR_RECIPES[recipe]} "
+          f"but the config has ({lr}, {batch}); set optim.lr_recipe = 'custom' to change them")
+  _float(c, "optim.momentum", 0.0, 1.0)
+  _float(c, "optim.weight_decay", 0.0, 1.0)
+  epochs = _int(c, "optim.epochs", 1)
+  _int(c, "optim.warmup_epochs", 0, epochs - 1)
+
+  if batch % num_devices:
+    _fail("optim.batch_size", batch, f"must be divisible by the number of devices "
+          f"({num_devices})")
+  if bn_mode == "shuffle" and groups < 2:
+    _fail("model.bn_groups", groups, "bn_mode 'shuffle' needs at least 2 groups, "
+          "otherwise key statistics are computed over the query's own batch")
+  if batch % groups:
+    _fail("model.bn_groups", groups, f"must divide optim.batch_size = {batch}")
+  keys_per_step = batch * (2 if symmetric else 1)
+  if queue % keys_per_step:
+    _fail("moco.queue_size", queue, f"must be divisible by the keys enqueued per step "
+          f"({keys_per_step} = global batch{' x 2 views (symmetric)' if symmetric else ''})")
+  if queue < keys_per_step:
+    _fail("moco.queue_size", queue, f"must be at least the keys per step ({keys_per_step})")
+
+  _int(c, "train.log_every", 1)
+  _int(c, "train.checkpoint_every", 1)
+  _int(c, "train.keep_checkpoints", 1)
+
+  _bool(c, "probe.after_pretrain")
+  _choice(c, "probe.protocol", PROBE_PROTOCOLS)
+  _int(c, "probe.batch_size", 1)
+  probe_epochs = _int(c, "probe.epochs", 1)
+  _float(c, "probe.lr", 0.0, None, lo_open=True)
+  _float(c, "probe.weight_decay", 0.0, 1.0)
+  decay = _get(c, "probe.decay_epochs")
+  if (not isinstance(decay, (tuple, list)) or list(decay) != sorted(decay)
+      or not all(isinstance(e, int) and 0 < e < probe_epochs for e in decay)):
+    _fail("probe.decay_epochs", decay, f"must be increasing integers in (0, probe.epochs = "
+          f"{probe_epochs})")

@@ -1,0 +1,88 @@
+"""grain input pipelines: two-view pretraining batches and probe batches.
+
+The host does what needs the full-resolution image: decoding (inside the
+source) and the geometric part of the augmentation (random resized crop and
+flip, cl_jax.data.geometric). Photometric ops run batched on the device
+(cl_jax.data.photometric) inside the train step.
+
+Each process reads only its own slice of the source (records
+i = process_index mod process_count) and yields its share of the global batch.
+Every random choice is a function of (seed, epoch, record index), so the
+iterator state saved in a checkpoint resumes the exact same stream.
+"""
+import grain
+import numpy as np
+
+from cl_jax.data import geometric
+
+
+def _two_views(image_size: int, crop_scale: tuple[float, float]):
+  def transform(record: dict, rng: np.random.Generator) -> dict:
+    image = record["image"]
+    out = {}
+    for v in ("1", "2"):
+      params = geometric.sample_crop(rng, image.shape[0], image.shape[1], scale=crop_scale)
+      out["view" + v] = geometric.apply_crop(image, params, image_size)
+      out["box" + v] = params.box
+      out["flip" + v] = np.bool_(params.flip)
+    return out
+  return transform
+
+
+def pretrain_dataset(source, *, batch_size: int, image_size: int,
+                     crop_scale: tuple[float, float], seed: int, process_index: int = 0,
+                     process_count: int = 1) -> grain.MapDataset:
+  """Infinite dataset of this process's pretraining batches.
+
+  Each element: view1, view2 (b, S, S, 3) uint8 randomly cropped and flipped;
+  box1, box2 (b, 4) float32 crop boxes [y0, x0, y1, x1] in source pixels;
+  flip1, flip2 (b,) bool; b = batch_size // process_count. Records are
+  reshuffled every epoch; the last incomplete batch of an epoch is not dropped
+  but continues into the next epoch (the stream is one infinite sequence).
+  """
+  if batch_size % process_count:
+    raise ValueError(f"global batch {batch_size} is not divisible by the process "
+                     f"count {process_count}")
+  ds = grain.MapDataset.source(source)[process_index::process_count]
+  ds = ds.seed(seed).shuffle().repeat(None)
+  ds = ds.random_map(_two_views(image_size, crop_scale))
+  return ds.batch(batch_size // process_count, drop_remainder=True)
+
+
+def make_iterator(ds: grain.MapDataset, workers: int):
+  """A checkpointable iterator (get_state / set_state) over `ds`."""
+  it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=max(1, workers), prefetch_buffer_size=2))
+  if workers > 0:
+    it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+  return iter(it_ds)
+
+
+def probe_dataset(source, label_names: tuple[str, ...], *, image_size: int,
+                  eval_crop_fraction: float, batch_size: int, train_views: bool,
+                  crop_scale: tuple[float, float] = (0.08, 1.0), seed: int = 0,
+                  epochs: int = 1) -> grain.MapDataset:
+  """Labelled batches for the linear probe.
+
+  train_views=False: every record once, in order, as its evaluation view
+  (resize to image_size / eval_crop_fraction, centre crop); the last batch is
+  kept (smaller). train_views=True: `epochs` reshuffled passes of random
+  resized crops (scale crop_scale) with flips, full batches only.
+  Each element: image (b, S, S, 3) uint8 and one (b,) int32 array per label.
+  """
+  def eval_view(record):
+    out = {k: np.int32(record[k]) for k in label_names}
+    out["image"] = geometric.eval_view(record["image"], image_size, eval_crop_fraction)
+    return out
+
+  def train_view(record, rng):
+    out = {k: np.int32(record[k]) for k in label_names}
+    params = geometric.sample_crop(rng, record["image"].shape[0], record["image"].shape[1],
+                                   scale=crop_scale)
+    out["image"] = geometric.apply_crop(record["image"], params, image_size)
+    return out
+
+  ds = grain.MapDataset.source(source)
+  if train_views:
+    ds = ds.seed(seed).shuffle().repeat(epochs).random_map(train_view)
+    return ds.batch(batch_size, drop_remainder=True)
+  return ds.map(eval_view).batch(batch_size, drop_remainder=False)

@@ -1,0 +1,117 @@
+"""Batch normalisation with statistics over equal groups of the batch ("virtual devices").
+
+Hand-written because flax's ``nn.BatchNorm`` groups statistics only across devices
+(``axis_name`` / ``axis_index_groups``), while MoCo's per-device BN and shuffle-BN need
+per-group statistics on any number of devices, including one. With the global batch sharded
+over a ``data`` mesh axis and ``num_groups`` a multiple of the device count, the reshape
+(B, ...) -> (G, B/G, ...) keeps every group on one device, so each device computes its
+groups' statistics locally; the only cross-device reduction is the (C,)-sized average that
+updates the running statistics. On a mesh with Explicit axes, a ``num_groups`` that would
+split a group across devices is rejected with a ValueError.
+"""
+
+import math
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def _explicit_batch_shards(x: jax.Array) -> int:
+  """Number of shards of x's batch axis over Explicit mesh axes (1 when not so sharded)."""
+  sharding = jax.typeof(x).sharding
+  axes = sharding.spec[0] if len(sharding.spec) else None
+  if axes is None:
+    return 1
+  axes = axes if isinstance(axes, tuple) else (axes,)
+  return math.prod(sharding.mesh.shape[axis] for axis in axes)
+
+
+class GroupBatchNorm(nn.Module):
+  """Batch norm (Ioffe & Szegedy 2015, Alg. 1) with statistics per contiguous batch group.
+
+  Training mode, for x of shape (B, ..., C) split into G = ``num_groups`` contiguous groups
+  x_g of shape (B/G, ..., C):
+    mu_g  = mean(x_g)               over every axis but C        (float32)
+    var_g = mean((x_g - mu_g)^2)    biased variance, same axes    (float32)
+    y_g   = (x_g - mu_g) / sqrt(var_g + epsilon) * scale + bias
+  and the running statistics in collection ``batch_stats`` are updated as
+    mean <- momentum * mean + (1 - momentum) * mean_g(mu_g)
+    var  <- momentum * var  + (1 - momentum) * mean_g(var_g)
+  i.e. the average over groups of each group's *biased* variance (flax's convention; with
+  G = 1 this is exactly ``nn.BatchNorm``). The running statistics are left untouched while the
+  module is being initialised, as in flax.
+
+  Eval mode (``use_running_average=True``) normalises with the running statistics.
+
+  Attributes:
+    num_groups: G, number of equal contiguous groups of the batch axis (1: whole batch).
+    momentum: decay of the running averages.
+    epsilon: added to the variance before the square root.
+    dtype: dtype of the output (statistics and normalisation are computed in float32).
+    param_dtype: dtype of ``scale`` and ``bias``.
+    use_scale: learn a per-channel scale (shape (C,)).
+    use_bias: learn a per-channel bias (shape (C,)).
+    scale_init: initialiser of ``scale`` (``nn.initializers.zeros`` for the last BN of a
+      residual branch).
+    bias_init: initialiser of ``bias``.
+  """
+
+  num_groups: int = 1
+  momentum: float = 0.9
+  epsilon: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  use_scale: bool = True
+  use_bias: bool = True
+  scale_init: Callable[..., jax.Array] = nn.initializers.ones
+  bias_init: Callable[..., jax.Array] = nn.initializers.zeros
+
+  @nn.compact
+  def __call__(self, x: jax.Array, use_running_average: bool) -> jax.Array:
+    """Normalises x of shape (B, ..., C); returns the same shape in ``self.dtype``.
+
+    In training mode B must be divisible by ``num_groups``; eval mode takes any B.
+    """
+    if isinstance(self.num_groups, bool) or not isinstance(self.num_groups, int) or (
+        self.num_groups < 1):
+      raise ValueError(f'num_groups must be a positive integer, got {self.num_groups!r}')
+    if x.ndim < 2:
+      raise ValueError(f'GroupBatchNorm expects input of shape (B, ..., C), got {x.shape}')
+    batch, channels = x.shape[0], x.shape[-1]
+
+    ra_mean = self.variable('batch_stats', 'mean', jnp.zeros, (channels,), jnp.float32)
+    ra_var = self.variable('batch_stats', 'var', jnp.ones, (channels,), jnp.float32)
+
+    x32 = x.astype(jnp.float32)
+    if use_running_average:
+      y = (x32 - ra_mean.value) * jax.lax.rsqrt(ra_var.value + self.epsilon)
+    else:
+      if batch % self.num_groups:
+        raise ValueError(
+            f'batch size {batch} is not divisible by num_groups {self.num_groups}; '
+            'choose a batch size that is a multiple of the number of BN groups')
+      shards = _explicit_batch_shards(x)
+      if self.num_groups > 1 and self.num_groups % shards:
+        raise ValueError(
+            f'num_groups {self.num_groups} must be 1 or a multiple of the {shards} shards of '
+            'the batch axis, so that every group lies on one device')
+      grouped = x32.reshape((self.num_groups, batch // self.num_groups) + x.shape[1:])
+      axes = tuple(range(1, grouped.ndim - 1))
+      mean = jnp.mean(grouped, axis=axes, keepdims=True)
+      var = jnp.mean(jnp.square(grouped - mean), axis=axes, keepdims=True)
+      y = ((grouped - mean) * jax.lax.rsqrt(var + self.epsilon)).reshape(x.shape)
+      if not self.is_initializing():
+        group_mean = mean.reshape(self.num_groups, channels).mean(axis=0)
+        group_var = var.reshape(self.num_groups, channels).mean(axis=0)
+        ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * group_mean
+        ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * group_var
+
+    if self.use_scale:
+      scale = self.param('scale', self.scale_init, (channels,), self.param_dtype)
+      y = y * scale.astype(jnp.float32)
+    if self.use_bias:
+      bias = self.param('bias', self.bias_init, (channels,), self.param_dtype)
+      y = y + bias.astype(jnp.float32)
+    return y.astype(self.dtype)

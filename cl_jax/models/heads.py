@@ -1,0 +1,57 @@
+"""Projection heads and L2 normalisation."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from cl_jax.models.batchnorm import GroupBatchNorm
+
+# torch.nn.Linear's default kernel init, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), which the MoCo
+# heads are trained with; biases start at zero.
+dense_init = nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform')
+
+
+def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
+  """x / max(||x||_2, eps) along ``axis`` (torch's F.normalize); same shape and dtype as x."""
+  norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=axis, keepdims=True))
+  return x / jnp.maximum(norm, eps)
+
+
+class MLPHead(nn.Module):
+  """Projection head g(h) (MoCo-v2 / SimCLR): (num_layers - 1) x [Linear(hidden_dim),
+  optional BN, ReLU] followed by Linear(out_dim).
+
+  num_layers=2 is MoCo-v2's 2048-2048-128 MLP; num_layers=1 is MoCo-v1's single linear
+  layer (hidden_dim is then unused). Computed in float32; returns the unnormalised output.
+
+  Attributes:
+    hidden_dim: width of the hidden layers.
+    out_dim: output dimension d.
+    num_layers: number of linear layers, >= 1.
+    use_bn: GroupBatchNorm after each hidden linear layer (BYOL / SimSiam style).
+    bn_groups: ``num_groups`` of those BNs.
+  """
+
+  hidden_dim: int
+  out_dim: int
+  num_layers: int = 2
+  use_bn: bool = False
+  bn_groups: int = 1
+
+  def __post_init__(self):
+    for field in ('hidden_dim', 'out_dim', 'num_layers', 'bn_groups'):
+      value = getattr(self, field)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'MLPHead.{field} must be a positive integer, got {value!r}')
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+    """Features (B, D) -> projections (B, out_dim) float32."""
+    x = x.astype(jnp.float32)
+    for layer in range(self.num_layers - 1):
+      x = nn.Dense(self.hidden_dim, kernel_init=dense_init, name=f'hidden{layer + 1}')(x)
+      if self.use_bn:
+        x = GroupBatchNorm(num_groups=self.bn_groups, name=f'bn{layer + 1}')(x, not train)
+      x = nn.relu(x)
+    return nn.Dense(self.out_dim, kernel_init=dense_init, name='out')(x)

@@ -1,0 +1,28 @@
+"""Device mesh and shardings: the global batch is split over a `data` axis."""
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+DATA_AXIS = "data"
+
+
+def make_mesh(devices=None) -> Mesh:
+  """1-D mesh over all (or the given) devices with axis name `data`."""
+  devices = jax.devices() if devices is None else devices
+  return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) axis split over `data`, other axes whole."""
+  return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """Every device holds the whole array."""
+  return NamedSharding(mesh, P())
+
+
+def global_batch(local: dict, mesh: Mesh) -> dict:
+  """Global arrays from this process's share of the batch (rows of `local`)."""
+  sharding = batch_sharding(mesh)
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local)

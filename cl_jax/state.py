@@ -1,0 +1,59 @@
+"""The train state: one pytree holding everything a step reads and writes."""
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from cl_jax import queue as queue_lib
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything needed to continue a run exactly (with the data iterator state).
+
+  Attributes:
+    step: () int32, steps taken.
+    params, batch_stats: online (query) encoder variables.
+    target_params, target_batch_stats: EMA (key) encoder variables.
+    opt_state: optax state of the online parameters.
+    queue: (K, d) float32 memory queue of keys.
+    rng: (2,) uint32 raw PRNG key; step t uses fold_in(rng, t).
+  """
+  step: jax.Array
+  params: Any
+  batch_stats: Any
+  target_params: Any
+  target_batch_stats: Any
+  opt_state: Any
+  queue: jax.Array
+  rng: jax.Array
+
+
+def init_state(rng: jax.Array, encoder, tx: optax.GradientTransformation, *,
+               image_size: int, queue_size: int, embed_dim: int) -> TrainState:
+  """Fresh state: random online encoder, target = online, random unit queue.
+
+  Args:
+    rng: PRNG key (new-style or raw uint32).
+    encoder: cl_jax.models.encoder.Encoder.
+    tx: the optimizer.
+    image_size: S of the (G, S, S, 3) example used to create the variables
+      (G = batch-norm groups).
+    queue_size, embed_dim: K and d of the queue.
+  """
+  rng = jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
+  r_init, r_queue, r_run = jax.random.split(jax.random.wrap_key_data(rng), 3)
+  example = jnp.zeros((encoder.backbone.bn_groups, image_size, image_size, 3))
+  variables = encoder.init(r_init, example, train=False)
+  params, batch_stats = variables["params"], variables["batch_stats"]
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      batch_stats=batch_stats,
+      target_params=jax.tree.map(jnp.copy, params),
+      target_batch_stats=jax.tree.map(jnp.copy, batch_stats),
+      opt_state=tx.init(params),
+      queue=queue_lib.init_queue(r_queue, queue_size, embed_dim),
+      rng=jax.random.key_data(r_run))

@@ -1,0 +1,141 @@
+"""The pretraining loop: data -> jitted train step -> metrics and checkpoints.
+
+The step runs without host synchronisation; the host reads metrics back only
+every `train.log_every` steps and before each checkpoint, where a non-finite
+loss or state stops the run before anything is saved.
+"""
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import tqdm
+
+from cl_jax import checkpoint, config_check, optim, parallel, step as step_lib
+from cl_jax.data import pipeline, sources
+from cl_jax.metrics import MetricWriter
+from cl_jax.models.encoder import build_encoder
+from cl_jax.state import init_state
+
+
+class TrainingDiverged(RuntimeError):
+  """The loss or the parameters became NaN or infinite."""
+
+
+def steps_per_epoch(num_records: int, batch_size: int) -> int:
+  """Full global batches per pass over the pretraining source."""
+  if num_records < batch_size:
+    raise ValueError(f"the pretraining set has {num_records} images, fewer than one global "
+                     f"batch (optim.batch_size = {batch_size})")
+  return num_records // batch_size
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """workdir/config.json: the run's config, read by the probe job."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "config.json")
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(config.to_json(indent=2))
+  os.replace(path + ".tmp", path)
+
+
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run in `workdir` was started with."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: {workdir} holds no cl_jax pretraining run")
+  with open(path, encoding="utf-8") as f:
+    data = json.load(f)
+  # JSON turns tuples into lists; the config uses tuples for ranges.
+  c = ml_collections.ConfigDict(data)
+  for block, field in (("data", "crop_scale"), ("aug", "blur_sigma"), ("probe", "decay_epochs")):
+    c[block][field] = tuple(c[block][field])
+  return c
+
+
+def build(config: ml_collections.ConfigDict, num_records: int, mesh):
+  """(encoder, optimizer, schedule, initial state, total steps) of a run."""
+  spe = steps_per_epoch(num_records, config.optim.batch_size)
+  schedule = optim.lr_schedule(config.optim, spe)
+  tx = optim.make_optimizer(config.optim, schedule)
+  encoder = build_encoder(config.model)
+  init = jax.jit(lambda rng: init_state(
+      rng, encoder, tx, image_size=config.data.image_size,
+      queue_size=config.moco.queue_size, embed_dim=config.model.head_out_dim),
+      out_shardings=parallel.replicated(mesh))
+  state = init(jax.random.key_data(jax.random.key(config.seed)))
+  return encoder, tx, schedule, state, config.optim.epochs * spe
+
+
+def pretrain(config: ml_collections.ConfigDict, workdir: str) -> int:
+  """Pretrain (or resume) in `workdir`; returns the final step."""
+  mesh = parallel.make_mesh()
+  config_check.validate(config, num_devices=mesh.devices.size)
+  lead = jax.process_index() == 0
+  if lead:
+    write_config(config, workdir)
+  source = sources.open_source(config.data, "pretrain")
+  encoder, tx, schedule, state, total = build(config, len(source), mesh)
+  manager = checkpoint.make_manager(workdir, config.train.keep_checkpoints)
+  data = pipeline.pretrain_dataset(
+      source, batch_size=config.optim.batch_size, image_size=config.data.image_size,
+      crop_scale=tuple(config.data.crop_scale), seed=config.seed,
+      process_index=jax.process_index(), process_count=jax.process_count())
+  it = pipeline.make_iterator(data, config.data.workers)
+  restored = checkpoint.restore(manager, state)
+  if restored is not None:
+    state, data_state = restored
+    it.set_state(data_state)
+  start = int(state.step)
+  if lead and start:
+    print(f"resuming from the checkpoint at step {start} in {workdir}")
+
+  train_step = step_lib.jit_train_step(
+      step_lib.make_train_step(config, encoder, tx, schedule),
+      parallel.replicated(mesh), parallel.batch_sharding(mesh))
+  writer = MetricWriter(workdir)
+  bar = tqdm.tqdm(total=total, initial=start, desc="pretrain", disable=not lead,
+                  dynamic_ncols=True)
+  t_last, step_last = time.perf_counter(), start
+  try:
+    for step in range(start, total):
+      state, metrics = train_step(state, parallel.global_batch(next(it), mesh))
+      done = step + 1
+      bar.update(1)
+      if done % config.train.log_every == 0 or done == total:
+        scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        now = time.perf_counter()
+        scalars["img_per_s"] = (done - step_last) * config.optim.batch_size / (now - t_last)
+        t_last, step_last = now, done
+        _check_finite(scalars["loss"], done, manager)
+        writer.write(done, scalars)
+        bar.set_postfix(loss=f"{scalars['loss']:.4f}", lr=f"{scalars['lr']:.3g}")
+      if done % config.train.checkpoint_every == 0 or done == total:
+        _check_finite(float(metrics["loss"]), done, manager)
+        if not bool(_all_finite((state.params, state.target_params, state.queue))):
+          _check_finite(float("nan"), done, manager)
+        checkpoint.save(manager, state, it.get_state())
+  finally:
+    bar.close()
+    writer.close()
+    manager.wait_until_finished()
+  return total
+
+
+def _check_finite(loss: float, step: int, manager) -> None:
+  if jnp.isfinite(loss):
+    return
+  manager.wait_until_finished()
+  last = manager.latest_step()
+  kept = (f"the last good checkpoint (step {last}) is intact" if last is not None
+          else "no checkpoint had been written yet")
+  raise TrainingDiverged(
+      f"training diverged: the loss or parameters became {loss} at step {step}; {kept}. "
+      "Lower optim.lr or check the data, then start again in the same workdir to resume.")

@@ -1,0 +1,162 @@
+"""Shared defaults of every cl_jax config and the dataset presets.
+
+`base_config()` is the quick MoCo-v2 run on the built-in Trifeature dataset; the
+preset functions overwrite the fields that the papers' settings fix.
+"""
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """MoCo-v2 on 32 px Trifeature: pretraining + probe in minutes on a laptop CPU."""
+  c = ml_collections.ConfigDict()
+  c.method = "moco"
+  c.preset = "trifeature"
+  c.seed = 0
+
+  c.data = ml_collections.ConfigDict()
+  c.data.name = "trifeature"        # or a TFDS name: cifar10, cifar100, stl10, imagenet2012, imagenet100
+  c.data.data_dir = ""              # TFDS data_dir (prepared with --file_format=array_record)
+  c.data.image_size = 32
+  c.data.crop_scale = (0.2, 1.0)    # RandomResizedCrop area range
+  c.data.eval_crop_fraction = 1.0   # probe test views: resize to size/fraction, centre crop
+  c.data.workers = 0                # grain worker processes (0: in the main process)
+  c.data.trifeature_seed = 0
+  c.data.trifeature_train = 5000
+  c.data.trifeature_test = 2000
+  c.data.cache_dir = ""             # Trifeature cache ("" = $CL_JAX_CACHE or ~/.cache/cl_jax)
+
+  c.aug = ml_collections.ConfigDict()   # photometric part of "aug-plus", on the device
+  c.aug.jitter_prob = 0.8
+  c.aug.brightness = 0.4
+  c.aug.contrast = 0.4
+  c.aug.saturation = 0.4
+  c.aug.hue = 0.1
+  c.aug.grayscale_prob = 0.2
+  c.aug.blur_prob = 0.5
+  c.aug.blur_sigma = (0.1, 2.0)
+  c.aug.solarize_prob = 0.0
+
+  c.model = ml_collections.ConfigDict()
+  c.model.depth = 18
+  c.model.stem = "cifar"
+  c.model.width_multiplier = 0.25
+  c.model.head_hidden_dim = 128
+  c.model.head_out_dim = 64
+  c.model.head_layers = 2
+  c.model.dtype = "float32"         # "bfloat16" on accelerators
+  c.model.bn_mode = "shuffle"       # sync | local | shuffle
+  c.model.bn_groups = 4             # virtual batch-norm groups over the global batch
+
+  c.moco = ml_collections.ConfigDict()
+  c.moco.queue_size = 2048
+  c.moco.temperature = 0.2
+  c.moco.momentum = 0.99
+  c.moco.symmetric = False
+
+  c.nonsemantic = ml_collections.ConfigDict()
+  c.nonsemantic.enabled = False
+  c.nonsemantic.kind = "patch"
+  c.nonsemantic.num_ns = 1
+  c.nonsemantic.alpha = 2.0
+  c.nonsemantic.alpha_mode = "in"   # in: alpha * q.t / T (L_in); out: + log(alpha) (L_out)
+  c.nonsemantic.patch_min = 3
+  c.nonsemantic.patch_max = 10
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr_recipe = "custom"      # see cl_jax/config_check.py LR_RECIPES
+  c.optim.lr = 0.06
+  c.optim.batch_size = 128          # global batch
+  c.optim.momentum = 0.9
+  c.optim.weight_decay = 5e-4
+  c.optim.warmup_epochs = 0
+  c.optim.epochs = 12
+
+  c.train = ml_collections.ConfigDict()
+  c.train.log_every = 10
+  c.train.checkpoint_every = 100
+  c.train.keep_checkpoints = 2
+
+  c.probe = ml_collections.ConfigDict()
+  c.probe.after_pretrain = True
+  c.probe.protocol = "fast"         # fast | paper
+  c.probe.batch_size = 256
+  c.probe.epochs = 100
+  c.probe.lr = 0.1
+  c.probe.weight_decay = 1e-4
+  c.probe.decay_epochs = (60, 80)
+  return c
+
+
+def apply_imagenet100(c: ml_collections.ConfigDict) -> None:
+  """ImageNet-100 MoCo-v2 (Ge et al. 2021, Table 1 and App. C.1)."""
+  c.preset = "imagenet100"
+  c.data.name = "imagenet100"
+  c.data.image_size = 224
+  c.data.eval_crop_fraction = 0.875
+  c.data.workers = 16
+  c.model.update(depth=50, stem="imagenet", width_multiplier=1, head_hidden_dim=2048,
+                 head_out_dim=128, dtype="bfloat16", bn_groups=8)
+  c.moco.update(queue_size=16384, temperature=0.2, momentum=0.999)
+  c.nonsemantic.update(alpha=2.0, patch_min=16, patch_max=72)
+  c.optim.update(lr_recipe="moco_0.03_b128", lr=0.03, batch_size=128,
+                 weight_decay=1e-4, epochs=200)
+  c.train.update(log_every=50, checkpoint_every=2000, keep_checkpoints=3)
+  _paper_probe(c)
+
+
+def apply_cifar10(c: ml_collections.ConfigDict) -> None:
+  """CIFAR-10: ResNet-18 with the CIFAR stem, 32 px."""
+  c.preset = "cifar10"
+  c.data.name = "cifar10"
+  c.data.image_size = 32
+  c.data.workers = 8
+  c.model.update(depth=18, stem="cifar", width_multiplier=1, head_hidden_dim=512,
+                 head_out_dim=128, dtype="bfloat16", bn_groups=8)
+  c.moco.update(queue_size=4096, temperature=0.2, momentum=0.99)
+  c.nonsemantic.update(alpha=2.0, patch_min=3, patch_max=10)
+  c.optim.update(lr_recipe="custom", lr=0.06, batch_size=512, weight_decay=5e-4,
+                 epochs=200)
+  c.train.update(log_every=50, checkpoint_every=1000, keep_checkpoints=3)
+  c.probe.update(protocol="fast", epochs=100)
+
+
+def apply_stl10(c: ml_collections.ConfigDict) -> None:
+  """STL-10 (unlabelled split for pretraining), ResNet-50 at 96 px, K 16384 (App. C.1)."""
+  c.preset = "stl10"
+  c.data.name = "stl10"
+  c.data.image_size = 96
+  c.data.workers = 8
+  c.model.update(depth=50, stem="imagenet", width_multiplier=1, head_hidden_dim=2048,
+                 head_out_dim=128, dtype="bfloat16", bn_groups=8)
+  c.moco.update(queue_size=16384, temperature=0.2, momentum=0.999)
+  c.nonsemantic.update(alpha=2.0, patch_min=7, patch_max=31)
+  c.optim.update(lr_recipe="moco_0.03_b128", lr=0.03, batch_size=128,
+                 weight_decay=1e-4, epochs=200)
+  c.train.update(log_every=50, checkpoint_every=2000, keep_checkpoints=3)
+  _paper_probe(c)
+
+
+def _paper_probe(c: ml_collections.ConfigDict) -> None:
+  """The papers' linear probe: SGD lr 10, batch 128, 60 epochs, x0.1 at 30/40/50."""
+  c.probe.update(protocol="paper", batch_size=128, epochs=60, lr=10.0,
+                 weight_decay=0.0, decay_epochs=(30, 40, 50))
+
+
+PRESETS = {
+    "": lambda c: None,
+    "trifeature": lambda c: None,
+    "imagenet100": apply_imagenet100,
+    "cifar10": apply_cifar10,
+    "stl10": apply_stl10,
+}
+
+
+def with_preset(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+  """Apply the named preset ("" or None: the quick Trifeature run)."""
+  name = arg or ""
+  if name not in PRESETS:
+    allowed = ", ".join(sorted(k for k in PRESETS if k))
+    raise ValueError(f"unknown preset {name!r}: allowed presets are {allowed} "
+                     f"(or none for the quick Trifeature run)")
+  PRESETS[name](c)
+  return c

@@ -1,0 +1,334 @@
+"""Tests for cl_jax.models: GroupBatchNorm, ResNet backbones, heads and the encoder."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from cl_jax.models.batchnorm import GroupBatchNorm
+from cl_jax.models.encoder import build_encoder
+from cl_jax.models.heads import MLPHead, l2_normalize
+from cl_jax.models.resnet import ResidualBlock, ResNet, ResNet18, ResNet50, resnet_feature_dim
+
+
+def _key(seed):
+  # The RBG generator compiles in milliseconds on CPU; threefry sampling costs about half a
+  # second of XLA compilation per distinct parameter shape, which dominates a ResNet init.
+  return jax.random.key(seed, impl='rbg')
+
+
+def _init_and_train_step(module, x):
+  """Initialises ``module`` on x and runs one training-mode forward pass; jit it whole so
+  that init and apply share one compilation."""
+  variables = module.init(_key(0), x, train=False)
+  out, _ = module.apply(variables, x, train=True, mutable=['batch_stats'])
+  return variables, out
+
+
+def _param_count(tree):
+  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(tree))
+
+
+# ---------------------------------------------------------------- GroupBatchNorm
+
+def _bn_variables(rng, channels):
+  return {
+      'params': {'scale': rng.normal(size=channels).astype(np.float32),
+                 'bias': rng.normal(size=channels).astype(np.float32)},
+      'batch_stats': {'mean': rng.normal(size=channels).astype(np.float32),
+                      'var': rng.uniform(0.5, 2.0, size=channels).astype(np.float32)},
+  }
+
+
+def _numpy_group_bn(x, scale, bias, groups, eps):
+  """Per-group batch norm in float64; returns (y, group means (G, C), group biased vars)."""
+  x = np.asarray(x, np.float64)
+  grouped = x.reshape((groups, x.shape[0] // groups) + x.shape[1:])
+  axes = tuple(range(1, grouped.ndim - 1))
+  mean = grouped.mean(axis=axes, keepdims=True)
+  var = grouped.var(axis=axes, keepdims=True)
+  y = ((grouped - mean) / np.sqrt(var + eps)).reshape(x.shape) * scale + bias
+  channels = x.shape[-1]
+  return y, mean.reshape(groups, channels), var.reshape(groups, channels)
+
+
+@pytest.mark.parametrize('groups', [1, 4])
+def test_group_batchnorm_training_matches_numpy(groups):
+  rng = np.random.default_rng(0)
+  x = (rng.normal(size=(8, 3, 2, 5)) * 3 + 1).astype(np.float32)
+  variables = _bn_variables(rng, 5)
+  module = GroupBatchNorm(num_groups=groups, momentum=0.8)
+  y, updates = module.apply(variables, x, use_running_average=False, mutable=['batch_stats'])
+
+  p, s = variables['params'], variables['batch_stats']
+  y_ref, mean, var = _numpy_group_bn(x, p['scale'], p['bias'], groups, 1e-5)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  new = updates['batch_stats']
+  np.testing.assert_allclose(new['mean'], 0.8 * s['mean'] + 0.2 * mean.mean(0), rtol=1e-5)
+  np.testing.assert_allclose(new['var'], 0.8 * s['var'] + 0.2 * var.mean(0), rtol=1e-5)
+
+
+def test_group_batchnorm_single_group_equals_flax_batchnorm():
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(6, 4, 4, 3)).astype(np.float32) * 2 - 1
+  variables = _bn_variables(rng, 3)
+  ours, ours_stats = GroupBatchNorm(num_groups=1).apply(
+      variables, x, use_running_average=False, mutable=['batch_stats'])
+  theirs, theirs_stats = nn.BatchNorm(momentum=0.9, epsilon=1e-5).apply(
+      variables, x, use_running_average=False, mutable=['batch_stats'])
+  np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+  for name in ('mean', 'var'):
+    np.testing.assert_allclose(ours_stats['batch_stats'][name],
+                               theirs_stats['batch_stats'][name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('groups, untouched', [(4, [0, 1, 2, 3, 6, 7]), (1, [])])
+def test_group_batchnorm_groups_do_not_see_each_other(groups, untouched):
+  """Replacing group 2 (rows 4, 5 of 8) changes only group 2's rows when G = 4; with G = 1
+  every row's output moves."""
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(8, 3)).astype(np.float32)
+  x_other = x.copy()
+  x_other[4:6] = rng.normal(size=(2, 3)) * 5 + 3
+  variables = _bn_variables(rng, 3)
+  module = GroupBatchNorm(num_groups=groups)
+  run = lambda inp: np.asarray(module.apply(
+      variables, inp, use_running_average=False, mutable=['batch_stats'])[0])
+  y, y_other = run(x), run(x_other)
+  moved = [row for row in range(8) if row not in untouched]
+  np.testing.assert_array_equal(y[untouched], y_other[untouched])
+  assert np.all(np.abs(y[moved] - y_other[moved]).max(axis=1) > 1e-3)
+
+
+def test_group_batchnorm_eval_uses_running_stats():
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(4, 2, 2, 6)).astype(np.float32)
+  variables = _bn_variables(rng, 6)
+  module = GroupBatchNorm(num_groups=2)
+  y = module.apply(variables, x, use_running_average=True)
+  p, s = variables['params'], variables['batch_stats']
+  y_ref = (x - s['mean']) / np.sqrt(s['var'] + 1e-5) * p['scale'] + p['bias']
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  # A single example is normalised the same way as inside a batch.
+  np.testing.assert_allclose(module.apply(variables, x[:1], use_running_average=True), y[:1],
+                             rtol=1e-6, atol=1e-6)
+
+
+def test_group_batchnorm_bfloat16_output_with_float32_statistics():
+  rng = np.random.default_rng(4)
+  x = jnp.asarray(rng.normal(size=(8, 4, 4, 3)) + 100.0, jnp.bfloat16)
+  variables = _bn_variables(rng, 3)
+  y, updates = GroupBatchNorm(num_groups=2, dtype=jnp.bfloat16).apply(
+      variables, x, use_running_average=False, mutable=['batch_stats'])
+  assert y.dtype == jnp.bfloat16
+  assert updates['batch_stats']['mean'].dtype == jnp.float32
+  p, s = variables['params'], variables['batch_stats']
+  y_ref, mean, _ = _numpy_group_bn(np.asarray(x, np.float32), p['scale'], p['bias'], 2, 1e-5)
+  np.testing.assert_allclose(np.asarray(y, np.float32), y_ref, rtol=2e-2, atol=3e-2)
+  np.testing.assert_allclose(updates['batch_stats']['mean'],
+                             0.9 * s['mean'] + 0.1 * mean.mean(0), rtol=1e-5)
+
+
+@pytest.mark.skipif(jax.device_count() < 4, reason='needs 4 devices (e.g. 4 CPU devices)')
+def test_group_batchnorm_sharded_batch_matches_single_device():
+  """Groups that are whole device shards give the unsharded result; groups that would
+  straddle devices of an Explicit mesh are refused."""
+  mesh = jax.make_mesh((4,), ('data',), axis_types=(jax.sharding.AxisType.Explicit,))
+  rng = np.random.default_rng(6)
+  x = rng.normal(size=(16, 2, 2, 3)).astype(np.float32)
+  variables = _bn_variables(rng, 3)
+  sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data')))
+  y_ref, mean, var = _numpy_group_bn(x, variables['params']['scale'],
+                                     variables['params']['bias'], 8, 1e-5)
+  module = GroupBatchNorm(num_groups=8)
+  train = jax.jit(lambda v, inp, m=module: m.apply(
+      v, inp, use_running_average=False, mutable=['batch_stats']))
+  with jax.set_mesh(mesh):
+    y, updates = train(variables, sharded)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(updates['batch_stats']['var'],
+                               0.9 * variables['batch_stats']['var'] + 0.1 * var.mean(0),
+                               rtol=1e-5)
+    with pytest.raises(ValueError, match='num_groups 2 must be 1 or a multiple of the 4'):
+      GroupBatchNorm(num_groups=2).apply(variables, sharded, use_running_average=False,
+                                         mutable=['batch_stats'])
+
+
+def test_group_batchnorm_rejects_indivisible_batch():
+  x = np.zeros((6, 3), np.float32)
+  with pytest.raises(ValueError, match=r'batch size 6 .*num_groups 4'):
+    GroupBatchNorm(num_groups=4).init(_key(0), x, use_running_average=False)
+
+
+# ---------------------------------------------------------------- ResNet
+
+def _shapes(module, size, batch=2):
+  def forward(x):
+    variables = module.init(_key(0), x, train=False)
+    return module.apply(variables, x, train=True, mutable=['batch_stats'])[0], variables
+  return jax.eval_shape(forward, jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32))
+
+
+@pytest.mark.parametrize('module, expected', [
+    (ResNet50(), 23_508_032), (ResNet18(), 11_176_512)])
+def test_parameter_count_matches_torchvision(module, expected):
+  """torchvision resnet50 / resnet18 parameter counts without the 1000-way fc layer."""
+  _, variables = _shapes(module, 32, batch=1)
+  assert _param_count(variables['params']) == expected
+
+
+@pytest.mark.parametrize('depth, stem, width, size, hw, channels', [
+    (18, 'cifar', 0.125, 32, 4, 64),
+    (18, 'imagenet', 0.25, 32, 1, 128),
+    (50, 'cifar', 0.25, 32, 4, 512),
+    (50, 'imagenet', 0.125, 32, 1, 256),
+    (18, 'imagenet', 0.125, 64, 2, 64),
+    (50, 'imagenet', 0.125, 64, 2, 256),
+])
+def test_resnet_output_shapes(depth, stem, width, size, hw, channels):
+  module = ResNet(depth=depth, stem=stem, width_multiplier=width)
+  out, _ = _shapes(module, size)
+  assert out['pooled'].shape == (2, channels) and out['pooled'].dtype == jnp.float32
+  assert out['feature_map'].shape == (2, hw, hw, channels)
+  assert module.feature_dim == resnet_feature_dim(depth, width) == channels
+
+
+def test_resnet_float32_and_bfloat16_forward():
+  """One set of float32 parameters runs in both dtypes; bf16 stays close to float32."""
+  x = jax.random.normal(_key(1), (4, 32, 32, 3))
+  f32 = ResNet(depth=18, stem='cifar', width_multiplier=0.25)
+  bf16 = f32.clone(dtype=jnp.bfloat16)
+  variables, out_f32 = jax.jit(lambda inp: _init_and_train_step(f32, inp))(x)
+
+  # Kaiming-normal fan_out init: std = sqrt(2 / (3 * 3 * 128)) for a 3x3 conv with 128 outputs.
+  kernel = variables['params']['stage4_block2']['conv1']['kernel']
+  assert kernel.shape == (3, 3, 128, 128) and kernel.dtype == jnp.float32
+  np.testing.assert_allclose(np.std(kernel), np.sqrt(2 / (9 * 128)), rtol=0.03)
+  np.testing.assert_array_equal(variables['params']['stage4_block2']['bn2']['scale'], 0.0)
+
+  out_bf16, _ = jax.jit(lambda v, inp: bf16.apply(
+      v, inp, train=True, mutable=['batch_stats']))(variables, x)
+  outs = {'f32': out_f32, 'bf16': out_bf16}
+  assert outs['bf16']['feature_map'].dtype == jnp.bfloat16
+  for out in outs.values():
+    assert out['pooled'].dtype == jnp.float32
+    np.testing.assert_allclose(
+        out['pooled'], np.asarray(out['feature_map'], np.float32).mean(axis=(1, 2)),
+        rtol=1e-5, atol=1e-6)
+  assert np.all(np.asarray(outs['f32']['pooled']) >= 0)
+  np.testing.assert_allclose(outs['bf16']['pooled'], outs['f32']['pooled'], atol=3e-2)
+
+
+@pytest.mark.parametrize('kind, planes, in_channels', [('basic', 8, 8), ('bottleneck', 4, 16)])
+def test_zero_init_residual_block_starts_as_identity(kind, planes, in_channels):
+  """With the last BN scale at zero, relu(0 + x) = x for a non-negative input."""
+  x = jax.nn.relu(jax.random.normal(_key(2), (4, 6, 6, in_channels)))
+  outputs = {}
+  for zero_init in (True, False):
+    block = ResidualBlock(kind=kind, planes=planes, stride=1, bn_groups=2,
+                          zero_init_residual=zero_init, dtype=jnp.float32)
+    variables = block.init(_key(0), x, train=False)
+    outputs[zero_init], _ = block.apply(variables, x, train=True, mutable=['batch_stats'])
+  np.testing.assert_allclose(outputs[True], x, rtol=1e-6, atol=1e-6)
+  assert np.abs(np.asarray(outputs[False]) - np.asarray(x)).max() > 1e-2
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    ({'depth': 34}, 'depth must be one of'),
+    ({'depth': 18, 'stem': 'tiny'}, 'stem must be one of'),
+    ({'depth': 50, 'width_multiplier': 0.1}, 'width_multiplier'),
+])
+def test_resnet_rejects_bad_arguments(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    ResNet(**kwargs)
+
+
+# ---------------------------------------------------------------- heads
+
+def test_l2_normalize_matches_numpy():
+  x = np.array([[3.0, 4.0], [0.0, 0.0], [1e-3, -2e-3]], np.float32)
+  expected = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+  np.testing.assert_allclose(l2_normalize(jnp.asarray(x)), expected, rtol=1e-6)
+  np.testing.assert_allclose(l2_normalize(jnp.asarray(x), axis=0),
+                             x / np.linalg.norm(x, axis=0, keepdims=True), rtol=1e-6)
+
+
+@pytest.mark.parametrize('num_layers, use_bn', [(1, False), (2, False), (2, True), (3, False)])
+def test_mlp_head_matches_numpy(num_layers, use_bn):
+  x = np.random.default_rng(5).normal(size=(4, 6)).astype(np.float32)
+  head = MLPHead(hidden_dim=5, out_dim=3, num_layers=num_layers, use_bn=use_bn)
+  variables = head.init(_key(0), x, train=False)
+  params = variables['params']
+  y, _ = head.apply(variables, x, train=True, mutable=['batch_stats'])
+  h = x.astype(np.float64)
+  for layer in range(1, num_layers):
+    h = h @ params[f'hidden{layer}']['kernel'] + params[f'hidden{layer}']['bias']
+    if use_bn:
+      h = (h - h.mean(0)) / np.sqrt(h.var(0) + 1e-5)
+    h = np.maximum(h, 0)
+  expected = h @ params['out']['kernel'] + params['out']['bias']
+  assert y.dtype == jnp.float32 and y.shape == (4, 3)
+  np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+  assert ('bn1' in params) == use_bn
+  assert len(params) == num_layers + use_bn
+
+
+def test_mlp_head_rejects_bad_sizes():
+  with pytest.raises(ValueError, match='num_layers must be a positive integer'):
+    MLPHead(hidden_dim=8, out_dim=4, num_layers=0)
+
+
+# ---------------------------------------------------------------- encoder
+
+def _model_config(**overrides):
+  fields = dict(depth=18, stem='cifar', width_multiplier=0.125, head_hidden_dim=32,
+                head_out_dim=16, head_layers=2, dtype='bfloat16', bn_groups=2)
+  return ml_collections.ConfigDict({**fields, **overrides})
+
+
+def test_build_encoder_maps_config_to_modules():
+  encoder = build_encoder(_model_config(depth=50, stem='imagenet', head_layers=1))
+  assert (encoder.backbone.depth, encoder.backbone.stem) == (50, 'imagenet')
+  assert encoder.backbone.dtype == jnp.bfloat16 and encoder.backbone.bn_groups == 2
+  assert (encoder.head.out_dim, encoder.head.num_layers) == (16, 1)
+
+
+def test_encoder_outputs_normalised_projection_of_pooled_features():
+  # float32: the bfloat16 forward pass is covered above and compiles twice as slowly on CPU.
+  encoder = build_encoder(_model_config(dtype='float32'))
+  x = jax.random.normal(_key(3), (4, 16, 16, 3))
+  variables, out = jax.jit(lambda inp: _init_and_train_step(encoder, inp))(x)
+  assert out['pooled'].shape == (4, 64) and out['pooled'].dtype == jnp.float32
+  assert out['feature_map'].shape == (4, 2, 2, 64)
+  assert out['z'].shape == (4, 16) and out['z'].dtype == jnp.float32
+  np.testing.assert_allclose(np.linalg.norm(out['z'], axis=-1), 1.0, rtol=1e-5)
+
+  head = variables['params']['head']
+  h = np.maximum(np.asarray(out['pooled'], np.float64) @ head['hidden1']['kernel']
+                 + head['hidden1']['bias'], 0)
+  g = h @ head['out']['kernel'] + head['out']['bias']
+  np.testing.assert_allclose(out['z'], g / np.linalg.norm(g, axis=-1, keepdims=True),
+                             rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'depth': 34}, 'model.depth must be 18 or 50, got 34'),
+    ({'stem': 'tiny'}, 'model.stem'),
+    ({'width_multiplier': 0.1}, 'model.width_multiplier'),
+    ({'dtype': 'float16'}, 'model.dtype'),
+    ({'head_layers': 0}, 'model.head_layers'),
+    ({'head_out_dim': 2.5}, 'model.head_out_dim'),
+    ({'bn_groups': 0}, 'model.bn_groups'),
+])
+def test_build_encoder_names_the_bad_field(overrides, message):
+  with pytest.raises(ValueError, match=message):
+    build_encoder(_model_config(**overrides))
+
+
+def test_build_encoder_reports_missing_field():
+  cfg = _model_config()
+  del cfg['bn_groups']
+  with pytest.raises(ValueError, match='bn_groups'):
+    build_encoder(cfg)
