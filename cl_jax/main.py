@@ -8,7 +8,7 @@ again in a workdir that holds a checkpoint resumes from it.
 import os
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from cl_jax import config_check, train
@@ -31,6 +31,8 @@ def default_workdir(config_arg: str) -> str:
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)   # orbax logs every save at INFO
   config = _CONFIG.value
   workdir = _WORKDIR.value or default_workdir(config_flags.get_config_filename(flags.FLAGS["config"]))
   try:

@@ -4,7 +4,7 @@ python -m cl_jax.probe --workdir=runs/mocov2_patchns [--step=N] [--protocol=fast
 """
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from cl_jax import config_check, linear_probe
 
@@ -16,6 +16,8 @@ _PROTOCOL = flags.DEFINE_enum("protocol", None, list(config_check.PROBE_PROTOCOL
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
   if not _WORKDIR.value:
     sys.exit("error: --workdir is required")
   try:

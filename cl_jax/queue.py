@@ -36,6 +36,9 @@ def enqueue(queue: jax.Array, keys: jax.Array, step: jax.Array,
   """
   k, d = queue.shape
   p = keys.shape[0]
+  if k % p or p % num_shards:
+    raise ValueError(f"the keys per step ({p}) must divide the queue size ({k}) and be "
+                     f"divisible by the number of queue shards ({num_shards})")
   offset = write_offset(step, p, k, num_shards)
   shards = queue.reshape(num_shards, k // num_shards, d)
   new = keys.astype(queue.dtype).reshape(num_shards, p // num_shards, d)

@@ -31,20 +31,25 @@ class TrainState:
   rng: jax.Array
 
 
-def init_state(rng: jax.Array, encoder, tx: optax.GradientTransformation, *,
+def init_state(seed: int, encoder, tx: optax.GradientTransformation, *,
                image_size: int, queue_size: int, embed_dim: int) -> TrainState:
   """Fresh state: random online encoder, target = online, random unit queue.
 
+  Parameters are drawn with the "rbg" PRNG (XLA's RngBitGenerator), which
+  compiles in a fraction of threefry's time for the many parameter shapes of a
+  ResNet; the run's own stream (augmentation, shuffles) is threefry, whose
+  numbers do not depend on how arrays are sharded.
+
   Args:
-    rng: PRNG key (new-style or raw uint32).
+    seed: the run's seed.
     encoder: cl_jax.models.encoder.Encoder.
     tx: the optimizer.
     image_size: S of the (G, S, S, 3) example used to create the variables
       (G = batch-norm groups).
     queue_size, embed_dim: K and d of the queue.
   """
-  rng = jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
-  r_init, r_queue, r_run = jax.random.split(jax.random.wrap_key_data(rng), 3)
+  r_init = jax.random.key(seed, impl="rbg")
+  r_queue, r_run = jax.random.split(jax.random.key(seed))
   example = jnp.zeros((encoder.backbone.bn_groups, image_size, image_size, 3))
   variables = encoder.init(r_init, example, train=False)
   params, batch_stats = variables["params"], variables["batch_stats"]

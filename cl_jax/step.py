@@ -109,8 +109,8 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    # Keys of one example stay adjacent (B, V, d) -> (B * V, d), so a sharded
-    # batch enqueues into its own devices' queue shards.
+    # The keys of one example stay adjacent, (B, V, d) -> (B * V, d), so the
+    # rows a device holds stay on that device.
     new_queue = queue_lib.enqueue(state.queue, jnp.stack(keys, axis=1).reshape(-1, k.shape[-1]),
                                   state.step)
 

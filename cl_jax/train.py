@@ -66,11 +66,11 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh):
   schedule = optim.lr_schedule(config.optim, spe)
   tx = optim.make_optimizer(config.optim, schedule)
   encoder = build_encoder(config.model)
-  init = jax.jit(lambda rng: init_state(
-      rng, encoder, tx, image_size=config.data.image_size,
+  init = jax.jit(lambda: init_state(
+      config.seed, encoder, tx, image_size=config.data.image_size,
       queue_size=config.moco.queue_size, embed_dim=config.model.head_out_dim),
       out_shardings=parallel.replicated(mesh))
-  state = init(jax.random.key_data(jax.random.key(config.seed)))
+  state = init()
   return encoder, tx, schedule, state, config.optim.epochs * spe
 
 

@@ -97,6 +97,9 @@ def patch_negatives(rng: jax.Array, views: jax.Array, num_ns: int, d_min: int,
     (B, M, S, S, C) NS images.
   """
   bsz, s = views.shape[0], views.shape[1]
+  if not 1 <= d_min <= d_max <= s:
+    raise ValueError(f"patch sizes must satisfy 1 <= d_min <= d_max <= view size; got "
+                     f"d_min={d_min}, d_max={d_max}, view size {s}")
   layout = sample_patch_layout(rng, bsz * num_ns, s, d_min, d_max)
   src = jnp.repeat(views, num_ns, axis=0)
   return render_patches(src, layout).reshape((bsz, num_ns) + views.shape[1:])

@@ -1,0 +1,108 @@
+"""Config presets and validation: every bad value fails before training, naming its field."""
+import subprocess
+import sys
+
+import pytest
+
+from cl_jax import config_check
+from configs import mocov2, mocov2_patchns
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize("module", [mocov2, mocov2_patchns])
+@pytest.mark.parametrize("preset", [None, "imagenet100", "cifar10", "stl10"])
+def test_presets_validate(module, preset):
+  c = module.get_config(preset)
+  if c.data.name != "trifeature":
+    c.data.data_dir = "/data/tfds"
+  config_check.validate(c)
+
+
+def test_imagenet100_preset_carries_table1_settings():
+  c = mocov2_patchns.get_config("imagenet100")
+  assert (c.model.depth, c.data.image_size, c.moco.queue_size, c.moco.temperature) == (
+      50, 224, 16384, 0.2)
+  assert c.nonsemantic.enabled and c.nonsemantic.alpha == 2.0
+  assert (c.nonsemantic.patch_min, c.nonsemantic.patch_max) == (16, 72)
+  assert c.optim.epochs == 200 and c.optim.lr_recipe == "moco_0.03_b128"
+  assert (c.probe.lr, c.probe.batch_size, c.probe.epochs, tuple(c.probe.decay_epochs)) == (
+      10.0, 128, 60, (30, 40, 50))
+
+
+def test_patchns_differs_from_mocov2_only_in_the_addon():
+  a, b = mocov2.get_config(None).to_dict(), mocov2_patchns.get_config(None).to_dict()
+  assert a.pop("nonsemantic") != b.pop("nonsemantic")
+  assert a == b
+  assert not mocov2.get_config(None).nonsemantic.enabled
+
+
+def test_unknown_preset_names_the_allowed_ones():
+  with pytest.raises(ValueError, match=r"unknown preset 'imagenet'.*cifar10.*imagenet100"):
+    mocov2.get_config("imagenet")
+
+
+def _set(c, path, value):
+  *parents, leaf = path.split(".")
+  node = c
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+
+
+@pytest.mark.parametrize("path,value,field", [
+    ("moco.temperature", -0.2, "moco.temperature"),
+    ("moco.temperature", 0.0, "moco.temperature"),
+    ("moco.queue_size", 2000, "moco.queue_size"),
+    ("nonsemantic.patch_max", 40, "nonsemantic.patch_max"),
+    ("nonsemantic.patch_min", 12, "nonsemantic.patch_min"),
+    ("nonsemantic.alpha_mode", "both", "nonsemantic.alpha_mode"),
+    ("nonsemantic.alpha", 0.0, "nonsemantic.alpha"),
+    ("data.name", "imagenet21k", "data.name"),
+    ("data.image_size", 8, "data.image_size"),
+    ("model.depth", 34, "model.depth"),
+    ("model.bn_mode", "ghost", "model.bn_mode"),
+    ("model.bn_groups", 3, "model.bn_groups"),
+    ("moco.momentum", 1.5, "moco.momentum"),
+    ("optim.lr", -1.0, "optim.lr"),
+    ("optim.batch_size", 0, "optim.batch_size"),
+    ("aug.jitter_prob", 1.2, "aug.jitter_prob"),
+    ("probe.protocol", "knn", "probe.protocol"),
+    ("probe.decay_epochs", (150,), "probe.decay_epochs"),
+])
+def test_bad_values_name_their_field(path, value, field):
+  c = mocov2_patchns.get_config(None)
+  _set(c, path, value)
+  with pytest.raises(config_check.ConfigError, match=field.replace(".", r"\.")):
+    config_check.validate(c)
+
+
+def test_symmetric_queue_must_hold_both_views_keys():
+  c = mocov2.get_config(None)
+  c.moco.symmetric, c.moco.queue_size, c.optim.batch_size = True, 384, 128
+  with pytest.raises(config_check.ConfigError, match=r"moco\.queue_size.*256"):
+    config_check.validate(c)
+
+
+def test_lr_recipe_fixes_lr_and_batch():
+  c = mocov2.get_config("imagenet100")
+  c.data.data_dir = "/data/tfds"
+  c.optim.lr = 0.8
+  with pytest.raises(config_check.ConfigError, match=r"optim\.lr_recipe.*custom"):
+    config_check.validate(c)
+
+
+def test_tfds_dataset_needs_data_dir():
+  c = mocov2.get_config("cifar10")
+  with pytest.raises(config_check.ConfigError, match=r"data\.data_dir"):
+    config_check.validate(c)
+
+
+def test_cli_rejects_bad_value_before_training(tmp_path):
+  workdir = tmp_path / "run"
+  proc = subprocess.run(
+      [sys.executable, "-m", "cl_jax.main", "--config=configs/mocov2_patchns.py",
+       f"--workdir={workdir}", "--config.moco.temperature=-1.0"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert "moco.temperature" in proc.stderr
+  assert not (workdir / "checkpoints").exists()

@@ -1,0 +1,119 @@
+"""The main job end to end on a tiny Trifeature config, in subprocesses.
+
+Covers: pretraining + probe report; exact resume after SIGKILL; a diverging
+run stops with a message and leaves the last good checkpoint intact.
+"""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from cl_jax import checkpoint, metrics, parallel, train
+from tests.conftest import ROOT
+
+TINY = [
+    "--config=configs/mocov2_patchns.py",
+    "--config.data.image_size=16",
+    "--config.data.trifeature_train=256",
+    "--config.data.trifeature_test=128",
+    "--config.model.width_multiplier=0.125",
+    "--config.model.head_hidden_dim=32",
+    "--config.model.head_out_dim=16",
+    "--config.moco.queue_size=128",
+    "--config.nonsemantic.patch_min=2",
+    "--config.nonsemantic.patch_max=6",
+    "--config.optim.batch_size=32",
+    "--config.train.log_every=1",
+    "--config.probe.epochs=5",
+    "--config.probe.batch_size=64",
+    "--config.probe.decay_epochs=(3,)",
+]
+
+
+def _cmd(workdir, *extra):
+  return [sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}", *TINY, *extra]
+
+
+def _run(workdir, *extra, timeout=600):
+  return subprocess.run(_cmd(workdir, *extra), cwd=ROOT, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def _losses(workdir) -> dict[int, float]:
+  return {r["step"]: r["loss"] for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))}
+
+
+def _steps(workdir) -> list[int]:
+  return sorted(int(os.path.basename(p)) for p in glob.glob(os.path.join(workdir, "checkpoints", "*"))
+                if os.path.basename(p).isdigit())
+
+
+def test_pretrain_then_probe_report(tmp_path):
+  workdir = tmp_path / "run"
+  proc = _run(workdir, "--config.optim.epochs=2", "--config.train.checkpoint_every=4")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  records = metrics.read_jsonl(workdir / "metrics.jsonl")
+  assert [r["step"] for r in records] == list(range(1, 17))     # 256 // 32 * 2 epochs
+  for key in ("loss", "lr", "pos_mean", "neg_mean", "neg_var", "ns_mean", "img_per_s"):
+    assert all(np.isfinite(r[key]) for r in records), key
+  assert records[0]["lr"] > records[-1]["lr"]                   # cosine decay
+  assert glob.glob(str(workdir / "tb" / "events.out.tfevents.*"))
+  assert _steps(workdir) == [12, 16]                            # keep_checkpoints = 2
+  report = json.loads((workdir / "probe_step16_fast.json").read_text())
+  assert set(report["accuracy"]) == {"shape", "texture", "colour"}
+  for acc in report["accuracy"].values():
+    assert 0.0 <= acc["top1"] <= acc["top5"] <= 1.0
+  assert "colour" in proc.stdout and "top-1" in proc.stdout
+
+
+def test_sigkill_resume_reaches_the_same_loss(tmp_path):
+  extra = ("--config.optim.epochs=6", "--config.train.checkpoint_every=4", "--probe=false")
+  straight, killed = tmp_path / "straight", tmp_path / "killed"
+  proc = subprocess.Popen(_cmd(killed, *extra), cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.time() + 300
+  while time.time() < deadline and not any(s >= 8 for s in _steps(killed)):
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  interrupted_at = max(_steps(killed))
+  assert 8 <= interrupted_at < 48, "the run was not killed during training"
+
+  resumed = _run(killed, *extra)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"resuming from the checkpoint at step {interrupted_at}" in resumed.stdout
+  done = _run(straight, *extra)
+  assert done.returncode == 0, done.stderr[-3000:]
+  a, b = _losses(straight), _losses(killed)
+  assert len(a) == 48
+  for step in (interrupted_at + 1, 40, 48):
+    assert a[step] == b[step], (step, a[step], b[step])
+
+
+def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path):
+  workdir = tmp_path / "run"
+  first = _run(workdir, "--config.optim.epochs=1", "--config.train.checkpoint_every=4",
+               "--probe=false")
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert _steps(workdir) == [4, 8]
+
+  bad = _run(workdir, "--config.optim.epochs=3", "--config.train.checkpoint_every=4",
+             "--config.optim.lr=1e30", "--probe=false")
+  assert bad.returncode != 0
+  assert "diverged" in bad.stderr and "last good checkpoint (step 8) is intact" in bad.stderr
+  assert _steps(workdir) == [4, 8]
+
+  config = train.read_config(workdir)
+  mesh = parallel.make_mesh()
+  _, _, _, template, _ = train.build(config, 256, mesh)
+  state, data_state = checkpoint.restore(checkpoint.make_manager(workdir, read_only=True),
+                                         template)
+  assert int(state.step) == 8 and data_state
+  leaves = [np.asarray(x) for x in __import__("jax").tree.leaves(state.params)]
+  assert all(np.all(np.isfinite(x)) for x in leaves)

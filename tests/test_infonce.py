@@ -1,0 +1,157 @@
+"""Tests for cl_jax.methods.infonce and moco.moco_loss without NS negatives.
+
+References are NumPy float64 loops over the queries:
+  L = -1/B sum_i log( exp(q_i.k_i/T) / (exp(q_i.k_i/T) + sum_j exp(q_i.n_j/T)) ),
+  dL/dq_i = 1/(B T) (sum_j p_ij n_j + p_i0 k_i - k_i),
+with p_i the softmax over [q_i.k_i, q_i.n_1, ..., q_i.n_K] / T.
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from cl_jax.methods import infonce, moco
+
+DIM, QUEUE = 8, 16
+
+
+def _unit(rng, *shape):
+  x = rng.normal(size=shape)
+  return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _inputs(seed, batch):
+  rng = np.random.default_rng(seed)
+  return _unit(rng, batch, DIM), _unit(rng, batch, DIM), _unit(rng, QUEUE, DIM)
+
+
+def _np_loss(q, k, queue, temperature):
+  """Batch-mean InfoNCE, one query at a time."""
+  total = 0.0
+  for qi, ki in zip(q, k):
+    num = np.exp(qi @ ki / temperature)
+    den = num + sum(np.exp(qi @ n / temperature) for n in queue)
+    total += -np.log(num / den)
+  return total / len(q)
+
+
+def _np_grad(q, k, queue, temperature):
+  """Analytic dL/dq: 1/(B T) (sum_j p_ij n_j + p_i0 k_i - k_i)."""
+  grad = np.zeros_like(q)
+  for i, (qi, ki) in enumerate(zip(q, k)):
+    cands = np.concatenate([ki[None], queue])             # (1 + K, d)
+    e = np.exp(cands @ qi / temperature)
+    p = e / e.sum()
+    grad[i] = (p @ cands - ki) / (len(q) * temperature)
+  return grad
+
+
+@functools.partial(jax.jit, static_argnames="temperature")
+def _jax_loss_and_grads(q, k, queue, temperature):
+  """moco_loss without NS keys: (loss, stats, (dL/dq, dL/dk, dL/dqueue))."""
+  cfg = ml_collections.ConfigDict({"temperature": temperature})
+  ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
+  loss_fn = lambda *args: moco.moco_loss(*args, None, cfg, ns)
+  (loss, stats), grads = jax.value_and_grad(loss_fn, argnums=(0, 1, 2), has_aux=True)(
+      q, k, queue)
+  return loss, stats, grads
+
+
+def _f32(*arrays):
+  return [jnp.asarray(a, jnp.float32) for a in arrays]
+
+
+@pytest.mark.parametrize("batch,temperature", [(4, 0.2), (6, 0.07), (8, 0.5)])
+def test_moco_loss_matches_numpy_loop(batch, temperature):
+  q, k, queue = _inputs(batch, batch)
+  loss, _, _ = _jax_loss_and_grads(*_f32(q, k, queue), temperature)
+  chex.assert_shape(loss, ())
+  assert loss.dtype == jnp.float32
+  np.testing.assert_allclose(loss, _np_loss(q, k, queue, temperature), rtol=1e-5)
+
+
+def test_infonce_functions_match_numpy_loop():
+  q, k, queue = _inputs(1, 5)
+  pos = np.sum(q * k, axis=1)
+  neg = q @ queue.T
+  logits = infonce.similarity_logits(jnp.asarray(pos, jnp.float32),
+                                     jnp.asarray(neg, jnp.float32), 0.2)
+  chex.assert_shape(logits, (5, 1 + QUEUE))
+  assert logits.dtype == jnp.float32
+  np.testing.assert_allclose(logits[:, 0], pos / 0.2, rtol=1e-6)
+  np.testing.assert_allclose(logits[:, 1:], neg / 0.2, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(infonce.infonce_loss(logits), _np_loss(q, k, queue, 0.2),
+                             rtol=1e-5)
+
+
+def test_infonce_loss_hand_checked_cases():
+  # Equal logits over 1 + N columns: -log(1 / (1 + N)).
+  np.testing.assert_allclose(infonce.infonce_loss(jnp.zeros((3, 5))), np.log(5.0), rtol=1e-6)
+  # Row 1: logits [log 3, 0] -> -log(3/4); row 2: [0, log 3] -> -log(1/4).
+  logits = jnp.log(jnp.array([[3.0, 1.0], [1.0, 3.0]]))
+  np.testing.assert_allclose(infonce.infonce_loss(logits),
+                             0.5 * (np.log(4 / 3) + np.log(4.0)), rtol=1e-6)
+
+
+def test_numpy_analytic_gradient_matches_finite_differences():
+  # Validates the reference gradient itself, in float64, by central differences.
+  q, k, queue = _inputs(2, 4)
+  analytic = _np_grad(q, k, queue, 0.2)
+  eps = 1e-6
+  numeric = np.zeros_like(q)
+  for idx in np.ndindex(q.shape):
+    dq = np.zeros_like(q)
+    dq[idx] = eps
+    numeric[idx] = (_np_loss(q + dq, k, queue, 0.2) - _np_loss(q - dq, k, queue, 0.2)) / (2 * eps)
+  np.testing.assert_allclose(analytic, numeric, atol=1e-8)
+
+
+@pytest.mark.parametrize("batch,temperature", [(4, 0.2), (7, 0.1)])
+def test_gradient_wrt_q_matches_analytic_numpy(batch, temperature):
+  q, k, queue = _inputs(10 + batch, batch)
+  _, _, (grad, _, _) = _jax_loss_and_grads(*_f32(q, k, queue), temperature)
+  chex.assert_shape(grad, (batch, DIM))
+  np.testing.assert_allclose(grad, _np_grad(q, k, queue, temperature), rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_wrt_q_matches_finite_differences_of_jax_loss():
+  # Directional central difference of the float32 loss along random unit directions.
+  q, k, queue = _inputs(3, 4)
+  qj, kj, queuej = _f32(q, k, queue)
+  loss_fn = lambda qq: float(_jax_loss_and_grads(qq, kj, queuej, 0.2)[0])
+  grad = np.asarray(_jax_loss_and_grads(qj, kj, queuej, 0.2)[2][0], np.float64)
+  rng = np.random.default_rng(0)
+  eps = 1e-2
+  for _ in range(4):
+    v = rng.normal(size=q.shape)
+    v /= np.linalg.norm(v)
+    step = jnp.asarray(eps * v, jnp.float32)
+    numeric = (loss_fn(qj + step) - loss_fn(qj - step)) / (2 * eps)
+    np.testing.assert_allclose(numeric, np.sum(grad * v), rtol=2e-3, atol=2e-4)
+
+
+def test_no_gradient_into_keys_or_queue():
+  q, k, queue = _f32(*_inputs(4, 5))
+  _, _, (g_q, g_k, g_queue) = _jax_loss_and_grads(q, k, queue, 0.2)
+  assert np.abs(g_q).max() > 1e-3                       # the loss does depend on q
+  np.testing.assert_array_equal(g_k, np.zeros_like(k))
+  np.testing.assert_array_equal(g_queue, np.zeros_like(queue))
+
+
+def test_score_statistics_match_numpy():
+  q, k, queue = _inputs(5, 6)
+  _, stats, _ = _jax_loss_and_grads(*_f32(q, k, queue), 0.2)
+  assert set(stats) == {"pos_mean", "neg_mean", "neg_var"}
+  pos = [qi @ ki for qi, ki in zip(q, k)]
+  per_query_var = []
+  for qi in q:
+    s = np.array([qi @ n for n in queue])
+    per_query_var.append(np.mean((s - s.mean()) ** 2))   # population variance over negatives
+  np.testing.assert_allclose(stats["pos_mean"], np.mean(pos), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(stats["neg_mean"], np.mean(q @ queue.T), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(stats["neg_var"], np.mean(per_query_var), rtol=1e-5, atol=1e-7)

@@ -1,0 +1,145 @@
+"""Tests for cl_jax.queue: the MoCo key queue as a ring buffer, plain and sharded.
+
+The reference is a NumPy ring buffer with an explicit write pointer per shard (advanced
+by P / S rows after every step, wrapping at K / S), never derived from the step number.
+Key p of step t carries the id t * P + p + 1 in coordinate 0 so every row can be traced.
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cl_jax import queue as queue_lib
+
+DIM = 3
+
+
+@functools.partial(jax.jit, static_argnames="num_shards")
+def _enqueue(queue, keys, step, num_shards):
+  return queue_lib.enqueue(queue, keys, step, num_shards)
+
+
+def _step_keys(rng, step, keys_per_step):
+  """(P, DIM) keys whose coordinate 0 is the id step * P + p + 1 (exact in float32)."""
+  keys = rng.normal(size=(keys_per_step, DIM))
+  keys[:, 0] = step * keys_per_step + np.arange(keys_per_step) + 1
+  return keys.astype(np.float32)
+
+
+class NumpyRing:
+  """K rows in S contiguous shards; shard j takes batch rows [j P/S, (j+1) P/S)."""
+
+  def __init__(self, initial, num_shards):
+    self.rows = initial.copy()
+    self.shards = num_shards
+    self.pointer = [0] * num_shards
+
+  def push(self, keys):
+    k, p = len(self.rows), len(keys)
+    local_rows, local_keys = k // self.shards, p // self.shards
+    for j in range(self.shards):
+      start = j * local_rows + self.pointer[j]
+      self.rows[start:start + local_keys] = keys[j * local_keys:(j + 1) * local_keys]
+      self.pointer[j] = (self.pointer[j] + local_keys) % local_rows
+
+
+def _simulate(queue_size, keys_per_step, num_shards, steps, seed=0):
+  """Yields (step, keys, previous queue, queue, NumPy reference) after each step."""
+  rng = np.random.default_rng(seed)
+  initial = rng.normal(size=(queue_size, DIM)).astype(np.float32)
+  initial[:, 0] = -np.arange(queue_size) - 1                   # initial rows: negative ids
+  ring = NumpyRing(initial, num_shards)
+  queue = jnp.asarray(initial)
+  for t in range(steps):
+    keys = _step_keys(rng, t, keys_per_step)
+    before = np.asarray(queue)
+    queue = _enqueue(queue, jnp.asarray(keys), jnp.asarray(t, jnp.int32), num_shards)
+    ring.push(keys)
+    yield t, keys, before, np.asarray(queue), ring.rows.copy()
+
+
+def test_single_shard_writes_keys_in_batch_order_at_the_pointer():
+  k, p = 16, 4
+  for t, keys, before, after, _ in _simulate(k, p, 1, 9):
+    start = (t * p) % k
+    np.testing.assert_array_equal(after[start:start + p], keys)
+    rest = np.ones(k, bool)
+    rest[start:start + p] = False
+    np.testing.assert_array_equal(after[rest], before[rest])   # all other rows unchanged
+
+
+@pytest.mark.parametrize("k,p", [(16, 4), (12, 3), (8, 8)])
+def test_single_shard_matches_numpy_ring_buffer(k, p):
+  for _, _, _, after, want in _simulate(k, p, 1, 3 * k // p + 2):
+    chex.assert_shape(after, (k, DIM))
+    assert after.dtype == np.float32
+    np.testing.assert_array_equal(after, want)
+
+
+def test_wrap_around_replaces_the_oldest_keys_first():
+  k, p = 16, 4
+  for t, _, before, after, _ in _simulate(k, p, 1, 3 * k // p):
+    start = (t * p) % k
+    overwritten = before[start:start + p, 0].astype(int)
+    if t < k // p:
+      np.testing.assert_array_equal(overwritten, -(np.arange(start, start + p) + 1))
+    else:                                      # the keys of step t - K/P, the oldest ones
+      np.testing.assert_array_equal(overwritten, (t - k // p) * p + np.arange(p) + 1)
+    # The queue holds the newest min(K, (t+1) P) keys and initial rows for the rest.
+    written = min((t + 1) * p, k)
+    newest = np.arange((t + 1) * p - written, (t + 1) * p) + 1
+    initial = -(np.arange(written, k) + 1)
+    np.testing.assert_array_equal(np.sort(after[:, 0]).astype(int),
+                                  np.sort(np.concatenate([initial, newest])))
+
+
+@pytest.mark.parametrize("k,p,s", [(24, 6, 3), (16, 4, 2), (16, 8, 4), (8, 2, 2)])
+def test_sharded_queue_matches_numpy_rule(k, p, s):
+  for t, keys, _, after, want in _simulate(k, p, s, 3 * k // p + 1, seed=k + p + s):
+    np.testing.assert_array_equal(after, want)
+    # Shard j holds batch rows [j P/S, (j+1) P/S) at local offset (t P/S) mod (K/S).
+    local = (t * p // s) % (k // s)
+    for j in range(s):
+      rows = after[j * k // s + local:j * k // s + local + p // s]
+      np.testing.assert_array_equal(rows, keys[j * p // s:(j + 1) * p // s])
+
+
+def test_sharded_queue_keeps_the_latest_keys_of_every_shard():
+  k, p, s = 24, 6, 3
+  for t, _, _, after, _ in _simulate(k, p, s, 2 * k // p):
+    if (t + 1) * p < k:
+      continue
+    ids = np.sort(after[:, 0]).astype(int)
+    np.testing.assert_array_equal(ids, np.arange((t + 1) * p - k, (t + 1) * p) + 1)
+
+
+def test_write_offset_formula():
+  # offset = (t * P / S) mod (K / S), checked on hand-computed values.
+  cases = [(0, 4, 16, 1, 0), (3, 4, 16, 1, 12), (4, 4, 16, 1, 0), (5, 4, 16, 1, 4),
+           (3, 6, 24, 3, 6), (4, 6, 24, 3, 0), (7, 6, 24, 3, 6)]
+  for step, p, k, s, want in cases:
+    assert int(queue_lib.write_offset(jnp.asarray(step), p, k, s)) == want
+
+
+def test_init_queue_rows_are_unit_norm():
+  q = queue_lib.init_queue(jax.random.key(0), 64, 16)
+  chex.assert_shape(q, (64, 16))
+  assert q.dtype == jnp.float32
+  np.testing.assert_allclose(np.linalg.norm(np.asarray(q, np.float64), axis=1), 1.0, rtol=1e-6)
+  # Random directions: no two rows equal, mean direction near 0 (|mean| ~ 1/sqrt(64 * 16)).
+  assert len(np.unique(np.asarray(q), axis=0)) == 64
+  assert np.abs(np.asarray(q).mean(axis=0)).max() < 0.2
+  other = queue_lib.init_queue(jax.random.key(1), 64, 16)
+  assert not np.array_equal(np.asarray(q), np.asarray(other))
+
+
+@pytest.mark.parametrize("k,p,s", [(10, 4, 1), (8, 3, 2)])
+def test_enqueue_rejects_keys_that_do_not_tile_the_queue(k, p, s):
+  # P must divide K and S must divide P (docstring of enqueue); otherwise the write would be
+  # clamped inside the buffer (K = 10, P = 4, step 2 writes rows 6..9, not 8, 9, 0, 1).
+  with pytest.raises(ValueError):
+    queue_lib.enqueue(jnp.zeros((k, DIM)), jnp.ones((p, DIM)), jnp.asarray(2), s)
