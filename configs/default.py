@@ -69,7 +69,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.momentum = 0.9
   c.optim.weight_decay = 5e-4
   c.optim.warmup_epochs = 0
-  c.optim.epochs = 12
+  c.optim.epochs = 8
 
   c.train = ml_collections.ConfigDict()
   c.train.log_every = 10

@@ -117,3 +117,18 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path):
   assert int(state.step) == 8 and data_state
   leaves = [np.asarray(x) for x in __import__("jax").tree.leaves(state.params)]
   assert all(np.all(np.isfinite(x)) for x in leaves)
+
+
+def test_training_path_does_not_import_tensorflow():
+  code = ("import sys\n"
+          "from cl_jax import main, train, linear_probe\n"
+          "from cl_jax.data import sources\n"
+          "from configs import mocov2_patchns\n"
+          "c = mocov2_patchns.get_config(None)\n"
+          "c.data.image_size, c.data.trifeature_train = 16, 8\n"
+          "sources.open_source(c.data, 'pretrain')[0]\n"
+          "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
+          "assert 'tensorflow_datasets' not in sys.modules, 'tensorflow_datasets imported'\n")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
