@@ -11,6 +11,7 @@ import time
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import tqdm
 
 from cl_jax import checkpoint, config_check, optim, parallel, step as step_lib
@@ -114,13 +115,12 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> int:
         now = time.perf_counter()
         scalars["img_per_s"] = (done - step_last) * config.optim.batch_size / (now - t_last)
         t_last, step_last = now, done
-        _check_finite(scalars["loss"], done, manager)
+        _stop_if_diverged(bool(np.isfinite(scalars["loss"])), done, manager)
         writer.write(done, scalars)
         bar.set_postfix(loss=f"{scalars['loss']:.4f}", lr=f"{scalars['lr']:.3g}")
       if done % config.train.checkpoint_every == 0 or done == total:
-        _check_finite(float(metrics["loss"]), done, manager)
-        if not bool(_all_finite((state.params, state.target_params, state.queue))):
-          _check_finite(float("nan"), done, manager)
+        finite = _all_finite((metrics["loss"], state.params, state.target_params, state.queue))
+        _stop_if_diverged(bool(finite), done, manager)
         checkpoint.save(manager, state, it.get_state())
   finally:
     bar.close()
@@ -129,13 +129,15 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> int:
   return total
 
 
-def _check_finite(loss: float, step: int, manager) -> None:
-  if jnp.isfinite(loss):
+def _stop_if_diverged(finite: bool, step: int, manager) -> None:
+  """Raise TrainingDiverged (after pending saves finish) unless `finite`."""
+  if finite:
     return
   manager.wait_until_finished()
   last = manager.latest_step()
   kept = (f"the last good checkpoint (step {last}) is intact" if last is not None
           else "no checkpoint had been written yet")
   raise TrainingDiverged(
-      f"training diverged: the loss or parameters became {loss} at step {step}; {kept}. "
-      "Lower optim.lr or check the data, then start again in the same workdir to resume.")
+      f"training diverged: the loss or the parameters became NaN or infinite by step {step}; "
+      f"{kept}. Lower optim.lr or check the data, then start again in the same workdir to "
+      "resume from that checkpoint.")

@@ -71,6 +71,14 @@ def test_pretrain_then_probe_report(tmp_path):
     assert 0.0 <= acc["top1"] <= acc["top5"] <= 1.0
   assert "colour" in proc.stdout and "top-1" in proc.stdout
 
+  paper = subprocess.run([sys.executable, "-m", "cl_jax.probe", f"--workdir={workdir}",
+                          "--step=12", "--protocol=paper"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+  assert paper.returncode == 0, paper.stderr[-3000:]
+  report = json.loads((workdir / "probe_step12_paper.json").read_text())
+  assert report["step"] == 12 and report["protocol"] == "paper"
+  assert set(report["accuracy"]) == {"shape", "texture", "colour"}
+
 
 def test_sigkill_resume_reaches_the_same_loss(tmp_path):
   extra = ("--config.optim.epochs=6", "--config.train.checkpoint_every=4", "--probe=false")
