@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
-import pytest
 
 from cl_jax import checkpoint, metrics, parallel, train
 from tests.conftest import ROOT
@@ -123,7 +123,7 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path):
   state, data_state = checkpoint.restore(checkpoint.make_manager(workdir, read_only=True),
                                          template)
   assert int(state.step) == 8 and data_state
-  leaves = [np.asarray(x) for x in __import__("jax").tree.leaves(state.params)]
+  leaves = [np.asarray(x) for x in jax.tree.leaves(state.params)]
   assert all(np.all(np.isfinite(x)) for x in leaves)
 
 
