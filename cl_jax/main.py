@@ -36,8 +36,7 @@ def main(argv):
   config = _CONFIG.value
   workdir = _WORKDIR.value or default_workdir(config_flags.get_config_filename(flags.FLAGS["config"]))
   try:
-    config_check.validate(config)
-    train.pretrain(config, workdir)
+    train.pretrain(config, workdir)   # validates the config before anything else
   except (config_check.ConfigError, train.TrainingDiverged, FileNotFoundError) as e:
     sys.exit(f"error: {e}")
   run_probe = config.probe.after_pretrain if _PROBE.value is None else _PROBE.value
