@@ -150,11 +150,17 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1) -> None:
   if batch % num_devices:
     _fail("optim.batch_size", batch, f"must be divisible by the number of devices "
           f"({num_devices})")
-  if bn_mode == "shuffle" and groups < 2:
-    _fail("model.bn_groups", groups, "bn_mode 'shuffle' needs at least 2 groups, "
-          "otherwise key statistics are computed over the query's own batch")
+  if bn_mode == "sync" and groups != 1:
+    _fail("model.bn_groups", groups, "bn_mode 'sync' takes statistics over the whole global "
+          "batch; set model.bn_groups = 1 (or bn_mode 'local' for grouped statistics)")
+  if bn_mode != "sync" and groups < 2:
+    _fail("model.bn_groups", groups, f"bn_mode {bn_mode!r} needs at least 2 groups (one "
+          "group is bn_mode 'sync')")
   if batch % groups:
     _fail("model.bn_groups", groups, f"must divide optim.batch_size = {batch}")
+  if groups % num_devices and num_devices % groups:
+    _fail("model.bn_groups", groups, f"must be a multiple or a divisor of the number of "
+          f"devices ({num_devices}), so that groups map onto devices")
   keys_per_step = batch * (2 if symmetric else 1)
   if queue % keys_per_step:
     _fail("moco.queue_size", queue, f"must be divisible by the keys enqueued per step "

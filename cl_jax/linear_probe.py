@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import tqdm
+from etils import epath
 
 from cl_jax import checkpoint, config_check, parallel, train
 from cl_jax.data import photometric, pipeline, sources
@@ -94,9 +95,9 @@ def run(workdir: str, step: int | None = None, protocol: str | None = None) -> d
   train_src = sources.open_source(config.data, "probe_train")
   test_src = sources.open_source(config.data, "test")
   pre_len = len(sources.open_source(config.data, "pretrain"))
-  encoder, _, _, template, _ = train.build(config, pre_len, mesh)
+  encoder, _, _, make_state, _ = train.build(config, pre_len, mesh)
   manager = checkpoint.make_manager(workdir, read_only=True)
-  restored = checkpoint.restore(manager, template, step, with_data=False)
+  restored = checkpoint.restore(manager, jax.eval_shape(make_state), step)
   if restored is None:
     raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
   state = restored[0]
@@ -146,16 +147,17 @@ def run(workdir: str, step: int | None = None, protocol: str | None = None) -> d
       params, opt_state = update(params, opt_state, x, {k: batch[k] for k in labels})
       bar.update(1)
   bar.close()
-  report = {"workdir": os.path.abspath(workdir), "step": int(state.step), "protocol": protocol,
+  where = workdir if "://" in workdir else os.path.abspath(workdir)
+  report = {"workdir": where, "step": int(state.step), "protocol": protocol,
             "dataset": config.data.name, "feature_dim": int(dim),
             "num_train": len(train_src), "num_test": len(test_src),
             "accuracy": _evaluate(params, x_test, y_test)}
   if jax.process_index() == 0:
-    path = os.path.join(workdir, f"probe_step{report['step']}_{protocol}.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump(report, f, indent=2)
-    os.replace(path + ".tmp", path)
-    report["path"] = path
+    path = epath.Path(workdir) / f"probe_step{report['step']}_{protocol}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    tmp.replace(path)
+    report["path"] = str(path)
   return report
 
 

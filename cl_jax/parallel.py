@@ -1,9 +1,31 @@
-"""Device mesh and shardings: the global batch is split over a `data` axis."""
+"""Device mesh, shardings and multi-host start-up.
+
+The global batch is split over a 1-D `data` mesh axis; the train state is
+replicated except the memory queue, whose rows are split over the same axis.
+"""
+import os
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 DATA_AXIS = "data"
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+  """Join a multi-process run (jax.distributed.initialize).
+
+  Unset arguments are detected from the environment: Cloud TPU VM metadata,
+  SLURM, Open MPI, or JAX_COORDINATOR_ADDRESS. On CPU, cross-process
+  collectives use gloo unless JAX_CPU_COLLECTIVES_IMPLEMENTATION says otherwise.
+  Must run before anything touches a device.
+  """
+  if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in os.environ:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id)
 
 
 def make_mesh(devices=None) -> Mesh:
@@ -20,6 +42,15 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def replicated(mesh: Mesh) -> NamedSharding:
   """Every device holds the whole array."""
   return NamedSharding(mesh, P())
+
+
+def state_sharding(state, mesh: Mesh):
+  """Shardings of a TrainState (or its abstract shape): the queue's rows over
+  `data`, everything else replicated."""
+  rep = replicated(mesh)
+  return state.replace(**{f: jax.tree.map(lambda _: rep, getattr(state, f))
+                          for f in state.__dataclass_fields__ if f != "queue"},
+                       queue=batch_sharding(mesh))
 
 
 def global_batch(local: dict, mesh: Mesh) -> dict:

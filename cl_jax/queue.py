@@ -1,14 +1,48 @@
-"""The MoCo memory queue: a ring buffer of the K most recent keys.
+"""The MoCo memory queue: a ring buffer of the K most recent keys, sharded over devices.
 
-The queue is a (K, d) array split into `num_shards` contiguous shards of K / S
-rows (S = number of devices on the `data` mesh axis). Shard j receives the keys
-of batch rows [j * P/S, (j+1) * P/S) (the rows that device j holds when the
-batch is sharded), at the same local offset in every shard. With S = 1 this is
-the plain ring buffer of He et al. 2020: keys in batch order, oldest replaced
-first. The write pointer is derived from the step, never stored.
+The (K, d) queue is split into S contiguous shards of K / S rows, one per device
+of the `data` mesh axis (DESIGN principle 4). Shard j receives the keys of batch
+rows [j P/S, (j+1) P/S) of every step (the rows device j computed), at the same
+local offset in every shard, so each device writes only into its own shard.
+With S = 1 this is the plain ring buffer of He et al. 2020: keys in batch order,
+oldest replaced first. The write pointer is derived from the step, never stored.
+
+Ring order and sharded layout. Let n = K / P be the number of steps the queue
+holds. In ring order (the S = 1 layout) key i of the step in slot t sits in row
+t P + i. In the S-shard layout the same key sits in row j K/S + t P/S + i' with
+j = i div (P/S) and i' = i mod (P/S): the (n, S, P/S) index block is transposed
+to (S, n, P/S). Both layouts hold the same keys in the same slots, so a run on S
+devices and a run on one device hold the same queue up to this permutation.
 """
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+from cl_jax.parallel import DATA_AXIS
+
+
+def _check(queue_size: int, keys_per_step: int, num_shards: int) -> None:
+  if queue_size % keys_per_step or keys_per_step % num_shards:
+    raise ValueError(f"the keys per step ({keys_per_step}) must divide the queue size "
+                     f"({queue_size}) and be divisible by the number of queue shards "
+                     f"({num_shards})")
+
+
+def to_sharded_layout(queue: jax.Array, num_shards: int, keys_per_step: int) -> jax.Array:
+  """(K, d) queue in ring order -> the same keys in the S-shard layout."""
+  k, d = queue.shape
+  _check(k, keys_per_step, num_shards)
+  blocks = queue.reshape(k // keys_per_step, num_shards, keys_per_step // num_shards, d)
+  return blocks.transpose(1, 0, 2, 3).reshape(k, d)
+
+
+def to_ring_order(queue: jax.Array, num_shards: int, keys_per_step: int) -> jax.Array:
+  """(K, d) queue in the S-shard layout -> the same keys in ring order (inverse of
+  to_sharded_layout)."""
+  k, d = queue.shape
+  _check(k, keys_per_step, num_shards)
+  blocks = queue.reshape(num_shards, k // keys_per_step, keys_per_step // num_shards, d)
+  return blocks.transpose(1, 0, 2, 3).reshape(k, d)
 
 
 def write_offset(step: jax.Array, keys_per_step: int, queue_size: int,
@@ -21,32 +55,39 @@ def write_offset(step: jax.Array, keys_per_step: int, queue_size: int,
   return (step * local_keys) % local_rows
 
 
-def enqueue(queue: jax.Array, keys: jax.Array, step: jax.Array,
-            num_shards: int = 1) -> jax.Array:
-  """Replace the oldest P keys of the queue with `keys`.
+def enqueue(queue: jax.Array, keys: jax.Array, step: jax.Array, mesh: Mesh) -> jax.Array:
+  """Replace the oldest P keys of the queue with `keys`, each device in its own shard.
 
   Args:
-    queue: (K, d) current queue.
-    keys: (P, d) new keys, P divides K and S divides P.
+    queue: (K, d) current queue in the S-shard layout, rows sharded over `data`.
+    keys: (P, d) new keys, rows sharded over `data`; P divides K, S divides P.
     step: scalar int, the training step whose keys these are.
-    num_shards: S, number of queue shards.
+    mesh: mesh whose `data` axis has S devices.
 
   Returns:
-    (K, d) updated queue.
+    (K, d) updated queue, sharded like `queue`.
   """
-  k, d = queue.shape
+  k = queue.shape[0]
   p = keys.shape[0]
-  if k % p or p % num_shards:
-    raise ValueError(f"the keys per step ({p}) must divide the queue size ({k}) and be "
-                     f"divisible by the number of queue shards ({num_shards})")
-  offset = write_offset(step, p, k, num_shards)
-  shards = queue.reshape(num_shards, k // num_shards, d)
-  new = keys.astype(queue.dtype).reshape(num_shards, p // num_shards, d)
-  shards = jax.lax.dynamic_update_slice(shards, new, (0, offset, 0))
-  return shards.reshape(k, d)
+  shards = mesh.shape[DATA_AXIS]
+  _check(k, p, shards)
+  offset = write_offset(step, p, k, shards)
+
+  def local(queue_shard, key_shard, offset):
+    return jax.lax.dynamic_update_slice(queue_shard, key_shard.astype(queue_shard.dtype),
+                                        (offset, 0))
+
+  return jax.shard_map(local, mesh=mesh, in_specs=(P(DATA_AXIS), P(DATA_AXIS), P()),
+                       out_specs=P(DATA_AXIS))(queue, keys, offset)
 
 
-def init_queue(rng: jax.Array, queue_size: int, dim: int) -> jax.Array:
-  """(K, d) random l2-normalised keys, the initial queue of MoCo."""
+def init_queue(rng: jax.Array, queue_size: int, dim: int, num_shards: int,
+               keys_per_step: int) -> jax.Array:
+  """(K, d) random unit keys, the initial queue of MoCo, in the S-shard layout.
+
+  The keys are drawn in ring order and then laid out, so the initial queue holds
+  the same keys in the same slots for every shard count.
+  """
   q = jax.random.normal(rng, (queue_size, dim), jnp.float32)
-  return q / jnp.linalg.norm(q, axis=1, keepdims=True)
+  q = q / jnp.linalg.norm(q, axis=1, keepdims=True)
+  return to_sharded_layout(q, num_shards, keys_per_step)

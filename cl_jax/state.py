@@ -18,7 +18,8 @@ class TrainState:
     params, batch_stats: online (query) encoder variables.
     target_params, target_batch_stats: EMA (key) encoder variables.
     opt_state: optax state of the online parameters.
-    queue: (K, d) float32 memory queue of keys.
+    queue: (K, d) float32 memory queue of keys, in the layout of
+      cl_jax.queue for the run's number of devices.
     rng: (2,) uint32 raw PRNG key; step t uses fold_in(rng, t).
   """
   step: jax.Array
@@ -32,7 +33,8 @@ class TrainState:
 
 
 def init_state(seed: int, encoder, tx: optax.GradientTransformation, *,
-               image_size: int, queue_size: int, embed_dim: int) -> TrainState:
+               image_size: int, queue_size: int, embed_dim: int, queue_shards: int,
+               keys_per_step: int) -> TrainState:
   """Fresh state: random online encoder, target = online, random unit queue.
 
   Parameters are drawn with the "rbg" PRNG (XLA's RngBitGenerator), which
@@ -47,6 +49,8 @@ def init_state(seed: int, encoder, tx: optax.GradientTransformation, *,
     image_size: S of the (G, S, S, 3) example used to create the variables
       (G = batch-norm groups).
     queue_size, embed_dim: K and d of the queue.
+    queue_shards, keys_per_step: S (devices on the `data` axis) and P of the
+      queue layout.
   """
   r_init = jax.random.key(seed, impl="rbg")
   r_queue, r_run = jax.random.split(jax.random.key(seed))
@@ -60,5 +64,5 @@ def init_state(seed: int, encoder, tx: optax.GradientTransformation, *,
       target_params=jax.tree.map(jnp.copy, params),
       target_batch_stats=jax.tree.map(jnp.copy, batch_stats),
       opt_state=tx.init(params),
-      queue=queue_lib.init_queue(r_queue, queue_size, embed_dim),
+      queue=queue_lib.init_queue(r_queue, queue_size, embed_dim, queue_shards, keys_per_step),
       rng=jax.random.key_data(r_run))

@@ -9,11 +9,20 @@ One step (He et al. 2020, Alg. 1, with the add-ons of the config):
   5. the step's keys replace the oldest keys of the queue.
 All randomness comes from fold_in(state.rng, state.step), so a resumed run
 repeats the same step exactly.
+
+The step is written for the global batch and jitted over the device mesh: the
+batch and the queue's rows are sharded over the `data` axis, the rest of the
+state is replicated, and XLA inserts the gradient all-reduce. Per-device code
+(the contrast against each device's queue shard, the enqueue) runs under
+jax.shard_map. Random numbers are drawn for the global batch with the
+sharding-independent threefry PRNG, so 1 device and N devices compute the same
+step.
 """
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from jax.sharding import Mesh
 
 from cl_jax import queue as queue_lib
 from cl_jax.addons import nonsemantic
@@ -57,8 +66,8 @@ def encode_keys(encoder, params, batch_stats, images: jax.Array, rng: jax.Array,
 
 
 def make_train_step(config: ml_collections.ConfigDict, encoder,
-                    tx: optax.GradientTransformation, schedule: optax.Schedule):
-  """Build the jit-able train_step(state, batch) for `config`.
+                    tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: Mesh):
+  """Build the jit-able train_step(state, batch) for `config` on `mesh`.
 
   batch: view1, view2 (B, S, S, 3) uint8 host-cropped views (other entries of
   the host batch are ignored). metrics: loss, lr and the score statistics of
@@ -100,7 +109,7 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
         out, mutated = encoder.apply({"params": params, "batch_stats": bs}, vq, train=True,
                                      mutable=["batch_stats"])
         bs = mutated["batch_stats"]
-        loss, st = moco.moco_loss(out["z"], k, state.queue, t, config.moco, ns)
+        loss, st = moco.moco_loss(out["z"], k, state.queue, t, config.moco, ns, mesh)
         losses.append(loss)
         stats.append(st)
       mean = lambda xs: sum(xs) / len(xs)
@@ -112,7 +121,7 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
     # The keys of one example stay adjacent, (B, V, d) -> (B * V, d), so the
     # rows a device holds stay on that device.
     new_queue = queue_lib.enqueue(state.queue, jnp.stack(keys, axis=1).reshape(-1, k.shape[-1]),
-                                  state.step)
+                                  state.step, mesh)
 
     new_state = state.replace(
         step=state.step + 1, params=params, batch_stats=batch_stats,
@@ -125,6 +134,10 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
 
 
 def jit_train_step(train_step, state_sharding, batch_sharding):
-  """jit with the state donated: its buffers are reused for the new state."""
+  """jit over the mesh with the state donated: its buffers are reused for the new state.
+
+  state_sharding: cl_jax.parallel.state_sharding of the state; batch_sharding:
+  the batch's rows over `data`. Metrics come back replicated.
+  """
   return jax.jit(train_step, in_shardings=(state_sharding, batch_sharding),
                  out_shardings=(state_sharding, None), donate_argnums=(0,))

@@ -4,8 +4,8 @@ The step runs without host synchronisation; the host reads metrics back only
 every `train.log_every` steps and before each checkpoint, where a non-finite
 loss or state stops the run before anything is saved.
 """
+import functools
 import json
-import os
 import time
 
 import jax
@@ -13,8 +13,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
+from etils import epath
 
-from cl_jax import checkpoint, config_check, optim, parallel, step as step_lib
+from cl_jax import checkpoint, config_check, optim, parallel, queue as queue_lib
+from cl_jax import step as step_lib
 from cl_jax.data import pipeline, sources
 from cl_jax.metrics import MetricWriter
 from cl_jax.models.encoder import build_encoder
@@ -39,21 +41,20 @@ def _all_finite(tree) -> jax.Array:
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """workdir/config.json: the run's config, read by the probe job."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, "config.json")
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(config.to_json(indent=2))
-  os.replace(path + ".tmp", path)
+  """workdir/config.json: the run's config, read by the probe job (workdir may be a URL)."""
+  root = epath.Path(workdir)
+  root.mkdir(parents=True, exist_ok=True)
+  tmp = root / "config.json.tmp"
+  tmp.write_text(config.to_json(indent=2))
+  tmp.replace(root / "config.json")
 
 
 def read_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a run in `workdir` was started with."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  path = epath.Path(workdir) / "config.json"
+  if not path.exists():
     raise FileNotFoundError(f"{path} not found: {workdir} holds no cl_jax pretraining run")
-  with open(path, encoding="utf-8") as f:
-    data = json.load(f)
+  data = json.loads(path.read_text())
   # JSON turns tuples into lists; the config uses tuples for ranges.
   c = ml_collections.ConfigDict(data)
   for block, field in (("data", "crop_scale"), ("aug", "blur_sigma"), ("probe", "decay_epochs")):
@@ -61,56 +62,91 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   return c
 
 
+def keys_per_step(config: ml_collections.ConfigDict) -> int:
+  """P, the keys enqueued per step: the global batch, twice when symmetric."""
+  return config.optim.batch_size * (2 if config.moco.symmetric else 1)
+
+
 def build(config: ml_collections.ConfigDict, num_records: int, mesh):
-  """(encoder, optimizer, schedule, initial state, total steps) of a run."""
+  """(encoder, optimizer, schedule, make_state, total steps) of a run on `mesh`.
+
+  make_state() -> the initial TrainState, laid out with
+  cl_jax.parallel.state_sharding (queue rows over `data`); jax.eval_shape(make_state)
+  is its abstract shape, a template for restoring a checkpoint.
+  """
   spe = steps_per_epoch(num_records, config.optim.batch_size)
   schedule = optim.lr_schedule(config.optim, spe)
   tx = optim.make_optimizer(config.optim, schedule)
   encoder = build_encoder(config.model)
-  init = jax.jit(lambda: init_state(
-      config.seed, encoder, tx, image_size=config.data.image_size,
-      queue_size=config.moco.queue_size, embed_dim=config.model.head_out_dim),
-      out_shardings=parallel.replicated(mesh))
-  state = init()
-  return encoder, tx, schedule, state, config.optim.epochs * spe
+  init = functools.partial(
+      init_state, config.seed, encoder, tx, image_size=config.data.image_size,
+      queue_size=config.moco.queue_size, embed_dim=config.model.head_out_dim,
+      queue_shards=mesh.shape[parallel.DATA_AXIS], keys_per_step=keys_per_step(config))
+  make_state = jax.jit(init, out_shardings=parallel.state_sharding(jax.eval_shape(init), mesh))
+  return encoder, tx, schedule, make_state, config.optim.epochs * spe
 
 
-def pretrain(config: ml_collections.ConfigDict, workdir: str) -> int:
-  """Pretrain (or resume) in `workdir`; returns the final step."""
+def relayout_queue(state, meta: dict, mesh, keys: int):
+  """`state` with its queue moved from the checkpoint's layout (meta["queue_shards"]
+  shards) to the layout of `mesh` (cl_jax.queue), so a run resumes exactly on a
+  different number of devices."""
+  old, new = meta["queue_shards"], mesh.shape[parallel.DATA_AXIS]
+  if meta["keys_per_step"] != keys:
+    raise ValueError(f"the checkpoint's queue holds {meta['keys_per_step']} keys per step but "
+                     f"this config enqueues {keys}; resume with the run's own batch size")
+  if old == new:
+    return state
+  move = jax.jit(lambda q: queue_lib.to_sharded_layout(
+      queue_lib.to_ring_order(q, old, keys), new, keys),
+      out_shardings=parallel.batch_sharding(mesh))
+  return state.replace(queue=move(state.queue))
+
+
+def pretrain(config: ml_collections.ConfigDict, workdir: str,
+             stop_at_step: int | None = None) -> int:
+  """Pretrain (or resume) in `workdir`; returns the last step taken.
+
+  With `stop_at_step`, this call stops (with a checkpoint) once the run has
+  reached that step; calling again continues the same run.
+  """
   mesh = parallel.make_mesh()
   config_check.validate(config, num_devices=mesh.devices.size)
   lead = jax.process_index() == 0
   if lead:
     write_config(config, workdir)
   source = sources.open_source(config.data, "pretrain")
-  encoder, tx, schedule, state, total = build(config, len(source), mesh)
+  encoder, tx, schedule, make_state, total = build(config, len(source), mesh)
+  end = total if stop_at_step is None else min(total, stop_at_step)
+  keys = keys_per_step(config)
+  meta = {"queue_shards": mesh.shape[parallel.DATA_AXIS], "keys_per_step": keys}
   manager = checkpoint.make_manager(workdir, config.train.keep_checkpoints)
   data = pipeline.pretrain_dataset(
       source, batch_size=config.optim.batch_size, image_size=config.data.image_size,
       crop_scale=tuple(config.data.crop_scale), seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
   it = pipeline.make_iterator(data, config.data.workers)
-  restored = checkpoint.restore(manager, state)
-  if restored is not None:
-    state, data_state = restored
-    it.set_state(data_state)
+  restored = checkpoint.restore(manager, jax.eval_shape(make_state), data_iterator=it)
+  if restored is None:
+    state = make_state()
+  else:
+    state = relayout_queue(*restored, mesh, keys)
   start = int(state.step)
   if lead and start:
     print(f"resuming from the checkpoint at step {start} in {workdir}")
 
   train_step = step_lib.jit_train_step(
-      step_lib.make_train_step(config, encoder, tx, schedule),
-      parallel.replicated(mesh), parallel.batch_sharding(mesh))
+      step_lib.make_train_step(config, encoder, tx, schedule, mesh),
+      parallel.state_sharding(state, mesh), parallel.batch_sharding(mesh))
   writer = MetricWriter(workdir)
   bar = tqdm.tqdm(total=total, initial=start, desc="pretrain", disable=not lead,
                   dynamic_ncols=True)
   t_last, step_last = time.perf_counter(), start
   try:
-    for step in range(start, total):
+    for step in range(start, end):
       state, metrics = train_step(state, parallel.global_batch(next(it), mesh))
       done = step + 1
       bar.update(1)
-      if done % config.train.log_every == 0 or done == total:
+      if done % config.train.log_every == 0 or done == end:
         scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
         now = time.perf_counter()
         scalars["img_per_s"] = (done - step_last) * config.optim.batch_size / (now - t_last)
@@ -118,15 +154,15 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> int:
         _stop_if_diverged(bool(np.isfinite(scalars["loss"])), done, manager)
         writer.write(done, scalars)
         bar.set_postfix(loss=f"{scalars['loss']:.4f}", lr=f"{scalars['lr']:.3g}")
-      if done % config.train.checkpoint_every == 0 or done == total:
+      if done % config.train.checkpoint_every == 0 or done == end:
         finite = _all_finite((metrics["loss"], state.params, state.target_params, state.queue))
         _stop_if_diverged(bool(finite), done, manager)
-        checkpoint.save(manager, state, it.get_state())
+        checkpoint.save(manager, state, it, meta)
   finally:
     bar.close()
     writer.close()
     manager.wait_until_finished()
-  return total
+  return max(start, end)
 
 
 def _stop_if_diverged(finite: bool, step: int, manager) -> None:

@@ -1,8 +1,18 @@
-"""Test-wide settings: a private Trifeature cache, and the repository on sys.path."""
+"""Test-wide settings: 8 simulated CPU devices, a private Trifeature cache, and the
+repository on sys.path.
+
+Tests that are not about sharding build their mesh over one device; the
+8 devices serve the one-device-vs-many equivalence tests (DESIGN principle 9).
+The device count is set through jax.config, not XLA_FLAGS, so subprocesses
+(the end-to-end runs) start with the machine's own single CPU device.
+"""
 import os
 import sys
 
+import jax
 import pytest
+
+jax.config.update("jax_num_cpu_devices", 8)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:

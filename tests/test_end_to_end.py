@@ -118,11 +118,11 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path):
   assert _steps(workdir) == [4, 8]
 
   config = train.read_config(workdir)
-  mesh = parallel.make_mesh()
-  _, _, _, template, _ = train.build(config, 256, mesh)
-  state, data_state = checkpoint.restore(checkpoint.make_manager(workdir, read_only=True),
-                                         template)
-  assert int(state.step) == 8 and data_state
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  _, _, _, make_state, _ = train.build(config, 256, mesh)
+  state, meta = checkpoint.restore(checkpoint.make_manager(workdir, read_only=True),
+                                   jax.eval_shape(make_state))
+  assert int(state.step) == 8 and meta == {"queue_shards": 1, "keys_per_step": 32}
   leaves = [np.asarray(x) for x in jax.tree.leaves(state.params)]
   assert all(np.all(np.isfinite(x)) for x in leaves)
 

@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from cl_jax import parallel
 from cl_jax.addons import nonsemantic
 from cl_jax.methods import moco
 
@@ -57,7 +58,8 @@ def _jax_loss_and_grads(q, k, queue, t, temperature, alpha, mode):
   """moco_loss with NS keys t: (loss, stats, (dL/dq, dL/dt)); alpha is traced."""
   cfg = ml_collections.ConfigDict({"temperature": temperature})
   ns = ml_collections.ConfigDict({"alpha": alpha, "alpha_mode": mode})
-  loss_fn = lambda qq, tt: moco.moco_loss(qq, k, queue, tt, cfg, ns)
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  loss_fn = lambda qq, tt: moco.moco_loss(qq, k, queue, tt, cfg, ns, mesh)
   (loss, stats), grads = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(q, t)
   return loss, stats, grads
 

@@ -1,4 +1,4 @@
-"""Tests for cl_jax.queue: the MoCo key queue as a ring buffer, plain and sharded.
+"""Tests for cl_jax.queue: the MoCo key queue as a ring buffer, on one device and sharded.
 
 The reference is a NumPy ring buffer with an explicit write pointer per shard (advanced
 by P / S rows after every step, wrapping at K / S), never derived from the step number.
@@ -13,14 +13,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import queue as queue_lib
+from cl_jax import parallel, queue as queue_lib
 
 DIM = 3
 
 
+def _mesh(num_shards):
+  return parallel.make_mesh(jax.devices()[:num_shards])
+
+
 @functools.partial(jax.jit, static_argnames="num_shards")
 def _enqueue(queue, keys, step, num_shards):
-  return queue_lib.enqueue(queue, keys, step, num_shards)
+  """enqueue on a mesh of `num_shards` devices, queue and keys sharded over rows."""
+  mesh = _mesh(num_shards)
+  rows = parallel.batch_sharding(mesh)
+  queue, keys = (jax.lax.with_sharding_constraint(x, rows) for x in (queue, keys))
+  return queue_lib.enqueue(queue, keys, step, mesh)
 
 
 def _step_keys(rng, step, keys_per_step):
@@ -126,20 +134,63 @@ def test_write_offset_formula():
 
 
 def test_init_queue_rows_are_unit_norm():
-  q = queue_lib.init_queue(jax.random.key(0), 64, 16)
+  q = queue_lib.init_queue(jax.random.key(0), 64, 16, 1, 8)
   chex.assert_shape(q, (64, 16))
   assert q.dtype == jnp.float32
   np.testing.assert_allclose(np.linalg.norm(np.asarray(q, np.float64), axis=1), 1.0, rtol=1e-6)
   # Random directions: no two rows equal, mean direction near 0 (|mean| ~ 1/sqrt(64 * 16)).
   assert len(np.unique(np.asarray(q), axis=0)) == 64
   assert np.abs(np.asarray(q).mean(axis=0)).max() < 0.2
-  other = queue_lib.init_queue(jax.random.key(1), 64, 16)
+  other = queue_lib.init_queue(jax.random.key(1), 64, 16, 1, 8)
   assert not np.array_equal(np.asarray(q), np.asarray(other))
+
+
+def test_layout_matches_hand_computed_permutation():
+  # K = 8, P = 4, S = 2: ring rows [t P + i] for slots t in {0, 1}, keys i in 0..3.
+  # Shard 0 takes keys 0, 1 of each slot, shard 1 keys 2, 3: rows 0 1 4 5 | 2 3 6 7.
+  ring = np.arange(8, dtype=np.float32)[:, None]
+  sharded = np.asarray(queue_lib.to_sharded_layout(jnp.asarray(ring), 2, 4))
+  np.testing.assert_array_equal(sharded[:, 0], [0, 1, 4, 5, 2, 3, 6, 7])
+  back = queue_lib.to_ring_order(jnp.asarray(sharded), 2, 4)
+  np.testing.assert_array_equal(np.asarray(back), ring)
+
+
+@pytest.mark.parametrize("k,p,s", [(24, 6, 3), (16, 4, 2), (32, 8, 8)])
+def test_sharded_queue_holds_the_one_device_queue_in_every_step(k, p, s):
+  # Starting from the same keys, S shards and one shard hold the same keys in the same
+  # slots after every step: to_ring_order(sharded) equals the one-device ring buffer.
+  rng = np.random.default_rng(k + p + s)
+  initial = rng.normal(size=(k, DIM)).astype(np.float32)
+  ring = jnp.asarray(initial)
+  sharded = queue_lib.to_sharded_layout(jnp.asarray(initial), s, p)
+  for t in range(2 * k // p + 1):
+    keys = jnp.asarray(_step_keys(rng, t, p))
+    ring = _enqueue(ring, keys, jnp.asarray(t), 1)
+    sharded = _enqueue(sharded, keys, jnp.asarray(t), s)
+    np.testing.assert_array_equal(np.asarray(queue_lib.to_ring_order(sharded, s, p)),
+                                  np.asarray(ring))
+
+
+@pytest.mark.parametrize("s", [1, 2, 8])
+def test_each_device_holds_k_over_s_rows(s):
+  k, p, d = 64, 16, 8
+  mesh = _mesh(s)
+  init = jax.jit(lambda: queue_lib.init_queue(jax.random.key(0), k, d, s, p),
+                 out_shardings=parallel.batch_sharding(mesh))
+  q = init()
+  shards = q.addressable_shards
+  assert len(shards) == s
+  assert all(sh.data.shape == (k // s, d) for sh in shards)
+  assert all(sh.data.nbytes == k * d * 4 // s for sh in shards)
+  # The same initial keys in the same slots for every shard count.
+  ring = queue_lib.init_queue(jax.random.key(0), k, d, 1, p)
+  np.testing.assert_allclose(np.asarray(queue_lib.to_ring_order(q, s, p)), np.asarray(ring),
+                             rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("k,p,s", [(10, 4, 1), (8, 3, 2)])
 def test_enqueue_rejects_keys_that_do_not_tile_the_queue(k, p, s):
   # P must divide K and S must divide P (docstring of enqueue); otherwise the write would be
   # clamped inside the buffer (K = 10, P = 4, step 2 writes rows 6..9, not 8, 9, 0, 1).
-  with pytest.raises(ValueError):
-    queue_lib.enqueue(jnp.zeros((k, DIM)), jnp.ones((p, DIM)), jnp.asarray(2), s)
+  with pytest.raises(ValueError, match="keys per step"):
+    queue_lib.enqueue(jnp.zeros((k, DIM)), jnp.ones((p, DIM)), jnp.asarray(2), _mesh(s))

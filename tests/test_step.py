@@ -28,10 +28,11 @@ def batch():
 
 
 def _one_step(config, batch):
-  mesh = parallel.make_mesh()
-  encoder, tx, schedule, state, _ = train.build(config, 4 * B, mesh)
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
+  state = make_state()
   before = jax.device_get(state)
-  fn = jax.jit(step_lib.make_train_step(config, encoder, tx, schedule))
+  fn = jax.jit(step_lib.make_train_step(config, encoder, tx, schedule, mesh))
   after, metrics = fn(state, batch)
   return before, jax.device_get(after), jax.device_get(metrics)
 

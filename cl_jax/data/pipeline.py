@@ -5,9 +5,11 @@ source) and the geometric part of the augmentation (random resized crop and
 flip, cl_jax.data.geometric). Photometric ops run batched on the device
 (cl_jax.data.photometric) inside the train step.
 
-Each process reads only its own slice of the source (records
-i = process_index mod process_count) and yields its share of the global batch.
-Every random choice is a function of (seed, epoch, record index), so the
+The global stream of examples (shuffle, repeat, crops) is the same for any
+number of processes; process p of P reads and crops only rows
+[p B/P, (p+1) B/P) of every global batch of B, the rows its devices hold. So a
+run on P hosts sees exactly the global batches of a run on one host. Every
+random choice is a function of (seed, epoch, position in the stream), so the
 iterator state saved in a checkpoint resumes the exact same stream.
 """
 import grain
@@ -32,21 +34,26 @@ def _two_views(image_size: int, crop_scale: tuple[float, float]):
 def pretrain_dataset(source, *, batch_size: int, image_size: int,
                      crop_scale: tuple[float, float], seed: int, process_index: int = 0,
                      process_count: int = 1) -> grain.MapDataset:
-  """Infinite dataset of this process's pretraining batches.
+  """Infinite dataset of this process's rows of the global pretraining batches.
 
   Each element: view1, view2 (b, S, S, 3) uint8 randomly cropped and flipped;
   box1, box2 (b, 4) float32 crop boxes [y0, x0, y1, x1] in source pixels;
-  flip1, flip2 (b,) bool; b = batch_size // process_count. Records are
-  reshuffled every epoch; the last incomplete batch of an epoch is not dropped
-  but continues into the next epoch (the stream is one infinite sequence).
+  flip1, flip2 (b,) bool; b = batch_size // process_count. Element n holds
+  examples [n B + p b, n B + (p+1) b) of the global stream (B = batch_size,
+  p = process_index). Records are reshuffled every epoch; the last incomplete
+  batch of an epoch is not dropped but continues into the next epoch (the
+  stream is one infinite sequence).
   """
   if batch_size % process_count:
     raise ValueError(f"global batch {batch_size} is not divisible by the process "
                      f"count {process_count}")
-  ds = grain.MapDataset.source(source)[process_index::process_count]
-  ds = ds.seed(seed).shuffle().repeat(None)
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index {process_index} is outside [0, {process_count})")
+  ds = grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
   ds = ds.random_map(_two_views(image_size, crop_scale))
-  return ds.batch(batch_size // process_count, drop_remainder=True)
+  # Chunks of b consecutive examples; global batch n is chunks [n P, (n+1) P).
+  ds = ds.batch(batch_size // process_count, drop_remainder=True)
+  return ds[process_index::process_count]
 
 
 def make_iterator(ds: grain.MapDataset, workers: int):

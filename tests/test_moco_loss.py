@@ -1,4 +1,4 @@
-"""Tests for cl_jax.methods.infonce and moco.moco_loss without NS negatives.
+"""Tests for moco.moco_loss without NS negatives, on one device and on eight.
 
 References are NumPy float64 loops over the queries:
   L = -1/B sum_i log( exp(q_i.k_i/T) / (exp(q_i.k_i/T) + sum_j exp(q_i.n_j/T)) ),
@@ -15,7 +15,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax.methods import infonce, moco
+from cl_jax import parallel
+from cl_jax.methods import moco
 
 DIM, QUEUE = 8, 16
 
@@ -51,12 +52,15 @@ def _np_grad(q, k, queue, temperature):
   return grad
 
 
-@functools.partial(jax.jit, static_argnames="temperature")
-def _jax_loss_and_grads(q, k, queue, temperature):
-  """moco_loss without NS keys: (loss, stats, (dL/dq, dL/dk, dL/dqueue))."""
+@functools.partial(jax.jit, static_argnames=("temperature", "devices"))
+def _jax_loss_and_grads(q, k, queue, temperature, devices=1):
+  """moco_loss without NS keys on `devices` devices: (loss, stats, (dL/dq, dL/dk, dL/dqueue))."""
+  mesh = parallel.make_mesh(jax.devices()[:devices])
   cfg = ml_collections.ConfigDict({"temperature": temperature})
   ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
-  loss_fn = lambda *args: moco.moco_loss(*args, None, cfg, ns)
+  rows = parallel.batch_sharding(mesh)
+  q, k, queue = (jax.lax.with_sharding_constraint(x, rows) for x in (q, k, queue))
+  loss_fn = lambda *args: moco.moco_loss(*args, None, cfg, ns, mesh)
   (loss, stats), grads = jax.value_and_grad(loss_fn, argnums=(0, 1, 2), has_aux=True)(
       q, k, queue)
   return loss, stats, grads
@@ -75,27 +79,40 @@ def test_moco_loss_matches_numpy_loop(batch, temperature):
   np.testing.assert_allclose(loss, _np_loss(q, k, queue, temperature), rtol=1e-5)
 
 
-def test_infonce_functions_match_numpy_loop():
-  q, k, queue = _inputs(1, 5)
-  pos = np.sum(q * k, axis=1)
-  neg = q @ queue.T
-  logits = infonce.similarity_logits(jnp.asarray(pos, jnp.float32),
-                                     jnp.asarray(neg, jnp.float32), 0.2)
-  chex.assert_shape(logits, (5, 1 + QUEUE))
-  assert logits.dtype == jnp.float32
-  np.testing.assert_allclose(logits[:, 0], pos / 0.2, rtol=1e-6)
-  np.testing.assert_allclose(logits[:, 1:], neg / 0.2, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(infonce.infonce_loss(logits), _np_loss(q, k, queue, 0.2),
-                             rtol=1e-5)
+def test_hand_checked_cases():
+  # q orthogonal to every queued key and to its key: all logits 0, loss log(1 + K).
+  q = np.zeros((2, DIM)); q[:, 0] = 1
+  k = np.zeros((2, DIM)); k[:, 1] = 1
+  queue = np.zeros((QUEUE, DIM)); queue[:, 2] = 1
+  loss, stats, _ = _jax_loss_and_grads(*_f32(q, k, queue), 0.5)
+  np.testing.assert_allclose(loss, np.log(1 + QUEUE), rtol=1e-6)
+  # k = q: positive logit 1/T = 2; loss -log(e^2 / (e^2 + K)).
+  loss, stats, _ = _jax_loss_and_grads(*_f32(q, q, queue), 0.5)
+  np.testing.assert_allclose(loss, np.log(1 + QUEUE * np.exp(-2.0)), rtol=1e-6)
+  assert float(stats["pos_mean"]) == 1.0 and float(stats["neg_var"]) == 0.0
 
 
-def test_infonce_loss_hand_checked_cases():
-  # Equal logits over 1 + N columns: -log(1 / (1 + N)).
-  np.testing.assert_allclose(infonce.infonce_loss(jnp.zeros((3, 5))), np.log(5.0), rtol=1e-6)
-  # Row 1: logits [log 3, 0] -> -log(3/4); row 2: [0, log 3] -> -log(1/4).
-  logits = jnp.log(jnp.array([[3.0, 1.0], [1.0, 3.0]]))
-  np.testing.assert_allclose(infonce.infonce_loss(logits),
-                             0.5 * (np.log(4 / 3) + np.log(4.0)), rtol=1e-6)
+def test_large_logits_stay_finite():
+  # T = 0.01: logits up to 100; the max-shifted log-sum-exp must not overflow.
+  q, k, queue = _inputs(9, 8)
+  queue[3] = q[0]
+  loss, _, (grad, _, _) = _jax_loss_and_grads(*_f32(q, k, queue), 0.01)
+  np.testing.assert_allclose(loss, _np_loss(q, k, queue, 0.01), rtol=1e-4)
+  assert np.all(np.isfinite(grad))
+
+
+@pytest.mark.parametrize("devices", [2, 8])
+def test_sharded_queue_gives_the_one_device_loss_stats_and_gradients(devices):
+  # Queue rows and queries split over `devices` devices (each holds K/S queue rows):
+  # the loss, score statistics and gradients equal the NumPy reference of the whole queue.
+  q, k, queue = _inputs(11, 8)
+  loss, stats, (grad, _, _) = _jax_loss_and_grads(*_f32(q, k, queue), 0.2, devices)
+  np.testing.assert_allclose(loss, _np_loss(q, k, queue, 0.2), rtol=1e-5)
+  np.testing.assert_allclose(grad, _np_grad(q, k, queue, 0.2), rtol=1e-4, atol=1e-6)
+  one_loss, one_stats, _ = _jax_loss_and_grads(*_f32(q, k, queue), 0.2, 1)
+  np.testing.assert_allclose(loss, one_loss, rtol=1e-6)
+  for name in one_stats:
+    np.testing.assert_allclose(stats[name], one_stats[name], rtol=1e-5, atol=1e-7)
 
 
 def test_numpy_analytic_gradient_matches_finite_differences():

@@ -1,0 +1,134 @@
+"""Train-step benchmark over 1..N devices: step time, img/s and per-device queue memory.
+
+python -m cl_jax.bench --config=configs/mocov2_patchns.py[:preset] --devices=1,2,4,8
+
+Each device count runs in its own process. On CPU the devices are simulated
+(JAX_NUM_CPU_DEVICES), so they share the machine's cores: the numbers show the
+cost of the sharded step, not a speed-up. On GPUs and TPUs the first n real
+devices are used. The step is the full jitted train step (on-device photometric
+augmentation, EMA, key and NS forwards, loss, update, enqueue) on a synthetic
+global batch of host-cropped uint8 views; the host input pipeline is not timed.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from cl_jax import config_check, parallel, step as step_lib, train
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file, optionally with a preset: configs/NAME.py[:preset].",
+    lock_config=True)
+_DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Device counts to measure.")
+_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per device count.", lower_bound=1)
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.", lower_bound=0)
+_CHILD = flags.DEFINE_integer("child", None, "Internal: measure this device count in-process.")
+flags.mark_flag_as_required("config")
+
+
+def measure(config, devices: int, steps: int, warmup: int) -> dict:
+  """Times `steps` train steps of `config` on the first `devices` devices.
+
+  Returns a dict: devices, backend, device_kind, global_batch, compile_s,
+  step_ms (mean wall time per step), img_per_s (global batch / step time),
+  queue_mb_per_device (bytes of the queue shard on one device / 2^20),
+  queue_mb_total, and peak_mb_per_device where the backend reports it.
+  """
+  mesh = parallel.make_mesh(jax.devices()[:devices])
+  config_check.validate(config, num_devices=devices)
+  batch = config.optim.batch_size
+  encoder, tx, schedule, make_state, _ = train.build(config, batch, mesh)
+  state = make_state()
+  step = step_lib.jit_train_step(step_lib.make_train_step(config, encoder, tx, schedule, mesh),
+                                 parallel.state_sharding(state, mesh),
+                                 parallel.batch_sharding(mesh))
+  size = config.data.image_size
+  rng = np.random.default_rng(0)
+  host = {v: rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+          for v in ("view1", "view2")}
+  data = jax.device_put(host, parallel.batch_sharding(mesh))
+
+  start = time.perf_counter()
+  compiled = step.lower(state, data).compile()
+  compile_s = time.perf_counter() - start
+  for _ in range(warmup + 1):
+    state, metrics = compiled(state, data)
+  jax.block_until_ready(metrics)
+  start = time.perf_counter()
+  for _ in range(steps):
+    state, metrics = compiled(state, data)
+  jax.block_until_ready((state, metrics))
+  step_s = (time.perf_counter() - start) / steps
+
+  shard = state.queue.addressable_shards[0].data
+  out = {"devices": devices, "backend": jax.default_backend(),
+         "device_kind": jax.devices()[0].device_kind, "global_batch": batch,
+         "compile_s": round(compile_s, 2), "step_ms": round(1e3 * step_s, 2),
+         "img_per_s": round(batch / step_s, 1),
+         "queue_mb_per_device": shard.nbytes / 2**20,
+         "queue_mb_total": state.queue.nbytes / 2**20,
+         "loss": float(metrics["loss"])}
+  stats = jax.devices()[0].memory_stats()
+  if stats and "peak_bytes_in_use" in stats:
+    out["peak_mb_per_device"] = round(stats["peak_bytes_in_use"] / 2**20, 1)
+  return out
+
+
+def _child_command(n: int) -> list[str]:
+  """This module's command line for device count n (flags passed through)."""
+  args = [a for a in sys.argv[1:] if not a.startswith(("--devices", "--child"))]
+  return [sys.executable, "-m", "cl_jax.bench", *args, f"--child={n}"]
+
+
+def _table(rows: list[dict]) -> str:
+  head = (f"{'devices':>7} {'step ms':>9} {'img/s':>9} {'queue MiB/dev':>14} "
+          f"{'queue MiB':>10} {'compile s':>10}")
+  lines = [head]
+  for r in rows:
+    lines.append(f"{r['devices']:>7} {r['step_ms']:>9.2f} {r['img_per_s']:>9.1f} "
+                 f"{r['queue_mb_per_device']:>14.3f} {r['queue_mb_total']:>10.3f} "
+                 f"{r['compile_s']:>10.1f}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  if _CHILD.value is not None:
+    print("RESULT " + json.dumps(measure(config, _CHILD.value, _STEPS.value, _WARMUP.value)))
+    return
+  counts = [int(n) for n in _DEVICES.value]
+  backend = jax.default_backend()
+  available = jax.device_count()
+  rows = []
+  for n in counts:
+    env = dict(os.environ)
+    if backend == "cpu":
+      env["JAX_NUM_CPU_DEVICES"] = str(n)
+      env.pop("XLA_FLAGS", None)
+    elif n > available:
+      print(f"skipping {n} devices: only {available} {backend} devices")
+      continue
+    proc = subprocess.run(_child_command(n), env=env, capture_output=True, text=True)
+    results = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not results:
+      sys.exit(f"error: the {n}-device measurement failed:\n{proc.stderr[-3000:]}")
+    rows.append(json.loads(results[0]))
+    print(json.dumps(rows[-1]), flush=True)
+  kind = rows[0]["device_kind"] if rows else backend
+  simulated = " (simulated CPU devices sharing the host's cores)" if backend == "cpu" else ""
+  print(f"\n{config.model.depth}-layer ResNet, {config.data.image_size} px, "
+        f"{config.model.dtype}, global batch {config.optim.batch_size}, "
+        f"queue {config.moco.queue_size} x {config.model.head_out_dim}, "
+        f"NS {'on' if config.nonsemantic.enabled else 'off'}; {kind}{simulated}")
+  print(_table(rows))
+
+
+if __name__ == "__main__":
+  app.run(main)

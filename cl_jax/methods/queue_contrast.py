@@ -1,0 +1,73 @@
+"""Queries against the sharded memory queue, without any device holding all of it.
+
+Each device holds a K/S-row shard of the queue and B/S queries. The queries are
+gathered (B x d, small), every device scores all B queries against its own
+shard, and the negatives' log-sum-exp is combined across devices with a
+max-shifted sum (DESIGN principle 4):
+
+  m_i   = max over all shards of max_j s_ij / T
+  LSE_i = m_i + log( sum over shards of sum_{j in shard} exp(s_ij / T - m_i) )
+        = log sum_{j < K} exp(s_ij / T)
+
+where s_ij = q_i . queue_j. A device's memory for the scores is B x K/S; the
+communication is the gathered queries and a few length-B vectors. Gradients
+flow through the gather (its transpose is a reduce-scatter), so one device and
+S devices give the same loss and the same gradients.
+"""
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+from cl_jax.parallel import DATA_AXIS
+
+
+class QueueTerms(NamedTuple):
+  """Per-query quantities of the contrast against the queue, each (B,) float32.
+
+  lse: log sum_j exp(q_i . queue_j / T), differentiable in q.
+  mean, var: mean_j s_ij and var_j s_ij (before the temperature, no gradient),
+    the negative-score statistics of Zhu et al. 2021, Sec. 3.
+  """
+  lse: jax.Array
+  mean: jax.Array
+  var: jax.Array
+
+
+def queue_terms(q: jax.Array, queue: jax.Array, temperature: float, mesh: Mesh) -> QueueTerms:
+  """Log-sum-exp and score statistics of each query against the whole queue.
+
+  Args:
+    q: (B, d) unit queries, rows sharded over `data`, with gradient.
+    queue: (K, d) unit keys, rows sharded over `data` (any order; no gradient).
+    temperature: T > 0.
+    mesh: mesh with the `data` axis.
+
+  Returns:
+    QueueTerms of (B,) arrays, rows sharded over `data`.
+  """
+  k = queue.shape[0]
+  queue = jax.lax.stop_gradient(queue)
+
+  def local(q_shard, queue_shard):
+    own = jax.lax.axis_index(DATA_AXIS)
+    rows = q_shard.shape[0]
+    q_all = jax.lax.all_gather(q_shard, DATA_AXIS, tiled=True)           # (B, d)
+    s = (q_all @ queue_shard.T).astype(jnp.float32)                      # (B, K/S)
+    logits = s / temperature
+    m = jax.lax.pmax(jax.lax.stop_gradient(logits).max(axis=1), DATA_AXIS)   # (B,)
+    sumexp = jnp.exp(logits - m[:, None]).sum(axis=1)
+    own_sumexp = jax.lax.psum_scatter(sumexp, DATA_AXIS, tiled=True)     # (B/S,)
+    own_m = jax.lax.dynamic_slice_in_dim(m, own * rows, rows)
+    lse = own_m + jnp.log(own_sumexp)
+
+    s = jax.lax.stop_gradient(s)
+    mean = jax.lax.psum(s.sum(axis=1), DATA_AXIS) / k                   # (B,)
+    sq = jnp.square(s - mean[:, None]).sum(axis=1)
+    var = jax.lax.psum_scatter(sq, DATA_AXIS, tiled=True) / k
+    return QueueTerms(lse, jax.lax.dynamic_slice_in_dim(mean, own * rows, rows), var)
+
+  spec = P(DATA_AXIS)
+  return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec),
+                       out_specs=QueueTerms(spec, spec, spec))(q, queue)

@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# Submits cl_jax pretraining as a multi-node SLURM GPU job: one JAX process per node owning all of
+# that node's GPUs, started by srun with `python -m cl_jax.main --multihost`. The batch script is
+# written to <workdir>/slurm_job.sh and submitted with sbatch. `launch/slurm_gpu.sh --help` lists
+# the options.
+set -euo pipefail
+if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
+  echo "slurm_gpu.sh: error: needs bash >= 4.4 (this is $BASH_VERSION)" >&2
+  exit 2
+fi
+
+readonly PROG="slurm_gpu.sh"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+readonly DEFAULT_REPO="${SCRIPT_DIR%/*}"
+readonly JOB_FILE="slurm_job.sh"
+readonly HEREDOC_END="CL_JAX_SBATCH_SCRIPT"
+
+usage() {
+  cat <<EOF
+Usage: launch/$PROG [OPTIONS] [-- CL_JAX_MAIN_ARGS...]
+
+Writes <workdir>/$JOB_FILE, a batch script that runs srun with one task per node (one JAX
+process per node owning all of that node's GPUs and CPU cores; the job takes whole nodes), and
+submits it with sbatch.
+
+Options (OPTION VALUE or OPTION=VALUE):
+  --nodes N             number of nodes (required)
+  --gpus-per-node G     GPUs on each node (required)
+  --partition NAME      SLURM partition (required)
+  --time LIMIT          time limit: MINUTES, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (required)
+  --account NAME        SLURM account to charge (optional)
+  --job-name NAME       job name (default: cl_jax-<workdir basename>); jobs of one name run one
+                        at a time (--dependency=singleton)
+  --config CONFIG       configs/NAME.py[:preset], relative to the repository (required)
+  --workdir DIR         run directory on a filesystem all nodes share (required); relative
+                        paths are made absolute against the current directory
+  --venv DIR            virtualenv with cl_jax's requirements and "jax[cuda13]==0.10.2",
+                        activated on the nodes (required)
+  --repo DIR            cl_jax checkout on the shared filesystem, the job's working directory
+                        (default: $DEFAULT_REPO)
+  --dry-run             print the commands and the batch script instead of submitting
+                        (slurm need not be installed)
+  -h, --help            this message
+
+Arguments after -- go to python -m cl_jax.main unchanged, e.g. -- --config.optim.epochs=100
+
+The job is requeueable (--requeue); a requeued job, or sbatch <workdir>/$JOB_FILE submitted
+again, resumes from the workdir's latest checkpoint.
+EOF
+}
+
+die() {
+  printf '%s: error: %s\n' "$PROG" "$*" >&2
+  exit 2
+}
+
+# One shell word per argument, in the form Python's shlex.quote gives: bare when made only of
+# safe characters, otherwise in single quotes. Hand-written because printf %q escapes with
+# backslashes and ${var@Q} quotes every word, both hard to read in the printed batch script.
+quote_words() {
+  local word out=()
+  for word in "$@"; do
+    if [[ $word =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
+      out+=("$word")
+    else
+      out+=("'${word//\'/\'\\\'\'}'")
+    fi
+  done
+  printf '%s' "${out[*]}"
+}
+
+require_value() {  # OPTION [VALUE ...]: the value that follows OPTION must be present.
+  if (($# < 2)) || [[ -z $2 || $2 == --* ]]; then
+    die "option $1 needs a value (see --help)"
+  fi
+}
+
+require_set() {  # OPTION VALUE
+  [[ -n $2 ]] || die "missing required option $1 (see --help)"
+}
+
+require_positive_int() {  # OPTION VALUE
+  [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 '$2' must be a positive integer"
+}
+
+# #SBATCH lines are read by sbatch, not by a shell, so their values cannot be quoted.
+require_no_space() {  # OPTION VALUE
+  [[ $2 != *[[:space:]]* ]] || die "$1 '$2' must not contain whitespace (it goes into an #SBATCH line)"
+}
+
+check_options() {
+  require_set --nodes "$NODES"
+  require_set --gpus-per-node "$GPUS_PER_NODE"
+  require_set --partition "$PARTITION"
+  require_set --time "$TIME"
+  require_set --config "$CONFIG"
+  require_set --workdir "$WORKDIR"
+  require_set --venv "$VENV"
+  require_positive_int --nodes "$NODES"
+  require_positive_int --gpus-per-node "$GPUS_PER_NODE"
+  if [[ ! $TIME =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}$ ]]; then
+    die "--time '$TIME' is not a SLURM time limit (MINUTES, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)"
+  fi
+  require_no_space --partition "$PARTITION"
+  require_no_space --account "$ACCOUNT"
+  require_no_space --job-name "$JOB_NAME"
+  require_no_space --workdir "$WORKDIR"
+  require_no_space --repo "$REPO"
+  if [[ ! -f $REPO/cl_jax/main.py ]]; then
+    die "--repo '$REPO' is not a cl_jax checkout (no cl_jax/main.py)"
+  fi
+  if [[ $CONFIG == /* ]]; then
+    die "--config '$CONFIG' must be relative to the repository, e.g. configs/mocov2_patchns.py"
+  fi
+  if [[ ! -f $REPO/${CONFIG%%:*} ]]; then
+    die "--config '$CONFIG': no file ${CONFIG%%:*} in $REPO"
+  fi
+  local arg
+  for arg in "${EXTRA_ARGS[@]}"; do
+    case $arg in
+      --config | --config=* | --workdir | --workdir=* | --multihost | --nomultihost)
+        die "'$arg' after -- is set by this script: use its --config / --workdir options"
+        ;;
+    esac
+  done
+}
+
+# Prints the batch script. SLURM's auto-detection in jax.distributed.initialize() would give each
+# process only the GPU numbered SLURM_LOCALID (right for one process per GPU); with one process
+# per node, JAX_LOCAL_DEVICE_IDS hands it all of the node's GPUs.
+batch_script() {
+  local device_ids=0 i
+  for ((i = 1; i < GPUS_PER_NODE; i++)); do
+    device_ids+=",$i"
+  done
+  cat <<EOF
+#!/bin/bash
+#SBATCH --job-name=$JOB_NAME
+#SBATCH --partition=$PARTITION
+EOF
+  [[ -z $ACCOUNT ]] || printf '#SBATCH --account=%s\n' "$ACCOUNT"
+  cat <<EOF
+#SBATCH --nodes=$NODES
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=$GPUS_PER_NODE
+#SBATCH --exclusive
+#SBATCH --mem=0
+#SBATCH --time=$TIME
+#SBATCH --chdir=$REPO
+#SBATCH --output=$WORKDIR/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --dependency=singleton
+# Written by launch/$PROG. A requeued or resubmitted job resumes from the newest checkpoint
+# in the workdir.
+set -eo pipefail
+# shellcheck source=/dev/null
+source $(quote_words "$VENV/bin/activate")
+set -u
+export JAX_LOCAL_DEVICE_IDS=$device_ids
+srun --ntasks-per-node=1 --cpus-per-task="\$SLURM_CPUS_ON_NODE" --kill-on-bad-exit=1 \\
+  python -m cl_jax.main $(quote_words --multihost --config="$CONFIG" --workdir="$WORKDIR" "${EXTRA_ARGS[@]}")
+EOF
+}
+
+submit() {
+  local job_path=$WORKDIR/$JOB_FILE
+  if [[ $DRY_RUN == true ]]; then
+    printf '%s\n' "$(quote_words mkdir -p "$WORKDIR")"
+    printf "cat > %s <<'%s'\n" "$(quote_words "$job_path")" "$HEREDOC_END"
+    batch_script
+    printf '%s\n' "$HEREDOC_END" "$(quote_words sbatch "$job_path")"
+    return
+  fi
+  command -v sbatch >/dev/null || die "sbatch not found on PATH: run this on a SLURM login node, or use --dry-run"
+  [[ -f $VENV/bin/activate ]] || die "--venv '$VENV' has no bin/activate: create it first (see launch/README.md)"
+  mkdir -p "$WORKDIR"
+  batch_script >"$job_path"
+  sbatch "$job_path"
+}
+
+parse_args() {
+  NODES="" GPUS_PER_NODE="" PARTITION="" TIME="" ACCOUNT="" JOB_NAME="" CONFIG="" WORKDIR=""
+  VENV="" REPO="$DEFAULT_REPO" DRY_RUN=false EXTRA_ARGS=()
+  local arg
+  while (($# > 0)); do
+    arg=$1
+    shift
+    if [[ $arg == --*=* ]]; then
+      set -- "${arg#*=}" "$@"
+      arg=${arg%%=*}
+    fi
+    case $arg in
+      -h | --help) usage; exit 0 ;;
+      --nodes) require_value "$arg" "$@"; NODES=$1; shift ;;
+      --gpus-per-node) require_value "$arg" "$@"; GPUS_PER_NODE=$1; shift ;;
+      --partition) require_value "$arg" "$@"; PARTITION=$1; shift ;;
+      --time) require_value "$arg" "$@"; TIME=$1; shift ;;
+      --account) require_value "$arg" "$@"; ACCOUNT=$1; shift ;;
+      --job-name) require_value "$arg" "$@"; JOB_NAME=$1; shift ;;
+      --config) require_value "$arg" "$@"; CONFIG=$1; shift ;;
+      --workdir) require_value "$arg" "$@"; WORKDIR=$1; shift ;;
+      --venv) require_value "$arg" "$@"; VENV=$1; shift ;;
+      --repo) require_value "$arg" "$@"; REPO=$1; shift ;;
+      --dry-run) DRY_RUN=true ;;
+      --) EXTRA_ARGS=("$@"); break ;;
+      *) die "unknown option '$arg' (see --help)" ;;
+    esac
+  done
+}
+
+# Relative paths are taken against the submitting shell's directory: the job runs in --repo.
+absolute() {
+  if [[ $1 == /* ]]; then printf '%s' "$1"; else printf '%s' "$PWD/$1"; fi
+}
+
+main() {
+  parse_args "$@"
+  [[ -z $WORKDIR ]] || WORKDIR=$(absolute "${WORKDIR%/}")
+  [[ -z $VENV ]] || VENV=$(absolute "$VENV")
+  REPO=$(absolute "$REPO")
+  [[ -n $JOB_NAME || -z $WORKDIR ]] || JOB_NAME="cl_jax-${WORKDIR##*/}"
+  check_options
+  submit
+}
+
+main "$@"

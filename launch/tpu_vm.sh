@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# Cloud TPU VM lifecycle for cl_jax: create a TPU VM (one host or a multi-host pod slice), install
+# cl_jax on every worker, start the same training command on all workers, stream their logs,
+# delete the VM. `launch/tpu_vm.sh --help` lists the subcommands and options.
+set -euo pipefail
+if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
+  echo "tpu_vm.sh: error: needs bash >= 4.4 (this is $BASH_VERSION)" >&2
+  exit 2
+fi
+
+readonly PROG="tpu_vm.sh"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+readonly DEFAULT_REPO="${SCRIPT_DIR%/*}"
+# Layout on every worker, relative to the login user's home directory.
+readonly REMOTE_CODE="cl_jax"
+readonly REMOTE_VENV="cl_jax_venv"
+readonly REMOTE_LOG="cl_jax_logs/run.log"
+readonly REMOTE_PID="cl_jax_logs/run.pid"
+# requirements.txt is pinned for Python 3.11 (jax 0.10.2 needs >= 3.11); the Ubuntu 22.04 TPU
+# images ship 3.10, so install pulls python3.11 from the Ubuntu archive.
+readonly PYTHON="python3.11"
+readonly JAX_TPU="jax[tpu]==0.10.2"
+# TensorBoard event files on a gs:// workdir (tensorboardX writes them through this client).
+readonly GCS_CLIENT="google-cloud-storage==3.17.1"
+
+usage() {
+  cat <<EOF
+Usage: launch/$PROG SUBCOMMAND [OPTIONS] [-- CL_JAX_MAIN_ARGS...]
+
+Subcommands:
+  create    create the TPU VM
+  install   put cl_jax on every worker and install it into ~/$REMOTE_VENV
+            (Python 3.11, requirements.txt, then "$JAX_TPU")
+  run       start python -m cl_jax.main on all workers in the background (nohup), each worker
+            appending to its own ~/$REMOTE_LOG; multi-worker slices add --multihost
+  logs      stream the logs of all workers until the run ends (lines prefixed by worker host)
+  delete    delete the TPU VM
+  all       create, install, run, logs, delete (the VM is deleted also when a step fails or the
+            script is interrupted)
+
+Options (OPTION VALUE or OPTION=VALUE):
+  --name NAME               TPU VM name (all subcommands)
+  --zone ZONE               zone, e.g. us-central2-b (all subcommands)
+  --project PROJECT         Google Cloud project (default: gcloud's configured project)
+  --accelerator-type TYPE   v2-N, v3-N, v4-N, v5p-N, v5litepod-N or v6e-N, e.g. v4-32,
+                            v5litepod-16 (create, run, all)
+  --version VERSION         TPU runtime image (create, all); default by type:
+                            v2/v3/v4 tpu-ubuntu2204-base, v5litepod v2-alpha-tpuv5-lite,
+                            v5p v2-alpha-tpuv5, v6e v2-alpha-tpuv6e
+  --spot                    create a Spot TPU VM
+  --preemptible             create a preemptible TPU VM (not with --spot)
+  --repo REPO               git URL to clone on the workers, or a local cl_jax checkout whose
+                            cl_jax/, configs/ and requirements.txt are copied with
+                            gcloud ... scp --worker=all (default: $DEFAULT_REPO)
+  --config CONFIG           configs/NAME.py[:preset], relative to the repository (run, all)
+  --workdir DIR             run directory (run, all): a gs:// path, which multi-worker slices
+                            require (every worker writes checkpoints there), or an absolute
+                            path on the VM for a single-worker type
+  --dry-run                 print every command, one per line and shell-quoted, instead of
+                            running it (gcloud need not be installed)
+  -h, --help                this message
+
+Arguments after -- go to python -m cl_jax.main unchanged, e.g. -- --config.optim.epochs=100
+
+Starting run again with the same --workdir resumes from the workdir's latest checkpoint.
+EOF
+}
+
+die() {
+  printf '%s: error: %s\n' "$PROG" "$*" >&2
+  exit 2
+}
+
+# One shell word per argument, in the form Python's shlex.quote gives: bare when made only of
+# safe characters, otherwise in single quotes. Hand-written because printf %q escapes with
+# backslashes and ${var@Q} quotes every word, both hard to read in the long remote commands.
+quote_words() {
+  local word out=()
+  for word in "$@"; do
+    if [[ $word =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
+      out+=("$word")
+    else
+      out+=("'${word//\'/\'\\\'\'}'")
+    fi
+  done
+  printf '%s' "${out[*]}"
+}
+
+# Runs a command, or prints it (one line, quoted) under --dry-run.
+invoke() {
+  if [[ $DRY_RUN == true ]]; then
+    printf '%s\n' "$(quote_words "$@")"
+  else
+    "$@"
+  fi
+}
+
+require_value() {  # OPTION [VALUE ...]: the value that follows OPTION must be present.
+  if (($# < 2)) || [[ -z $2 || $2 == --* ]]; then
+    die "option $1 needs a value (see --help)"
+  fi
+}
+
+require_set() {  # OPTION VALUE: VALUE must be non-empty for this subcommand.
+  [[ -n $2 ]] || die "$SUBCOMMAND needs $1 (see --help)"
+}
+
+# Prints the number of TPU VM workers (hosts) of an accelerator type. v2/v3/v4/v5p types count
+# TensorCores, 8 per host; v5litepod/v6e types count chips: up to 8 on one host, 4 per host beyond.
+workers_of() {
+  local type=$1 family size
+  if [[ ! $type =~ ^(v2|v3|v4|v5p|v5litepod|v6e)-([1-9][0-9]*)$ ]]; then
+    die "--accelerator-type '$type' is not one of v2-N, v3-N, v4-N, v5p-N, v5litepod-N, v6e-N"
+  fi
+  family=${BASH_REMATCH[1]}
+  size=${BASH_REMATCH[2]}
+  case $family in
+    v2 | v3 | v4 | v5p)
+      ((size % 8 == 0)) || die "--accelerator-type '$type': $family sizes are multiples of 8 TensorCores"
+      printf '%d' $((size / 8))
+      ;;
+    *)
+      if ((size <= 8)); then
+        printf '1'
+      else
+        ((size % 4 == 0)) || die "--accelerator-type '$type': $family slices above 8 chips are multiples of 4"
+        printf '%d' $((size / 4))
+      fi
+      ;;
+  esac
+}
+
+default_version() {  # ACCELERATOR_TYPE -> runtime image recommended for JAX on that generation.
+  case ${1%%-*} in
+    v2 | v3 | v4) printf 'tpu-ubuntu2204-base' ;;
+    v5litepod) printf 'v2-alpha-tpuv5-lite' ;;
+    v5p) printf 'v2-alpha-tpuv5' ;;
+    v6e) printf 'v2-alpha-tpuv6e' ;;
+  esac
+}
+
+is_git_url() {
+  [[ $1 == *://* || $1 == git@*:* ]]
+}
+
+gcloud_tpu() {  # SUBCOMMAND ARGS...: gcloud compute tpus tpu-vm with zone and project.
+  local sub=$1
+  shift
+  local scope=(--zone="$ZONE")
+  [[ -z $PROJECT ]] || scope+=(--project="$PROJECT")
+  invoke gcloud compute tpus tpu-vm "$sub" "$@" "${scope[@]}"
+}
+
+on_all_workers() {  # REMOTE_COMMAND: the same shell command on every worker, concurrently.
+  gcloud_tpu ssh "$NAME" --worker=all --command "$1"
+}
+
+check_create_options() {
+  check_vm_options
+  require_set --accelerator-type "$ACCELERATOR_TYPE"
+  workers_of "$ACCELERATOR_TYPE" >/dev/null
+  if [[ $SPOT == true && $PREEMPTIBLE == true ]]; then
+    die "--spot and --preemptible exclude each other: give one"
+  fi
+}
+
+check_vm_options() {
+  require_set --name "$NAME"
+  require_set --zone "$ZONE"
+}
+
+check_install_options() {
+  check_vm_options
+  if ! is_git_url "$REPO" && [[ ! -f $REPO/cl_jax/main.py || ! -f $REPO/requirements.txt ]]; then
+    die "--repo '$REPO' is neither a git URL nor a cl_jax checkout (no cl_jax/main.py and requirements.txt)"
+  fi
+}
+
+check_run_options() {
+  local workers
+  check_vm_options
+  require_set --accelerator-type "$ACCELERATOR_TYPE"
+  require_set --config "$CONFIG"
+  require_set --workdir "$WORKDIR"
+  workers=$(workers_of "$ACCELERATOR_TYPE")
+  if ((workers > 1)) && [[ $WORKDIR != gs://* ]]; then
+    die "--workdir '$WORKDIR' must be a gs:// path: $ACCELERATOR_TYPE has $workers workers, which all write checkpoints into the workdir"
+  fi
+  if [[ $WORKDIR != gs://* && $WORKDIR != /* ]]; then
+    die "--workdir '$WORKDIR' must be gs://... or an absolute path on the TPU VM"
+  fi
+  if [[ $CONFIG == /* ]]; then
+    die "--config '$CONFIG' must be relative to the repository, e.g. configs/mocov2_patchns.py"
+  fi
+  if ! is_git_url "$REPO" && [[ ! -f $REPO/${CONFIG%%:*} ]]; then
+    die "--config '$CONFIG': no file ${CONFIG%%:*} in $REPO"
+  fi
+  local arg
+  for arg in "${EXTRA_ARGS[@]}"; do
+    case $arg in
+      --config | --config=* | --workdir | --workdir=* | --multihost | --nomultihost)
+        die "'$arg' after -- is set by this script: use its --config / --workdir options"
+        ;;
+    esac
+  done
+}
+
+cmd_create() {
+  local extra=()
+  [[ $SPOT == false ]] || extra+=(--spot)
+  [[ $PREEMPTIBLE == false ]] || extra+=(--preemptible)
+  gcloud_tpu create "$NAME" --accelerator-type="$ACCELERATOR_TYPE" \
+    --version="${VERSION:-$(default_version "$ACCELERATOR_TYPE")}" "${extra[@]}"
+}
+
+cmd_install() {
+  if is_git_url "$REPO"; then
+    on_all_workers "rm -rf ~/$REMOTE_CODE && git clone --depth=1 $(quote_words "$REPO") ~/$REMOTE_CODE"
+  else
+    on_all_workers "rm -rf ~/$REMOTE_CODE && mkdir -p ~/$REMOTE_CODE"
+    gcloud_tpu scp --recurse --worker=all "$REPO/cl_jax" "$REPO/configs" "$REPO/requirements.txt" \
+      "$NAME:$REMOTE_CODE/"
+  fi
+  # Fresh TPU VMs run unattended-upgrades at boot, hence the wait for the dpkg lock.
+  local apt="sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -qq"
+  # shellcheck disable=SC2088  # ~ expands on the worker.
+  local pip="~/$REMOTE_VENV/bin/pip install -q"
+  on_all_workers "set -e; if ! command -v $PYTHON >/dev/null; then $apt update && $apt install -y $PYTHON $PYTHON-venv; fi; $PYTHON -m venv ~/$REMOTE_VENV; $pip --upgrade pip; $pip -r ~/$REMOTE_CODE/requirements.txt; $pip \"$JAX_TPU\" \"$GCS_CLIENT\""
+}
+
+cmd_run() {
+  local args=(--config="$CONFIG" --workdir="$WORKDIR")
+  if (($(workers_of "$ACCELERATOR_TYPE") > 1)); then
+    args=(--multihost "${args[@]}")
+  fi
+  args+=("${EXTRA_ARGS[@]}")
+  # shellcheck disable=SC2016  # $(...) and $! expand on the worker, not here.
+  on_all_workers "set -e; mkdir -p ~/${REMOTE_LOG%/*}; if [ -f ~/$REMOTE_PID ] && kill -0 \"\$(cat ~/$REMOTE_PID)\" 2>/dev/null; then echo \"cl_jax is already running on \$(hostname)\" >&2; exit 1; fi; cd ~/$REMOTE_CODE; echo \"=== \$(date -u) ===\" >>~/$REMOTE_LOG; nohup ~/$REMOTE_VENV/bin/python -m cl_jax.main $(quote_words "${args[@]}") >>~/$REMOTE_LOG 2>&1 </dev/null & echo \$! >~/$REMOTE_PID"
+}
+
+cmd_logs() {
+  # tail --pid ends the stream when the worker's run ends.
+  on_all_workers "set -e; test -f ~/$REMOTE_PID || { echo \"no cl_jax run on \$(hostname)\" >&2; exit 1; }; tail -n +1 --pid=\"\$(cat ~/$REMOTE_PID)\" -F ~/$REMOTE_LOG | sed -u \"s/^/[\$(hostname)] /\""
+}
+
+cmd_delete() {
+  gcloud_tpu delete "$NAME" --quiet
+}
+
+cmd_all() {
+  cmd_create
+  trap cmd_delete EXIT
+  trap 'exit 130' INT TERM
+  cmd_install
+  cmd_run
+  cmd_logs
+}
+
+parse_args() {
+  SUBCOMMAND="" NAME="" ZONE="" PROJECT="" ACCELERATOR_TYPE="" VERSION="" REPO="$DEFAULT_REPO"
+  CONFIG="" WORKDIR="" SPOT=false PREEMPTIBLE=false DRY_RUN=false EXTRA_ARGS=()
+  local arg
+  while (($# > 0)); do
+    arg=$1
+    shift
+    if [[ $arg == --*=* ]]; then
+      set -- "${arg#*=}" "$@"
+      arg=${arg%%=*}
+    fi
+    case $arg in
+      -h | --help) usage; exit 0 ;;
+      --name) require_value "$arg" "$@"; NAME=$1; shift ;;
+      --zone) require_value "$arg" "$@"; ZONE=$1; shift ;;
+      --project) require_value "$arg" "$@"; PROJECT=$1; shift ;;
+      --accelerator-type) require_value "$arg" "$@"; ACCELERATOR_TYPE=$1; shift ;;
+      --version) require_value "$arg" "$@"; VERSION=$1; shift ;;
+      --repo) require_value "$arg" "$@"; REPO=$1; shift ;;
+      --config) require_value "$arg" "$@"; CONFIG=$1; shift ;;
+      --workdir) require_value "$arg" "$@"; WORKDIR=$1; shift ;;
+      --spot) SPOT=true ;;
+      --preemptible) PREEMPTIBLE=true ;;
+      --dry-run) DRY_RUN=true ;;
+      --) EXTRA_ARGS=("$@"); break ;;
+      -*) die "unknown option '$arg' (see --help)" ;;
+      create | install | run | logs | delete | all)
+        [[ -z $SUBCOMMAND ]] || die "two subcommands given: '$SUBCOMMAND' and '$arg'"
+        SUBCOMMAND=$arg
+        ;;
+      *) die "unknown subcommand '$arg': use create, install, run, logs, delete or all" ;;
+    esac
+  done
+  [[ -n $SUBCOMMAND ]] || die "no subcommand: use create, install, run, logs, delete or all (see --help)"
+}
+
+main() {
+  parse_args "$@"
+  case $SUBCOMMAND in
+    create) check_create_options ;;
+    install) check_install_options ;;
+    logs | delete) check_vm_options ;;
+    run) check_run_options ;;
+    all) check_create_options; check_install_options; check_run_options ;;
+  esac
+  if [[ $DRY_RUN == false ]] && ! command -v gcloud >/dev/null; then
+    die "gcloud not found on PATH: install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install), or use --dry-run"
+  fi
+  "cmd_$SUBCOMMAND"
+}
+
+main "$@"

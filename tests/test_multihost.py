@@ -1,0 +1,89 @@
+"""Two processes on localhost (CPU, gloo collectives, 2 devices each) against one process.
+
+The 2-process run stops at step 4 with a checkpoint, is started again and resumes;
+its per-step losses must equal those of an uninterrupted 1-process, 1-device run
+on the same global batches.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from cl_jax import metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = [
+    "--config=configs/mocov2_patchns.py",
+    "--config.data.image_size=16",
+    "--config.data.trifeature_train=256",
+    "--config.model.width_multiplier=0.125",
+    "--config.model.head_hidden_dim=32",
+    "--config.model.head_out_dim=16",
+    "--config.moco.queue_size=128",
+    "--config.nonsemantic.patch_min=2",
+    "--config.nonsemantic.patch_max=6",
+    "--config.optim.batch_size=32",
+    "--config.optim.epochs=1",          # 256 / 32 = 8 steps
+    "--config.train.log_every=1",
+    "--config.train.checkpoint_every=4",
+    "--probe=false",
+]
+
+
+def _env(devices: int) -> dict:
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["JAX_NUM_CPU_DEVICES"] = str(devices)
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _two_processes(workdir, *extra) -> list[str]:
+  """Runs both processes to completion; returns their combined outputs."""
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}", *TINY, *extra,
+       f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
+      cwd=ROOT, env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
+  outs = [p.communicate(timeout=600)[0] for p in procs]
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-3000:]
+  return outs
+
+
+def test_two_processes_resume_and_match_one_process(tmp_path):
+  multi, single = tmp_path / "multi", tmp_path / "single"
+  first = _two_processes(multi, "--stop_at_step=4")
+  assert "resuming" not in first[0]
+  ckpt = multi / "checkpoints" / "4"
+  # Every process saved its own input position; the queue layout names 4 shards.
+  assert {"process_0-of-2.json", "process_1-of-2.json"} <= set(os.listdir(ckpt / "data"))
+  meta = json.loads((ckpt / "meta" / "metadata").read_text())
+  assert meta == {"queue_shards": 4, "keys_per_step": 32}
+  assert not (multi / "checkpoints" / "8").exists()
+
+  second = _two_processes(multi)
+  assert "resuming from the checkpoint at step 4" in second[0]
+  assert "resuming" not in second[1]          # only process 0 reports
+
+  one = subprocess.run([sys.executable, "-m", "cl_jax.main", f"--workdir={single}", *TINY],
+                       cwd=ROOT, env=_env(1), capture_output=True, text=True, timeout=600)
+  assert one.returncode == 0, one.stderr[-3000:]
+
+  got = metrics.read_jsonl(str(multi / "metrics.jsonl"))
+  want = metrics.read_jsonl(str(single / "metrics.jsonl"))
+  # One line per step, written by process 0 alone, across the stop and the resume.
+  assert [r["step"] for r in got] == list(range(1, 9)) == [r["step"] for r in want]
+  np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in want], rtol=1e-5)
+  for name in ("pos_mean", "neg_mean", "ns_mean"):
+    np.testing.assert_allclose([r[name] for r in got], [r[name] for r in want],
+                               rtol=1e-4, atol=1e-6)

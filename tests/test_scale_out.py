@@ -1,0 +1,155 @@
+"""One device against eight: the train step, the sharded queue and the batch-norm modes.
+
+The 8 devices are simulated CPU devices (tests/conftest.py). The references are
+the same computation on one device, and per-device forwards of each device's rows.
+"""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cl_jax import parallel, queue as queue_lib, step as step_lib, train
+from configs import mocov2_patchns
+
+B, S, K = 16, 16, 64
+
+
+def _config(bn_mode: str, groups: int):
+  c = mocov2_patchns.get_config(None)
+  c.data.image_size = S
+  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8,
+                 bn_mode=bn_mode, bn_groups=groups)
+  c.moco.update(queue_size=K, momentum=0.9)
+  c.nonsemantic.update(enabled=True, num_ns=2, patch_min=2, patch_max=6)
+  c.optim.update(batch_size=B, epochs=1)
+  return c
+
+
+@pytest.fixture(scope="module")
+def host_batch():
+  rng = np.random.default_rng(0)
+  return {v: rng.integers(0, 256, (B, S, S, 3), dtype=np.uint8) for v in ("view1", "view2")}
+
+
+def _one_step(config, host_batch, devices: int):
+  mesh = parallel.make_mesh(jax.devices()[:devices])
+  encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
+  state = make_state()
+  before = jax.device_get(state)
+  step = step_lib.jit_train_step(step_lib.make_train_step(config, encoder, tx, schedule, mesh),
+                                 parallel.state_sharding(state, mesh),
+                                 parallel.batch_sharding(mesh))
+  after, metrics = step(state, jax.device_put(host_batch, parallel.batch_sharding(mesh)))
+  return before, after, jax.device_get(metrics)
+
+
+def _close(a, b, rtol=1e-5, atol=1e-7):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y),
+                                                       rtol=rtol, atol=atol), a, b)
+
+
+@pytest.mark.parametrize("bn_mode,groups", [("sync", 1), ("shuffle", 8)])
+def test_eight_devices_take_the_one_device_step(bn_mode, groups, host_batch):
+  # MoCo-v2 + patch NS negatives on the same global batch: same loss, statistics, updated
+  # parameters (online and EMA), batch-norm statistics and queue (compared slot by slot).
+  config = _config(bn_mode, groups)
+  before1, one, m1 = _one_step(config, host_batch, 1)
+  before8, eight, m8 = _one_step(config, host_batch, 8)
+  p = train.keys_per_step(config)
+  # The same initial state, the queue in each run's layout.
+  _close(before1.params, before8.params, rtol=0, atol=0)
+  np.testing.assert_allclose(queue_lib.to_ring_order(before8.queue, 8, p), before1.queue,
+                             rtol=1e-6, atol=1e-7)
+  assert set(m1) == set(m8) == {"loss", "lr", "pos_mean", "neg_mean", "neg_var", "ns_mean"}
+  for name in m1:
+    np.testing.assert_allclose(m8[name], m1[name], rtol=1e-5, atol=1e-7, err_msg=name)
+  _close(eight.params, one.params)
+  _close(eight.target_params, one.target_params)
+  _close(eight.batch_stats, one.batch_stats)
+  _close(eight.target_batch_stats, one.target_batch_stats)
+  # The momentum buffer is the gradient itself, a sum over the batch: summed in another
+  # order its near-zero entries differ by float32 rounding, so each array is compared
+  # relative to its largest entry.
+  jax.tree.map(lambda x, y: np.testing.assert_array_less(
+      np.abs(np.asarray(x) - y), 1e-5 * np.abs(y).max() + 1e-12), eight.opt_state, one.opt_state)
+  np.testing.assert_allclose(queue_lib.to_ring_order(eight.queue, 8, p), one.queue,
+                             rtol=1e-5, atol=1e-6)
+  # The step's keys went into slots [0, P) of the ring; the parameters moved.
+  assert not np.allclose(one.queue[:p], before1.queue[:p])
+  np.testing.assert_array_equal(one.queue[p:], before1.queue[p:])
+  assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(one.params),
+                                                    jax.tree.leaves(before1.params)))
+  # Each device holds K/8 rows of the queue.
+  shards = eight.queue.addressable_shards
+  assert len(shards) == 8
+  assert all(s.data.shape == (K // 8, config.model.head_out_dim) for s in shards)
+  assert all(s.data.nbytes == eight.queue.nbytes // 8 for s in shards)
+
+
+def _encoder_and_variables(groups):
+  config = _config("local", groups)
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  encoder, _, _, make_state, _ = train.build(config, 4 * B, mesh)
+  state = jax.device_get(make_state())
+  return encoder, {"params": state.params, "batch_stats": state.batch_stats}
+
+
+def _forward(encoder, variables, x):
+  out, mutated = encoder.apply(variables, x, train=True, mutable=["batch_stats"])
+  return out["z"], mutated["batch_stats"]
+
+
+def test_local_bn_statistics_are_per_device(host_batch):
+  # bn_mode=local with 8 groups on 8 devices: device i's outputs equal a forward of
+  # device i's rows alone, and the running statistics are the mean of the 8 per-device
+  # updates. The normalisation needs no cross-device traffic (one all-reduce, for the
+  # running statistics, against one per batch-norm layer under sync).
+  x = jnp.asarray(host_batch["view1"], jnp.float32) / 255.0
+  encoder8, variables = _encoder_and_variables(8)
+  encoder1 = _encoder_and_variables(1)[0]
+  mesh = parallel.make_mesh()
+  xs = jax.device_put(x, parallel.batch_sharding(mesh))
+  fwd8 = jax.jit(lambda v, x: _forward(encoder8, v, x))
+  z, stats = fwd8(variables, xs)
+  refs = [_forward(encoder1, variables, x[i * B // 8:(i + 1) * B // 8]) for i in range(8)]
+  for shard in z.addressable_shards:
+    i = shard.index[0].start // (B // 8)
+    np.testing.assert_allclose(shard.data, refs[i][0], rtol=1e-5, atol=1e-6)
+  mean_stats = jax.tree.map(lambda *s: np.mean(s, axis=0), *[r[1] for r in refs])
+  _close(stats, mean_stats, rtol=1e-5, atol=1e-6)
+
+  def all_reduces(fn):
+    return len(re.findall(r" all-reduce(-start)?\(", fn.lower(variables, xs).compile().as_text()))
+  fwd1 = jax.jit(lambda v, x: _forward(encoder1, v, x))
+  layers = len(jax.tree.leaves(variables["batch_stats"])) // 2
+  assert all_reduces(fwd8) <= 1 < layers <= all_reduces(fwd1)
+
+
+@pytest.mark.parametrize("groups", [8, 4])
+def test_shuffle_bn_normalises_keys_with_a_random_group(groups, host_batch):
+  # Shuffle-BN across 8 devices: the key batch is permuted over the whole global batch,
+  # each group of B/G permuted rows is normalised on its own, and the keys are put back
+  # in order. Reference: the same permutation, then G separate one-group forwards.
+  x = jnp.asarray(host_batch["view2"], jnp.float32) / 255.0
+  encoder, variables = _encoder_and_variables(groups)
+  encoder1 = _encoder_and_variables(1)[0]
+  mesh = parallel.make_mesh()
+  rng = jax.random.key(3)
+  keys, stats = jax.jit(lambda v, x: step_lib.encode_keys(
+      encoder, v["params"], v["batch_stats"], x, rng, shuffle=True))(
+          variables, jax.device_put(x, parallel.batch_sharding(mesh)))
+  perm = np.asarray(jax.random.permutation(rng, B))
+  shuffled = x[perm]
+  size = B // groups
+  refs = [_forward(encoder1, variables, shuffled[g * size:(g + 1) * size]) for g in range(groups)]
+  want = np.empty((B, keys.shape[1]), np.float32)
+  want[perm] = np.concatenate([r[0] for r in refs])
+  np.testing.assert_allclose(keys, want, rtol=1e-5, atol=1e-6)
+  _close(stats, jax.tree.map(lambda *s: np.mean(s, axis=0), *[r[1] for r in refs]),
+         rtol=1e-5, atol=1e-6)
+  # Not the unshuffled statistics: some key differs from its unshuffled value.
+  plain = np.concatenate([_forward(encoder1, variables, x[g * size:(g + 1) * size])[0]
+                          for g in range(groups)])
+  assert np.abs(np.asarray(keys) - plain).max() > 1e-3
