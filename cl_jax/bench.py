@@ -41,7 +41,7 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
   queue_mb_total, and peak_mb_per_device where the backend reports it.
   """
   mesh = parallel.make_mesh(jax.devices()[:devices])
-  config_check.validate(config, num_devices=devices)
+  config_check.validate(config, num_devices=devices, reads_data=False)
   batch = config.optim.batch_size
   encoder, tx, schedule, make_state, _ = train.build(config, batch, mesh)
   state = make_state()

@@ -84,13 +84,18 @@ def _dataset_names():
   return sources.DATASET_NAMES
 
 
-def validate(c: ml_collections.ConfigDict, num_devices: int = 1) -> None:
-  """Raise ConfigError for the first invalid field of config `c`."""
+def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
+             reads_data: bool = True) -> None:
+  """Raise ConfigError for the first invalid field of config `c`.
+
+  num_devices: devices on the `data` mesh axis. reads_data=False skips the
+  dataset location check (for jobs that never open the dataset, the benchmark).
+  """
   _choice(c, "method", METHODS)
   _int(c, "seed", 0, 2**31 - 1)
 
   name = _choice(c, "data.name", _dataset_names())
-  if name != "trifeature" and not _get(c, "data.data_dir"):
+  if reads_data and name != "trifeature" and not _get(c, "data.data_dir"):
     _fail("data.data_dir", "", f"dataset {name} is read through TFDS: set data.data_dir "
           "to the directory where it was prepared")
   size = _int(c, "data.image_size", 16, 1024)

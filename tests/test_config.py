@@ -76,6 +76,29 @@ def test_bad_values_name_their_field(path, value, field):
     config_check.validate(c)
 
 
+@pytest.mark.parametrize("mode,groups,batch,devices,message", [
+    ("sync", 4, 128, 1, "set model.bn_groups = 1"),
+    ("local", 1, 128, 1, "at least 2 groups"),
+    ("shuffle", 1, 128, 1, "at least 2 groups"),
+    ("shuffle", 6, 96, 4, "multiple or a divisor of the number of devices"),
+    ("local", 8, 96, 3, "multiple or a divisor of the number of devices"),
+])
+def test_batch_norm_groups_must_match_mode_and_devices(mode, groups, batch, devices, message):
+  c = mocov2_patchns.get_config(None)
+  c.model.bn_mode, c.model.bn_groups, c.optim.batch_size = mode, groups, batch
+  c.moco.queue_size = 4 * batch
+  with pytest.raises(config_check.ConfigError, match=r"model\.bn_groups.*" + message):
+    config_check.validate(c, num_devices=devices)
+
+
+@pytest.mark.parametrize("mode,groups,devices", [
+    ("sync", 1, 8), ("local", 8, 8), ("shuffle", 4, 8), ("shuffle", 16, 8), ("local", 2, 1)])
+def test_batch_norm_groups_that_map_onto_devices_are_accepted(mode, groups, devices):
+  c = mocov2_patchns.get_config(None)
+  c.model.bn_mode, c.model.bn_groups = mode, groups
+  config_check.validate(c, num_devices=devices)
+
+
 def test_symmetric_queue_must_hold_both_views_keys():
   c = mocov2.get_config(None)
   c.moco.symmetric, c.moco.queue_size, c.optim.batch_size = True, 384, 128

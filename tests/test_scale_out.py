@@ -153,3 +153,24 @@ def test_shuffle_bn_normalises_keys_with_a_random_group(groups, host_batch):
   plain = np.concatenate([_forward(encoder1, variables, x[g * size:(g + 1) * size])[0]
                           for g in range(groups)])
   assert np.abs(np.asarray(keys) - plain).max() > 1e-3
+
+
+def test_a_run_resumed_on_fewer_devices_keeps_every_key_in_its_slot():
+  # A queue written by 8 devices, re-laid out for 2: the ring order (slot by slot) is
+  # unchanged and each of the 2 devices now holds K/2 rows.
+  config = _config("shuffle", 8)
+  p = train.keys_per_step(config)
+  mesh8, mesh2 = parallel.make_mesh(), parallel.make_mesh(jax.devices()[:2])
+  state = train.build(config, 4 * B, mesh8)[3]()
+  keys = jnp.arange(p * 4, dtype=jnp.float32).reshape(4, p)[:, :, None] * jnp.ones(8)
+  for t in range(3):   # three steps of distinct keys over the random initial queue
+    state = state.replace(queue=jax.jit(queue_lib.enqueue, static_argnums=3)(
+        state.queue, jax.device_put(keys[t], parallel.batch_sharding(mesh8)), t, mesh8))
+  # Restoring into the 2-device template puts the rows, still in the 8-shard layout, on 2.
+  restored = state.replace(queue=jax.device_put(state.queue, parallel.batch_sharding(mesh2)))
+  moved = train.relayout_queue(restored, {"queue_shards": 8, "keys_per_step": p}, mesh2, p)
+  np.testing.assert_array_equal(queue_lib.to_ring_order(moved.queue, 2, p),
+                                queue_lib.to_ring_order(state.queue, 8, p))
+  assert [s.data.shape[0] for s in moved.queue.addressable_shards] == [K // 2, K // 2]
+  with pytest.raises(ValueError, match="keys per step"):
+    train.relayout_queue(restored, {"queue_shards": 8, "keys_per_step": 2 * p}, mesh2, p)
