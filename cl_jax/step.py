@@ -71,7 +71,7 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
 
   batch: view1, view2 (B, S, S, 3) uint8 host-cropped views (other entries of
   the host batch are ignored). metrics: loss, lr and the score statistics of
-  cl_jax.methods.moco.score_stats, float32 scalars.
+  cl_jax.methods.moco.moco_loss, float32 scalars.
   """
   spec = photometric_spec(config.aug)
   ns = config.nonsemantic
