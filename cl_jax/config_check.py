@@ -141,6 +141,10 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
     if d_min > d_max:
       _fail("nonsemantic.patch_min", d_min, f"must be <= nonsemantic.patch_max = {d_max}")
 
+  if _bool(c, "ifm.enabled"):
+    _float(c, "ifm.epsilon", 0.0, 2.0, lo_open=True)
+    _float(c, "ifm.alpha", 0.0, None)
+
   recipe = _choice(c, "optim.lr_recipe", tuple(LR_RECIPES))
   lr = _float(c, "optim.lr", 0.0, None, lo_open=True)
   batch = _int(c, "optim.batch_size", 1)
@@ -176,6 +180,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   _int(c, "train.log_every", 1)
   _int(c, "train.checkpoint_every", 1)
   _int(c, "train.keep_checkpoints", 1)
+  _int(c, "train.score_queries", 0)
 
   _bool(c, "probe.after_pretrain")
   _choice(c, "probe.protocol", PROBE_PROTOCOLS)

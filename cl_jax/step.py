@@ -65,13 +65,26 @@ def encode_keys(encoder, params, batch_stats, images: jax.Array, rng: jax.Array,
   return jax.lax.stop_gradient(z), mutated["batch_stats"]
 
 
+def layer_grad_norms(grads) -> dict[str, jax.Array]:
+  """Per-layer gradient L2 norms, {"grad_norm/<module path>": ||g||_2} (Zhu et al. 2021,
+  App. A: the gradient-norm landscape). A layer is a module that holds parameters
+  directly (a conv with its kernel, a batch norm with scale and bias); its norm is
+  taken over all of them together. Keys follow the parameter tree's order."""
+  sums: dict[str, jax.Array] = {}
+  for path, g in jax.tree_util.tree_leaves_with_path(grads):
+    layer = "/".join(str(getattr(p, "key", p)) for p in path[:-1])
+    sums[layer] = sums.get(layer, 0.0) + jnp.sum(jnp.square(g.astype(jnp.float32)))
+  return {f"grad_norm/{layer}": jnp.sqrt(total) for layer, total in sums.items()}
+
+
 def make_train_step(config: ml_collections.ConfigDict, encoder,
                     tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: Mesh):
   """Build the jit-able train_step(state, batch) for `config` on `mesh`.
 
   batch: view1, view2 (B, S, S, 3) uint8 host-cropped views (other entries of
-  the host batch are ignored). metrics: loss, lr and the score statistics of
-  cl_jax.methods.moco.moco_loss, float32 scalars.
+  the host batch are ignored). metrics: loss, lr, the score statistics of
+  cl_jax.methods.moco.moco_loss and the per-layer gradient norms of
+  layer_grad_norms, float32 scalars.
   """
   spec = photometric_spec(config.aug)
   ns = config.nonsemantic
@@ -109,7 +122,8 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
         out, mutated = encoder.apply({"params": params, "batch_stats": bs}, vq, train=True,
                                      mutable=["batch_stats"])
         bs = mutated["batch_stats"]
-        loss, st = moco.moco_loss(out["z"], k, state.queue, t, config.moco, ns, mesh)
+        loss, st = moco.moco_loss(out["z"], k, state.queue, t, config.moco, ns, config.ifm,
+                                  mesh, config.train.score_queries)
         losses.append(loss)
         stats.append(st)
       mean = lambda xs: sum(xs) / len(xs)
@@ -127,7 +141,8 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
         step=state.step + 1, params=params, batch_stats=batch_stats,
         target_params=target_params, target_batch_stats=target_bs, opt_state=opt_state,
         queue=new_queue)
-    metrics = {"loss": loss, "lr": jnp.asarray(schedule(state.step), jnp.float32), **stats}
+    metrics = {"loss": loss, "lr": jnp.asarray(schedule(state.step), jnp.float32), **stats,
+               **layer_grad_norms(grads)}
     return new_state, metrics
 
   return train_step

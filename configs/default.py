@@ -62,6 +62,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.nonsemantic.patch_min = 3
   c.nonsemantic.patch_max = 10
 
+  c.ifm = ml_collections.ConfigDict()   # implicit feature modification (Robinson et al. 2021)
+  c.ifm.enabled = False
+  c.ifm.epsilon = 0.1               # similarity shift of the positive (-) and negatives (+)
+  c.ifm.alpha = 1.0                 # loss = (L + alpha L_eps) / 2
+
   c.optim = ml_collections.ConfigDict()
   c.optim.lr_recipe = "custom"      # see cl_jax/config_check.py LR_RECIPES
   c.optim.lr = 0.06
@@ -75,6 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.log_every = 10
   c.train.checkpoint_every = 100
   c.train.keep_checkpoints = 2
+  c.train.score_queries = 64        # score statistics over the first n queries (0 or > batch: all)
 
   c.probe = ml_collections.ConfigDict()
   c.probe.after_pretrain = True

@@ -60,10 +60,13 @@ def _jax_loss_and_grads(q, k, queue, temperature, devices=1):
   ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
   rows = parallel.batch_sharding(mesh)
   q, k, queue = (jax.lax.with_sharding_constraint(x, rows) for x in (q, k, queue))
-  loss_fn = lambda *args: moco.moco_loss(*args, None, cfg, ns, mesh)
+  loss_fn = lambda *args: moco.moco_loss(*args, None, cfg, ns, IFM_OFF, mesh)
   (loss, stats), grads = jax.value_and_grad(loss_fn, argnums=(0, 1, 2), has_aux=True)(
       q, k, queue)
   return loss, stats, grads
+
+
+IFM_OFF = ml_collections.ConfigDict({"enabled": False})
 
 
 def _f32(*arrays):

@@ -59,9 +59,12 @@ def _jax_loss_and_grads(q, k, queue, t, temperature, alpha, mode):
   cfg = ml_collections.ConfigDict({"temperature": temperature})
   ns = ml_collections.ConfigDict({"alpha": alpha, "alpha_mode": mode})
   mesh = parallel.make_mesh(jax.devices()[:1])
-  loss_fn = lambda qq, tt: moco.moco_loss(qq, k, queue, tt, cfg, ns, mesh)
+  loss_fn = lambda qq, tt: moco.moco_loss(qq, k, queue, tt, cfg, ns, IFM_OFF, mesh)
   (loss, stats), grads = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(q, t)
   return loss, stats, grads
+
+
+IFM_OFF = ml_collections.ConfigDict({"enabled": False})
 
 
 def _f32(*arrays):
