@@ -10,6 +10,7 @@ METHODS = ("moco",)
 BN_MODES = ("sync", "local", "shuffle")
 NS_KINDS = ("patch",)
 ALPHA_MODES = ("in", "out")
+FT_NEGATIVE = ("none", "interpolate", "extrapolate")
 PROBE_PROTOCOLS = ("fast", "paper")
 DTYPES = ("float32", "bfloat16")
 # Named learning-rate recipes for MoCo-v2 on ImageNet-100 (lr, global batch).
@@ -141,6 +142,19 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
     if d_min > d_max:
       _fail("nonsemantic.patch_min", d_min, f"must be <= nonsemantic.patch_max = {d_max}")
 
+  if _bool(c, "ft.enabled"):
+    _bool(c, "ft.positive_extrapolation")
+    _float(c, "ft.alpha_ex", 0.0, None, lo_open=True)
+    negative = _choice(c, "ft.negative", FT_NEGATIVE)
+    _float(c, "ft.alpha_in", 0.0, None, lo_open=True)
+    union = _bool(c, "ft.union")
+    _bool(c, "ft.per_dimension")
+    _bool(c, "ft.renormalize")
+    _int(c, "ft.start_epoch", 0, _int(c, "optim.epochs", 1) - 1)
+    if union and negative == "none":
+      _fail("ft.union", union, "the union needs transformed negatives: set ft.negative to "
+            "'interpolate' or 'extrapolate'")
+
   if _bool(c, "ifm.enabled"):
     _float(c, "ifm.epsilon", 0.0, 2.0, lo_open=True)
     _float(c, "ifm.alpha", 0.0, None)
@@ -176,6 +190,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
           f"({keys_per_step} = global batch{' x 2 views (symmetric)' if symmetric else ''})")
   if queue < keys_per_step:
     _fail("moco.queue_size", queue, f"must be at least the keys per step ({keys_per_step})")
+  if _get(c, "ft.enabled") and _get(c, "ft.negative") != "none" and queue < 2 * keys_per_step:
+    _fail("moco.queue_size", queue, f"negative transforms pair keys of different steps: the "
+          f"queue must hold at least 2 steps of keys ({2 * keys_per_step})")
 
   _int(c, "train.log_every", 1)
   _int(c, "train.checkpoint_every", 1)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
+from cl_jax.addons import feature_transform
 from cl_jax.parallel import DATA_AXIS
 
 
@@ -91,3 +92,37 @@ def init_queue(rng: jax.Array, queue_size: int, dim: int, num_shards: int,
   q = jax.random.normal(rng, (queue_size, dim), jnp.float32)
   q = q / jnp.linalg.norm(q, axis=1, keepdims=True)
   return to_sharded_layout(q, num_shards, keys_per_step)
+
+
+def mix_slots(queue: jax.Array, slot_order: jax.Array, mix, mesh: Mesh, keys_per_step: int,
+              renormalize: bool) -> jax.Array:
+  """Feature-transformed copy of the queue: every key mixed with a partner key.
+
+  Key i of ring slot t is mixed with key i of slot slot_order[t] by
+  cl_jax.addons.feature_transform.negative_interpolation (Zhu et al. 2021,
+  Eq. 5): mu * n + (1 - mu) * n_partner. Pairing keys of the same batch row
+  across a random permutation of the K / P slots keeps each pair inside one
+  shard, so every device mixes its own rows, and gives the same pairs for any
+  number of devices. The stored queue is not changed.
+
+  Args:
+    queue: (K, d) queue in the S-shard layout, rows sharded over `data`.
+    slot_order: (K / P,) int permutation of the slots.
+    mix: scalar or (d,) coefficient mu.
+    mesh: the device mesh (S devices on `data`).
+    keys_per_step: P.
+    renormalize: project the mixed keys back to unit length.
+
+  Returns:
+    (K, d) mixed negatives, sharded like `queue`.
+  """
+  shards = mesh.shape[DATA_AXIS]
+  _check(queue.shape[0], keys_per_step, shards)
+  local = keys_per_step // shards
+  partner = (slot_order[:, None] * local + jnp.arange(local)[None, :]).reshape(-1)
+
+  def per_shard(rows, partner, mix):
+    return feature_transform.negative_interpolation(rows, partner, mix, renormalize)
+
+  return jax.shard_map(per_shard, mesh=mesh, in_specs=(P(DATA_AXIS), P(), P()),
+                       out_specs=P(DATA_AXIS))(queue, partner, mix)

@@ -65,6 +65,11 @@ def encode_keys(encoder, params, batch_stats, images: jax.Array, rng: jax.Array,
   return jax.lax.stop_gradient(z), mutated["batch_stats"]
 
 
+def keys_per_step(config: ml_collections.ConfigDict) -> int:
+  """P, the keys enqueued per step: the global batch, twice when symmetric."""
+  return config.optim.batch_size * (2 if config.moco.symmetric else 1)
+
+
 def layer_grad_norms(grads) -> dict[str, jax.Array]:
   """Per-layer gradient L2 norms, {"grad_norm/<module path>": ||g||_2} (Zhu et al. 2021,
   App. A: the gradient-norm landscape). A layer is a module that holds parameters
@@ -78,8 +83,11 @@ def layer_grad_norms(grads) -> dict[str, jax.Array]:
 
 
 def make_train_step(config: ml_collections.ConfigDict, encoder,
-                    tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: Mesh):
+                    tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: Mesh,
+                    steps_per_epoch: int):
   """Build the jit-able train_step(state, batch) for `config` on `mesh`.
+
+  steps_per_epoch places epoch-based switches (ft.start_epoch) on the step axis.
 
   batch: view1, view2 (B, S, S, 3) uint8 host-cropped views (other entries of
   the host batch are ignored). metrics: loss, lr, the score statistics of
@@ -90,6 +98,8 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
   ns = config.nonsemantic
   shuffle = config.model.bn_mode == "shuffle"
   m = config.moco.momentum
+  ft_start = config.ft.start_epoch * steps_per_epoch
+  num_keys = keys_per_step(config)
 
   def ns_keys(target_params, target_bs, views, rng):
     r_patch, r_shuffle = jax.random.split(rng)
@@ -100,7 +110,7 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    r_aug1, r_aug2, r_key, r_ns = jax.random.split(rng, 4)
+    r_aug1, r_aug2, r_key, r_ns, r_ft = jax.random.split(rng, 5)
     v1, _ = photometric.augment_batch(r_aug1, batch["view1"], spec)
     v2, _ = photometric.augment_batch(r_aug2, batch["view2"], spec)
     pairs = [(v1, v2), (v2, v1)] if config.moco.symmetric else [(v1, v2)]
@@ -122,8 +132,10 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
         out, mutated = encoder.apply({"params": params, "batch_stats": bs}, vq, train=True,
                                      mutable=["batch_stats"])
         bs = mutated["batch_stats"]
-        loss, st = moco.moco_loss(out["z"], k, state.queue, t, config.moco, ns, config.ifm,
-                                  mesh, config.train.score_queries)
+        loss, st = moco.moco_loss(
+            out["z"], k, state.queue, t, config.moco, ns, config.ifm, mesh,
+            config.train.score_queries, ft_cfg=config.ft, ft_rng=jax.random.fold_in(r_ft, len(losses)),
+            ft_active=state.step >= ft_start, keys_per_step=num_keys)
         losses.append(loss)
         stats.append(st)
       mean = lambda xs: sum(xs) / len(xs)

@@ -62,11 +62,6 @@ def read_config(workdir: str) -> ml_collections.ConfigDict:
   return c
 
 
-def keys_per_step(config: ml_collections.ConfigDict) -> int:
-  """P, the keys enqueued per step: the global batch, twice when symmetric."""
-  return config.optim.batch_size * (2 if config.moco.symmetric else 1)
-
-
 def build(config: ml_collections.ConfigDict, num_records: int, mesh):
   """(encoder, optimizer, schedule, make_state, total steps) of a run on `mesh`.
 
@@ -81,7 +76,7 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh):
   init = functools.partial(
       init_state, config.seed, encoder, tx, image_size=config.data.image_size,
       queue_size=config.moco.queue_size, embed_dim=config.model.head_out_dim,
-      queue_shards=mesh.shape[parallel.DATA_AXIS], keys_per_step=keys_per_step(config))
+      queue_shards=mesh.shape[parallel.DATA_AXIS], keys_per_step=step_lib.keys_per_step(config))
   make_state = jax.jit(init, out_shardings=parallel.state_sharding(jax.eval_shape(init), mesh))
   return encoder, tx, schedule, make_state, config.optim.epochs * spe
 
@@ -117,7 +112,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str,
   source = sources.open_source(config.data, "pretrain")
   encoder, tx, schedule, make_state, total = build(config, len(source), mesh)
   end = total if stop_at_step is None else min(total, stop_at_step)
-  keys = keys_per_step(config)
+  keys = step_lib.keys_per_step(config)
   meta = {"queue_shards": mesh.shape[parallel.DATA_AXIS], "keys_per_step": keys}
   manager = checkpoint.make_manager(workdir, config.train.keep_checkpoints)
   data = pipeline.pretrain_dataset(
@@ -135,7 +130,8 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str,
     print(f"resuming from the checkpoint at step {start} in {workdir}")
 
   train_step = step_lib.jit_train_step(
-      step_lib.make_train_step(config, encoder, tx, schedule, mesh),
+      step_lib.make_train_step(config, encoder, tx, schedule, mesh,
+                               steps_per_epoch(len(source), config.optim.batch_size)),
       parallel.state_sharding(state, mesh), parallel.batch_sharding(mesh))
   writer = MetricWriter(workdir)
   bar = tqdm.tqdm(total=total, initial=start, desc="pretrain", disable=not lead,

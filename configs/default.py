@@ -62,6 +62,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.nonsemantic.patch_min = 3
   c.nonsemantic.patch_max = 10
 
+  c.ft = ml_collections.ConfigDict()    # feature transformation (Zhu et al. 2021)
+  c.ft.enabled = False
+  c.ft.positive_extrapolation = True  # q' = l q + (1-l) k, k' = l k + (1-l) q, l = 1 + Beta(a_ex, a_ex)
+  c.ft.alpha_ex = 2.0
+  c.ft.negative = "interpolate"     # none | interpolate (mu ~ Beta(a_in, a_in)) | extrapolate (1 + Beta)
+  c.ft.alpha_in = 1.6
+  c.ft.union = False                # negatives: original queue + transformed queue (2K)
+  c.ft.per_dimension = False        # one coefficient per feature dimension instead of a scalar
+  c.ft.renormalize = False          # project transformed features back to unit length
+  c.ft.start_epoch = 0              # no transformation before this epoch
+
   c.ifm = ml_collections.ConfigDict()   # implicit feature modification (Robinson et al. 2021)
   c.ifm.enabled = False
   c.ifm.epsilon = 0.1               # similarity shift of the positive (-) and negatives (+)

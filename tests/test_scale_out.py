@@ -38,7 +38,7 @@ def _one_step(config, host_batch, devices: int):
   encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
   state = make_state()
   before = jax.device_get(state)
-  step = step_lib.jit_train_step(step_lib.make_train_step(config, encoder, tx, schedule, mesh),
+  step = step_lib.jit_train_step(step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4),
                                  parallel.state_sharding(state, mesh),
                                  parallel.batch_sharding(mesh))
   after, metrics = step(state, jax.device_put(host_batch, parallel.batch_sharding(mesh)))
@@ -57,7 +57,7 @@ def test_eight_devices_take_the_one_device_step(bn_mode, groups, host_batch):
   config = _config(bn_mode, groups)
   before1, one, m1 = _one_step(config, host_batch, 1)
   before8, eight, m8 = _one_step(config, host_batch, 8)
-  p = train.keys_per_step(config)
+  p = step_lib.keys_per_step(config)
   # The same initial state, the queue in each run's layout.
   _close(before1.params, before8.params, rtol=0, atol=0)
   np.testing.assert_allclose(queue_lib.to_ring_order(before8.queue, 8, p), before1.queue,
@@ -162,7 +162,7 @@ def test_a_run_resumed_on_fewer_devices_keeps_every_key_in_its_slot():
   # A queue written by 8 devices, re-laid out for 2: the ring order (slot by slot) is
   # unchanged and each of the 2 devices now holds K/2 rows.
   config = _config("shuffle", 8)
-  p = train.keys_per_step(config)
+  p = step_lib.keys_per_step(config)
   mesh8, mesh2 = parallel.make_mesh(), parallel.make_mesh(jax.devices()[:2])
   state = train.build(config, 4 * B, mesh8)[3]()
   keys = jnp.arange(p * 4, dtype=jnp.float32).reshape(4, p)[:, :, None] * jnp.ones(8)

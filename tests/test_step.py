@@ -32,7 +32,7 @@ def _one_step(config, batch):
   encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
   state = make_state()
   before = jax.device_get(state)
-  fn = jax.jit(step_lib.make_train_step(config, encoder, tx, schedule, mesh))
+  fn = jax.jit(step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4))
   after, metrics = fn(state, batch)
   return before, jax.device_get(after), jax.device_get(metrics)
 

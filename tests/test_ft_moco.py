@@ -1,0 +1,140 @@
+"""Feature transformation inside the MoCo loss (Zhu et al. 2021, Sec. 4), against NumPy.
+
+The reference draws the same coefficients (lambda, mu, slot order) from the same PRNG
+keys, then recomputes in float64: q' = l q + (1-l) k, k' = l k + (1-l) q, the mixed
+queue in ring order (key i of slot t with key i of slot order[t]), and InfoNCE.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from cl_jax import parallel, queue as queue_lib, step as step_lib, train
+from cl_jax.addons import feature_transform
+from cl_jax.methods import moco
+from configs import mocov2_patchns_ft_ifm
+
+B, DIM, P, K, T = 8, 6, 8, 32, 0.2
+
+
+def _unit(rng, *shape):
+  x = rng.normal(size=shape)
+  return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _ft(negative="interpolate", union=False, per_dimension=False, renormalize=False):
+  return ml_collections.ConfigDict(dict(
+      enabled=True, positive_extrapolation=True, alpha_ex=2.0, negative=negative, alpha_in=1.6,
+      union=union, per_dimension=per_dimension, renormalize=renormalize))
+
+
+@functools.partial(jax.jit, static_argnames=("devices", "ft_key", "active"))
+def _jax_loss(q, k, ring_queue, rng, devices, ft_key, active):
+  mesh = parallel.make_mesh(jax.devices()[:devices])
+  ft = None if ft_key is None else _ft(*ft_key)
+  queue = jax.lax.with_sharding_constraint(
+      queue_lib.to_sharded_layout(ring_queue, devices, P), parallel.batch_sharding(mesh))
+  cfg = ml_collections.ConfigDict({"temperature": T})
+  ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
+  off = ml_collections.ConfigDict({"enabled": False})
+  fn = lambda qq: moco.moco_loss(qq, k, queue, None, cfg, ns, off, mesh, ft_cfg=ft, ft_rng=rng,
+                                 ft_active=active, keys_per_step=P)
+  (loss, stats), grad = jax.value_and_grad(fn, has_aux=True)(q)
+  return loss, stats, grad
+
+
+def _coefficients(rng, ft, dim):
+  r_pos, r_neg, r_perm = jax.random.split(rng, 3)
+  shape = (dim,) if ft.per_dimension else ()
+  lam = 1 + np.asarray(feature_transform.sample_coefficient(r_pos, 2.0, 2.0, shape), np.float64)
+  mu = np.asarray(feature_transform.sample_coefficient(r_neg, 1.6, 1.6, shape), np.float64)
+  mu = mu + 1 if ft.negative == "extrapolate" else mu
+  order = np.asarray(jax.random.permutation(r_perm, K // P))
+  return lam, mu, order
+
+
+def _np_loss(q, k, queue, rng, ft):
+  lam, mu, order = _coefficients(rng, ft, q.shape[1])
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  q2, k2 = lam * q + (1 - lam) * k, lam * k + (1 - lam) * q
+  partner = (order[:, None] * P + np.arange(P)[None]).reshape(-1)
+  mixed = mu * queue + (1 - mu) * queue[partner]
+  if ft.renormalize:
+    q2, k2, mixed = unit(q2), unit(k2), unit(mixed)
+  negs = np.concatenate([queue, mixed]) if ft.union else mixed
+  total = 0.0
+  for i in range(len(q)):
+    pos = np.exp(q2[i] @ k2[i] / T)
+    total += -np.log(pos / (pos + np.exp(negs @ q2[i] / T).sum()))
+  return total / len(q), q2 @ negs.T, np.sum(q2 * k2, axis=1)
+
+
+@pytest.mark.parametrize("ft_key", [("interpolate", False, False, False),
+                                    ("extrapolate", False, False, True),
+                                    ("interpolate", True, True, False)])
+@pytest.mark.parametrize("devices", [1, 4])
+def test_ft_loss_matches_numpy_on_any_device_count(ft_key, devices):
+  rng = np.random.default_rng(0)
+  q, k, queue = _unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM)
+  key = jax.random.key(7)
+  loss, stats, grad = _jax_loss(*[jnp.asarray(x, jnp.float32) for x in (q, k, queue)], key,
+                                devices, ft_key, True)
+  want, s, pos = _np_loss(q, k, queue, key, _ft(*ft_key))
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  # Statistics on the transformed features (Zhu et al. 2021, Sec. 3).
+  np.testing.assert_allclose(stats["pos_mean"], pos.mean(), rtol=1e-5)
+  np.testing.assert_allclose(stats["neg_mean"], s.mean(), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(stats["neg_var"], s.var(axis=1).mean(), rtol=1e-4)
+  assert np.all(np.isfinite(grad)) and np.abs(grad).max() > 0
+
+
+def test_positive_extrapolation_lowers_the_positive_score():
+  rng = np.random.default_rng(1)
+  q, k, queue = _unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM)
+  args = [jnp.asarray(x, jnp.float32) for x in (q, k, queue)]
+  _, with_ft, _ = _jax_loss(*args, jax.random.key(0), 1, ("none", False, False, False), True)
+  _, plain, _ = _jax_loss(*args, jax.random.key(0), 1, None, True)
+  assert with_ft["pos_mean"] < plain["pos_mean"]
+
+
+def test_before_the_start_epoch_the_loss_is_bit_identical_to_ft_off():
+  rng = np.random.default_rng(2)
+  args = [jnp.asarray(x, jnp.float32) for x in (_unit(rng, B, DIM), _unit(rng, B, DIM),
+                                                 _unit(rng, K, DIM))]
+  off = _jax_loss(*args, jax.random.key(0), 1, None, True)
+  inactive = _jax_loss(*args, jax.random.key(0), 1, ("interpolate", False, False, False), False)
+  np.testing.assert_array_equal(off[0], inactive[0])
+  np.testing.assert_array_equal(off[2], inactive[2])
+
+
+def test_mix_slots_leaves_the_stored_queue_unchanged():
+  rng = np.random.default_rng(3)
+  queue = jnp.asarray(_unit(rng, K, DIM), jnp.float32)
+  saved = np.asarray(queue).copy()
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  mixed = queue_lib.mix_slots(queue, jnp.array([1, 0, 3, 2]), 0.3, mesh, P, False)
+  np.testing.assert_array_equal(np.asarray(queue), saved)
+  np.testing.assert_allclose(mixed[:P], 0.3 * saved[:P] + 0.7 * saved[P:2 * P], rtol=1e-6)
+
+
+def test_all_add_ons_combine_in_one_step():
+  # MoCo-v2 + patch NS + FT + IFM: one step of the combined config trains.
+  c = mocov2_patchns_ft_ifm.get_config(None)
+  c.data.image_size = 16
+  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.moco.queue_size = 64
+  c.nonsemantic.update(patch_min=2, patch_max=6)
+  c.optim.batch_size = 16
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  encoder, tx, schedule, make_state, _ = train.build(c, 64, mesh)
+  state = make_state()
+  fn = jax.jit(step_lib.make_train_step(c, encoder, tx, schedule, mesh, 4))
+  rng = np.random.default_rng(0)
+  batch = {v: jnp.asarray(rng.integers(0, 256, (16, 16, 16, 3), dtype=np.uint8))
+           for v in ("view1", "view2")}
+  after, metrics = fn(state, batch)
+  assert int(after.step) == 1 and np.isfinite(float(metrics["loss"]))
+  assert {"pos_mean", "neg_mean", "neg_var", "ns_mean"} <= set(metrics)
