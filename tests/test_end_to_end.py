@@ -15,25 +15,13 @@ import jax
 import numpy as np
 
 from cl_jax import checkpoint, metrics, parallel, train
+from tests import tiny_run
 from tests.conftest import ROOT
 
-TINY = [
-    "--config=configs/mocov2_patchns.py",
-    "--config.data.image_size=16",
-    "--config.data.trifeature_train=256",
-    "--config.data.trifeature_test=128",
-    "--config.model.width_multiplier=0.125",
-    "--config.model.head_hidden_dim=32",
-    "--config.model.head_out_dim=16",
-    "--config.moco.queue_size=128",
-    "--config.nonsemantic.patch_min=2",
-    "--config.nonsemantic.patch_max=6",
-    "--config.optim.batch_size=32",
-    "--config.train.log_every=1",
-    "--config.probe.epochs=5",
-    "--config.probe.batch_size=64",
-    "--config.probe.decay_epochs=(3,)",
-]
+TINY = [*tiny_run.FLAGS,
+        "--config.probe.epochs=5",
+        "--config.probe.batch_size=64",
+        "--config.probe.decay_epochs=(3,)"]
 
 
 def _cmd(workdir, *extra):

@@ -13,31 +13,17 @@ import sys
 import numpy as np
 
 from cl_jax import metrics
+from tests import tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [
-    "--config=configs/mocov2_patchns.py",
-    "--config.data.image_size=16",
-    "--config.data.trifeature_train=256",
-    "--config.model.width_multiplier=0.125",
-    "--config.model.head_hidden_dim=32",
-    "--config.model.head_out_dim=16",
-    "--config.moco.queue_size=128",
-    "--config.nonsemantic.patch_min=2",
-    "--config.nonsemantic.patch_max=6",
-    "--config.optim.batch_size=32",
-    "--config.optim.epochs=1",          # 256 / 32 = 8 steps
-    "--config.train.log_every=1",
-    "--config.train.checkpoint_every=4",
-    "--probe=false",
-]
+TINY = [*tiny_run.FLAGS,
+        "--config.optim.epochs=1",          # 256 / 32 = 8 steps
+        "--config.train.checkpoint_every=4",
+        "--probe=false"]
 
 
 def _env(devices: int) -> dict:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["JAX_NUM_CPU_DEVICES"] = str(devices)
-  env["JAX_PLATFORMS"] = "cpu"
-  return env
+  return tiny_run.env(devices)
 
 
 def _free_port() -> int:

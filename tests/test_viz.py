@@ -14,24 +14,12 @@ from PIL import Image
 from cl_jax.models.encoder import build_encoder
 from cl_jax.viz import curves, histograms, landscape
 from configs import default
+from tests import tiny_run
 from tests.conftest import ROOT
 
-TINY = [
-    "--config=configs/mocov2_patchns.py",
-    "--config.data.image_size=16",
-    "--config.data.trifeature_train=256",
-    "--config.data.trifeature_test=128",
-    "--config.model.width_multiplier=0.125",
-    "--config.model.head_hidden_dim=32",
-    "--config.model.head_out_dim=16",
-    "--config.moco.queue_size=128",
-    "--config.nonsemantic.patch_min=2",
-    "--config.nonsemantic.patch_max=6",
-    "--config.optim.batch_size=32",
-    "--config.optim.epochs=2",            # 256 // 32 = 8 steps per epoch, 16 steps
-    "--config.train.log_every=1",
-    "--probe=false",
-]
+TINY = [*tiny_run.FLAGS,
+        "--config.optim.epochs=2",            # 16 steps
+        "--probe=false"]
 # Layers of the TINY encoder, in the sorted order a logged metrics dict has them.
 LAYERS = ("backbone/stage1_block1/conv1", "backbone/stem_bn", "backbone/stem_conv", "head/out")
 NETWORK_ORDER = ("backbone/stem_conv", "backbone/stem_bn", "backbone/stage1_block1/conv1",
@@ -39,10 +27,7 @@ NETWORK_ORDER = ("backbone/stem_conv", "backbone/stem_bn", "backbone/stage1_bloc
 
 
 def _env() -> dict:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["JAX_NUM_CPU_DEVICES"] = "1"
-  env["JAX_PLATFORMS"] = "cpu"
-  return env
+  return tiny_run.env(1)
 
 
 def test_run_labels_name_the_fields_that_differ():
