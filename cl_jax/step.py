@@ -74,7 +74,8 @@ def layer_grad_norms(grads) -> dict[str, jax.Array]:
   """Per-layer gradient L2 norms, {"grad_norm/<module path>": ||g||_2} (Zhu et al. 2021,
   App. A: the gradient-norm landscape). A layer is a module that holds parameters
   directly (a conv with its kernel, a batch norm with scale and bias); its norm is
-  taken over all of them together. Keys follow the parameter tree's order."""
+  taken over all of them together. Keys come in the parameter tree's sorted order;
+  cl_jax.viz.landscape puts them back in network order."""
   sums: dict[str, jax.Array] = {}
   for path, g in jax.tree_util.tree_leaves_with_path(grads):
     layer = "/".join(str(getattr(p, "key", p)) for p in path[:-1])
@@ -134,8 +135,9 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
         bs = mutated["batch_stats"]
         loss, st = moco.moco_loss(
             out["z"], k, state.queue, t, config.moco, ns, config.ifm, mesh,
-            config.train.score_queries, ft_cfg=config.ft, ft_rng=jax.random.fold_in(r_ft, len(losses)),
-            ft_active=state.step >= ft_start, keys_per_step=num_keys)
+            config.train.score_queries, ft_cfg=config.ft,
+            ft_rng=jax.random.fold_in(r_ft, len(losses)), ft_active=state.step >= ft_start,
+            keys_per_step=num_keys)
         losses.append(loss)
         stats.append(st)
       mean = lambda xs: sum(xs) / len(xs)

@@ -62,7 +62,8 @@ def test_ifm_loss_matches_numpy(with_ns, eps, alpha):
   q, k, queue, t = _inputs(1)
   loss, _, grad = _jax(*_f32(q, k, queue, t), eps, alpha, True, with_ns)
   tt = t if with_ns else None
-  want = (_np_loss(q, k, queue, tt, 0.2, 0.0, 2.0) + alpha * _np_loss(q, k, queue, tt, 0.2, eps, 2.0)) / 2
+  want = (_np_loss(q, k, queue, tt, 0.2, 0.0, 2.0)
+          + alpha * _np_loss(q, k, queue, tt, 0.2, eps, 2.0)) / 2
   np.testing.assert_allclose(loss, want, rtol=1e-5)
   # Gradient wrt q: central differences of the NumPy objective along random directions.
   rng = np.random.default_rng(2)

@@ -38,8 +38,8 @@ def _one_step(config, host_batch, devices: int):
   encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
   state = make_state()
   before = jax.device_get(state)
-  step = step_lib.jit_train_step(step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4),
-                                 parallel.state_sharding(state, mesh),
+  train_step = step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4)
+  step = step_lib.jit_train_step(train_step, parallel.state_sharding(state, mesh),
                                  parallel.batch_sharding(mesh))
   after, metrics = step(state, jax.device_put(host_batch, parallel.batch_sharding(mesh)))
   return before, after, jax.device_get(metrics)
