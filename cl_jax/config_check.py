@@ -6,11 +6,12 @@ import math
 
 import ml_collections
 
-METHODS = ("moco",)
+METHODS = ("moco", "simclr", "byol", "simsiam")
 BN_MODES = ("sync", "local", "shuffle")
 NS_KINDS = ("patch",)
 ALPHA_MODES = ("in", "out")
-FT_NEGATIVE = ("none", "interpolate", "extrapolate")
+FT_NEGATIVE = ("none", "interpolate", "extrapolate", "hard")
+OPTIMIZERS = ("sgd", "lars")
 PROBE_PROTOCOLS = ("fast", "paper")
 DTYPES = ("float32", "bfloat16")
 # Named learning-rate recipes for MoCo-v2 on ImageNet-100 (lr, global batch).
@@ -85,6 +86,20 @@ def _dataset_names():
   return sources.DATASET_NAMES
 
 
+def _check_queue(c, queue: int, keys_per_step: int) -> None:
+  """The MoCo queue holds whole steps of keys (cl_jax.queue's layout)."""
+  if queue % keys_per_step:
+    _fail("moco.queue_size", queue, f"must be divisible by the keys enqueued per step "
+          f"({keys_per_step} = global batch"
+          f"{' x 2 views (symmetric)' if keys_per_step > _get(c, 'optim.batch_size') else ''})")
+  if queue < keys_per_step:
+    _fail("moco.queue_size", queue, f"must be at least the keys per step ({keys_per_step})")
+  if (_get(c, "ft.enabled") and _get(c, "ft.negative") in ("interpolate", "extrapolate")
+      and queue < 2 * keys_per_step):
+    _fail("moco.queue_size", queue, f"negative transforms pair keys of different steps: the "
+          f"queue must hold at least 2 steps of keys ({2 * keys_per_step})")
+
+
 def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
              reads_data: bool = True) -> None:
   """Raise ConfigError for the first invalid field of config `c`.
@@ -92,7 +107,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   num_devices: devices on the `data` mesh axis. reads_data=False skips the
   dataset location check (for jobs that never open the dataset, the benchmark).
   """
-  _choice(c, "method", METHODS)
+  method = _choice(c, "method", METHODS)
   _int(c, "seed", 0, 2**31 - 1)
 
   name = _choice(c, "data.name", _dataset_names())
@@ -119,7 +134,16 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   _float(c, "model.width_multiplier", 0.0, 16.0, lo_open=True)
   _int(c, "model.head_hidden_dim", 1)
   _int(c, "model.head_out_dim", 1)
-  _int(c, "model.head_layers", 1, 2)
+  _int(c, "model.head_layers", 1, 3)
+  _bool(c, "model.head_bn")
+  _bool(c, "model.head_out_bn")
+  predictor = _int(c, "model.predictor_hidden_dim", 0)
+  if method in ("byol", "simsiam") and predictor == 0:
+    _fail("model.predictor_hidden_dim", predictor, f"method {method!r} needs a predictor: "
+          "set the width of its hidden layer (> 0)")
+  if method in ("moco", "simclr") and predictor:
+    _fail("model.predictor_hidden_dim", predictor, f"method {method!r} has no predictor; "
+          "set 0")
   _choice(c, "model.dtype", DTYPES)
   bn_mode = _choice(c, "model.bn_mode", BN_MODES)
   groups = _int(c, "model.bn_groups", 1)
@@ -128,6 +152,16 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   _float(c, "moco.temperature", 0.0, None, lo_open=True)
   _float(c, "moco.momentum", 0.0, 1.0)
   symmetric = _bool(c, "moco.symmetric")
+  _float(c, "simclr.temperature", 0.0, None, lo_open=True)
+  _float(c, "byol.base_momentum", 0.0, 1.0)
+  if _bool(c, "hcl.enabled"):
+    if method != "simclr":
+      _fail("hcl.enabled", True, f"hard-negative sampling is implemented for SimCLR's "
+            f"in-batch negatives; method is {method!r}")
+    _float(c, "hcl.beta", 0.0, None)
+    _float(c, "hcl.tau_plus", 0.0, 1.0)
+    if _get(c, "hcl.tau_plus") >= 1.0:
+      _fail("hcl.tau_plus", _get(c, "hcl.tau_plus"), "the class prior must be < 1")
 
   if _bool(c, "nonsemantic.enabled"):
     _choice(c, "nonsemantic.kind", NS_KINDS)
@@ -147,6 +181,14 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
     _float(c, "ft.alpha_ex", 0.0, None, lo_open=True)
     negative = _choice(c, "ft.negative", FT_NEGATIVE)
     _float(c, "ft.alpha_in", 0.0, None, lo_open=True)
+    _float(c, "ft.hard_a", 0.0, None, lo_open=True)
+    _float(c, "ft.hard_b", 0.0, None, lo_open=True)
+    if method in ("byol", "simsiam") and negative != "none":
+      _fail("ft.negative", negative, f"method {method!r} has no negatives: only positive "
+            "extrapolation applies (App. E.2); set ft.negative = 'none'")
+    if method == "simclr" and negative == "hard":
+      _fail("ft.negative", negative, "hard negatives (App. G.2) are built against the MoCo "
+            "queue; for SimCLR use 'interpolate' or 'extrapolate'")
     union = _bool(c, "ft.union")
     _bool(c, "ft.per_dimension")
     _bool(c, "ft.renormalize")
@@ -156,9 +198,13 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
             "'interpolate' or 'extrapolate'")
 
   if _bool(c, "ifm.enabled"):
+    if method in ("byol", "simsiam"):
+      _fail("ifm.enabled", True, f"IFM perturbs the logits of an InfoNCE loss; method "
+            f"{method!r} has none (use moco or simclr)")
     _float(c, "ifm.epsilon", 0.0, 2.0, lo_open=True)
     _float(c, "ifm.alpha", 0.0, None)
 
+  _choice(c, "optim.optimizer", OPTIMIZERS)
   recipe = _choice(c, "optim.lr_recipe", tuple(LR_RECIPES))
   lr = _float(c, "optim.lr", 0.0, None, lo_open=True)
   batch = _int(c, "optim.batch_size", 1)
@@ -184,15 +230,12 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   if groups % num_devices and num_devices % groups:
     _fail("model.bn_groups", groups, f"must be a multiple or a divisor of the number of "
           f"devices ({num_devices}), so that groups map onto devices")
-  keys_per_step = batch * (2 if symmetric else 1)
-  if queue % keys_per_step:
-    _fail("moco.queue_size", queue, f"must be divisible by the keys enqueued per step "
-          f"({keys_per_step} = global batch{' x 2 views (symmetric)' if symmetric else ''})")
-  if queue < keys_per_step:
-    _fail("moco.queue_size", queue, f"must be at least the keys per step ({keys_per_step})")
-  if _get(c, "ft.enabled") and _get(c, "ft.negative") != "none" and queue < 2 * keys_per_step:
-    _fail("moco.queue_size", queue, f"negative transforms pair keys of different steps: the "
-          f"queue must hold at least 2 steps of keys ({2 * keys_per_step})")
+  if method != "moco":
+    if bn_mode == "shuffle":
+      _fail("model.bn_mode", bn_mode, f"shuffle-BN belongs to MoCo's key encoder; method "
+            f"{method!r} uses 'sync' or 'local'")
+  else:
+    _check_queue(c, queue, batch * (2 if symmetric else 1))
 
   _int(c, "train.log_every", 1)
   _int(c, "train.checkpoint_every", 1)

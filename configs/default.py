@@ -9,7 +9,7 @@ import ml_collections
 def base_config() -> ml_collections.ConfigDict:
   """MoCo-v2 on 32 px Trifeature: pretraining + probe in minutes on a laptop CPU."""
   c = ml_collections.ConfigDict()
-  c.method = "moco"
+  c.method = "moco"                 # moco | simclr | byol | simsiam
   c.preset = "trifeature"
   c.seed = 0
 
@@ -43,6 +43,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.head_hidden_dim = 128
   c.model.head_out_dim = 64
   c.model.head_layers = 2
+  c.model.head_bn = False           # BN after each hidden head layer (SimCLR, BYOL, SimSiam)
+  c.model.head_out_bn = False       # BN after the head's output layer (SimSiam)
+  c.model.predictor_hidden_dim = 0  # > 0: predictor MLP d -> hidden -> d (BYOL, SimSiam)
   c.model.dtype = "float32"         # "bfloat16" on accelerators
   c.model.bn_mode = "shuffle"       # sync | local | shuffle
   c.model.bn_groups = 4             # virtual batch-norm groups over the global batch
@@ -52,6 +55,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.moco.temperature = 0.2
   c.moco.momentum = 0.99
   c.moco.symmetric = False
+
+  c.simclr = ml_collections.ConfigDict()
+  c.simclr.temperature = 0.5
+
+  c.byol = ml_collections.ConfigDict()
+  c.byol.base_momentum = 0.99       # tau_base of the cosine target-momentum schedule
+
+  c.hcl = ml_collections.ConfigDict()   # hard-negative sampling (Robinson et al. ICLR 2021), SimCLR
+  c.hcl.enabled = False
+  c.hcl.beta = 1.0                  # hardness concentration: weights exp(beta * s / T)
+  c.hcl.tau_plus = 0.1              # class prior of the debiasing correction (0: none)
 
   c.nonsemantic = ml_collections.ConfigDict()
   c.nonsemantic.enabled = False
@@ -66,8 +80,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.ft.enabled = False
   c.ft.positive_extrapolation = True  # q' = l q + (1-l) k, k' = l k + (1-l) q, l = 1 + Beta(a_ex, a_ex)
   c.ft.alpha_ex = 2.0
-  c.ft.negative = "interpolate"     # none | interpolate (mu ~ Beta(a_in, a_in)) | extrapolate (1 + Beta)
+  c.ft.negative = "interpolate"     # none | interpolate (mu ~ Beta(a_in, a_in)) | extrapolate (1 + Beta) | hard
   c.ft.alpha_in = 1.6
+  c.ft.hard_a = 5.0                 # negative "hard": l q + (1-l) n with l ~ Beta(hard_a, hard_b) (App. G.2)
+  c.ft.hard_b = 2.0
   c.ft.union = False                # negatives: original queue + transformed queue (2K)
   c.ft.per_dimension = False        # one coefficient per feature dimension instead of a scalar
   c.ft.renormalize = False          # project transformed features back to unit length
@@ -79,6 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.ifm.alpha = 1.0                 # loss = (L + alpha L_eps) / 2
 
   c.optim = ml_collections.ConfigDict()
+  c.optim.optimizer = "sgd"         # sgd (momentum, coupled weight decay) | lars
   c.optim.lr_recipe = "custom"      # see cl_jax/config_check.py LR_RECIPES
   c.optim.lr = 0.06
   c.optim.batch_size = 128          # global batch

@@ -1,0 +1,31 @@
+"""BYOL (Grill et al. 2020): predictor, EMA target with the cosine momentum schedule, LARS.
+
+Projector and predictor are Linear-BN-ReLU-Linear MLPs (4096 -> 256 at full
+size). The ImageNet-100 preset is the BYOL setting of Ge et al. 2021 (App. C.1):
+LARS, batch 1024, lr 4.8, weight decay 1e-6, cosine schedule, tau_base 0.996.
+The quick Trifeature run uses SGD like the MoCo runs.
+
+python -m cl_jax.main --config=configs/byol.py[:imagenet100|:cifar10]
+"""
+from configs import default
+
+
+def get_config(arg: str | None = None):
+  c = default.with_preset(default.base_config(), arg)
+  c.method = "byol"
+  c.model.update(head_bn=True, bn_mode="sync", bn_groups=1, predictor_hidden_dim=128)
+  c.byol.base_momentum = 0.99
+  c.nonsemantic.alpha = 0.05         # Eq. 2's penalty when nonsemantic.enabled
+  if c.preset == "imagenet100":
+    c.model.update(head_hidden_dim=4096, head_out_dim=256, predictor_hidden_dim=4096)
+    c.byol.base_momentum = 0.996
+    c.optim.update(optimizer="lars", lr_recipe="custom", lr=4.8, batch_size=1024,
+                   weight_decay=1e-6, warmup_epochs=10, epochs=200)
+  elif c.preset == "cifar10":
+    c.model.update(head_hidden_dim=4096, head_out_dim=256, predictor_hidden_dim=4096)
+    c.byol.base_momentum = 0.99
+    c.optim.update(optimizer="lars", lr_recipe="custom", lr=2.0, batch_size=512,
+                   weight_decay=1e-6, warmup_epochs=10, epochs=500)
+  elif c.preset != "trifeature":
+    raise ValueError(f"configs/byol.py has presets imagenet100 and cifar10, not {c.preset!r}")
+  return c

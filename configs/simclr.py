@@ -1,0 +1,28 @@
+"""SimCLR (Chen et al. 2020): NT-Xent over the global batch, both directions, MLP head with BN.
+
+The quick Trifeature run keeps the SGD recipe of the MoCo runs; the presets use
+LARS with lr = 0.3 x batch / 256, weight decay 1e-6 and 10 warm-up epochs
+(Chen et al. 2020, Sec. B.1 / App. B.9 for CIFAR-10).
+
+python -m cl_jax.main --config=configs/simclr.py[:imagenet100|:cifar10]
+"""
+from configs import default
+
+
+def get_config(arg: str | None = None):
+  c = default.with_preset(default.base_config(), arg)
+  c.method = "simclr"
+  c.model.update(head_bn=True, bn_mode="sync", bn_groups=1)
+  c.simclr.temperature = 0.5
+  if c.preset == "imagenet100":
+    c.model.head_out_dim = 128
+    c.simclr.temperature = 0.1
+    c.optim.update(optimizer="lars", lr_recipe="custom", lr=0.6, batch_size=512,
+                   weight_decay=1e-6, warmup_epochs=10, epochs=200)
+  elif c.preset == "cifar10":
+    c.simclr.temperature = 0.5
+    c.optim.update(optimizer="lars", lr_recipe="custom", lr=0.6, batch_size=512,
+                   weight_decay=1e-6, warmup_epochs=10, epochs=500)
+  elif c.preset != "trifeature":
+    raise ValueError(f"configs/simclr.py has presets imagenet100 and cifar10, not {c.preset!r}")
+  return c
