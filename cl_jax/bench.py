@@ -66,13 +66,14 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
   jax.block_until_ready((state, metrics))
   step_s = (time.perf_counter() - start) / steps
 
-  shard = state.queue.addressable_shards[0].data
+  queue_bytes = 0 if state.queue is None else state.queue.nbytes
+  shard_bytes = 0 if state.queue is None else state.queue.addressable_shards[0].data.nbytes
   out = {"devices": devices, "backend": jax.default_backend(),
          "device_kind": jax.devices()[0].device_kind, "global_batch": batch,
          "compile_s": round(compile_s, 2), "step_ms": round(1e3 * step_s, 2),
          "img_per_s": round(batch / step_s, 1),
-         "queue_mb_per_device": shard.nbytes / 2**20,
-         "queue_mb_total": state.queue.nbytes / 2**20,
+         "queue_mb_per_device": shard_bytes / 2**20,
+         "queue_mb_total": queue_bytes / 2**20,
          "loss": float(metrics["loss"])}
   stats = jax.devices()[0].memory_stats()
   if stats and "peak_bytes_in_use" in stats:

@@ -1,4 +1,5 @@
 """Optimizer and learning-rate schedule from the `optim` config block."""
+import jax
 import ml_collections
 import optax
 
@@ -16,12 +17,26 @@ def lr_schedule(optim: ml_collections.ConfigDict, steps_per_epoch: int) -> optax
   return optax.warmup_cosine_decay_schedule(0.0, optim.lr, warmup, total, end_value=0.0)
 
 
+def _is_matrix(params):
+  """True for kernels, False for biases and batch-norm scales/offsets (1-D leaves)."""
+  return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
 def make_optimizer(optim: ml_collections.ConfigDict,
                    schedule: optax.Schedule) -> optax.GradientTransformation:
-  """SGD with momentum and coupled weight decay on all parameters.
+  """The optimizer named by optim.optimizer.
 
-  g' = g + wd * w; v = mu * v + g'; w -= lr(t) * v  (torch.optim.SGD semantics).
+  sgd:  SGD with momentum and coupled weight decay on all parameters,
+        g' = g + wd * w; v = mu * v + g'; w -= lr(t) * v  (torch.optim.SGD semantics).
+  lars: optax.lars (You et al. 2017), as SimCLR and BYOL train: weight decay and the
+        layer-wise trust ratio ||w|| / ||g'|| (coefficient 1e-3) on kernels only, biases
+        and batch-norm parameters excluded (Grill et al. 2020, App. C).
   """
+  if optim.optimizer == "lars":
+    return optax.lars(schedule, weight_decay=optim.weight_decay, weight_decay_mask=_is_matrix,
+                      trust_ratio_mask=_is_matrix, momentum=optim.momentum)
+  if optim.optimizer != "sgd":
+    raise ValueError(f"optim.optimizer must be 'sgd' or 'lars', got {optim.optimizer!r}")
   return optax.chain(
       optax.add_decayed_weights(optim.weight_decay),
       optax.sgd(schedule, momentum=optim.momentum))

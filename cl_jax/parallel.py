@@ -46,11 +46,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def state_sharding(state, mesh: Mesh):
   """Shardings of a TrainState (or its abstract shape): the queue's rows over
-  `data`, everything else replicated."""
+  `data` (when there is a queue), everything else replicated."""
   rep = replicated(mesh)
   return state.replace(**{f: jax.tree.map(lambda _: rep, getattr(state, f))
                           for f in state.__dataclass_fields__ if f != "queue"},
-                       queue=batch_sharding(mesh))
+                       queue=None if state.queue is None else batch_sharding(mesh))
 
 
 def global_batch(local: dict, mesh: Mesh) -> dict:

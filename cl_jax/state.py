@@ -16,10 +16,12 @@ class TrainState:
   Attributes:
     step: () int32, steps taken.
     params, batch_stats: online (query) encoder variables.
-    target_params, target_batch_stats: EMA (key) encoder variables.
+    target_params, target_batch_stats: EMA (key / target) encoder variables,
+      None for methods without a target network (SimCLR, SimSiam).
     opt_state: optax state of the online parameters.
     queue: (K, d) float32 memory queue of keys, in the layout of
-      cl_jax.queue for the run's number of devices.
+      cl_jax.queue for the run's number of devices; None without a queue
+      (every method but MoCo).
     rng: (2,) uint32 raw PRNG key; step t uses fold_in(rng, t).
   """
   step: jax.Array
@@ -34,7 +36,7 @@ class TrainState:
 
 def init_state(seed: int, encoder, tx: optax.GradientTransformation, *,
                image_size: int, queue_size: int, embed_dim: int, queue_shards: int,
-               keys_per_step: int) -> TrainState:
+               keys_per_step: int, target: bool = True) -> TrainState:
   """Fresh state: random online encoder, target = online, random unit queue.
 
   Parameters are drawn with the "rbg" PRNG (XLA's RngBitGenerator), which
@@ -48,9 +50,10 @@ def init_state(seed: int, encoder, tx: optax.GradientTransformation, *,
     tx: the optimizer.
     image_size: S of the (G, S, S, 3) example used to create the variables
       (G = batch-norm groups).
-    queue_size, embed_dim: K and d of the queue.
+    queue_size, embed_dim: K and d of the queue; K = 0 for no queue.
     queue_shards, keys_per_step: S (devices on the `data` axis) and P of the
       queue layout.
+    target: keep an EMA target network (MoCo, BYOL).
   """
   r_init = jax.random.key(seed, impl="rbg")
   r_queue, r_run = jax.random.split(jax.random.key(seed))
@@ -61,8 +64,9 @@ def init_state(seed: int, encoder, tx: optax.GradientTransformation, *,
       step=jnp.zeros((), jnp.int32),
       params=params,
       batch_stats=batch_stats,
-      target_params=jax.tree.map(jnp.copy, params),
-      target_batch_stats=jax.tree.map(jnp.copy, batch_stats),
+      target_params=jax.tree.map(jnp.copy, params) if target else None,
+      target_batch_stats=jax.tree.map(jnp.copy, batch_stats) if target else None,
       opt_state=tx.init(params),
-      queue=queue_lib.init_queue(r_queue, queue_size, embed_dim, queue_shards, keys_per_step),
+      queue=(queue_lib.init_queue(r_queue, queue_size, embed_dim, queue_shards, keys_per_step)
+             if queue_size else None),
       rng=jax.random.key_data(r_run))

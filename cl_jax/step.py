@@ -1,12 +1,10 @@
-"""The pure MoCo train step: train_step(state, batch) -> (state, metrics).
+"""The pure train step: train_step(state, batch) -> (state, metrics), for every method.
 
-One step (He et al. 2020, Alg. 1, with the add-ons of the config):
+One step:
   1. photometric augmentation of both host-cropped views, on the device;
-  2. EMA update of the key encoder, theta_k <- m theta_k + (1 - m) theta_q;
-  3. keys of the other view (and of the NS images) from the key encoder,
-     without gradient, under shuffle-BN when model.bn_mode = "shuffle";
-  4. loss and gradient of the query encoder, SGD update;
-  5. the step's keys replace the oldest keys of the queue.
+  2. the method's objective (cl_jax.steps.<method>): its target forward, loss
+     and gradient, and its state updates (batch statistics, EMA target, queue);
+  3. the optimizer update of the online parameters.
 All randomness comes from fold_in(state.rng, state.step), so a resumed run
 repeats the same step exactly.
 
@@ -24,11 +22,14 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from cl_jax import queue as queue_lib
-from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric
-from cl_jax.methods import moco
 from cl_jax.state import TrainState
+from cl_jax.steps import byol, moco, simclr, simsiam
+from cl_jax.steps.moco import keys_per_step
+from cl_jax.steps.views import Views
+
+__all__ = ["photometric_spec", "keys_per_step", "layer_grad_norms", "make_objective",
+           "make_train_step", "jit_train_step"]
 
 
 def photometric_spec(aug: ml_collections.ConfigDict) -> photometric.PhotometricSpec:
@@ -38,36 +39,6 @@ def photometric_spec(aug: ml_collections.ConfigDict) -> photometric.PhotometricS
       saturation=aug.saturation, hue=aug.hue, grayscale_prob=aug.grayscale_prob,
       blur_prob=aug.blur_prob, blur_sigma=tuple(aug.blur_sigma),
       solarize_prob=aug.solarize_prob)
-
-
-def encode_keys(encoder, params, batch_stats, images: jax.Array, rng: jax.Array,
-                shuffle: bool):
-  """Key-encoder features of `images`, in train-mode batch norm.
-
-  With shuffle=True the batch is permuted before the encoder and un-permuted
-  after it (shuffle-BN, He et al. 2020 Sec. 3.3): with grouped batch norm,
-  key i is normalised with the statistics of a random group of other images,
-  not with those of the group that holds query i.
-
-  Args:
-    images: (N, S, S, 3) normalised views.
-  Returns:
-    ((N, d) unit keys, updated batch_stats).
-  """
-  if shuffle:
-    perm = jax.random.permutation(rng, images.shape[0])
-    images = images[perm]
-  out, mutated = encoder.apply({"params": params, "batch_stats": batch_stats}, images,
-                               train=True, mutable=["batch_stats"])
-  z = out["z"]
-  if shuffle:
-    z = jnp.zeros_like(z).at[perm].set(z)
-  return jax.lax.stop_gradient(z), mutated["batch_stats"]
-
-
-def keys_per_step(config: ml_collections.ConfigDict) -> int:
-  """P, the keys enqueued per step: the global batch, twice when symmetric."""
-  return config.optim.batch_size * (2 if config.moco.symmetric else 1)
 
 
 def layer_grad_norms(grads) -> dict[str, jax.Array]:
@@ -83,78 +54,46 @@ def layer_grad_norms(grads) -> dict[str, jax.Array]:
   return {f"grad_norm/{layer}": jnp.sqrt(total) for layer, total in sums.items()}
 
 
+def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh,
+                   steps_per_epoch: int):
+  """The objective of config.method: objective(state, Views) -> (loss, grads,
+  state updates, stats)."""
+  if config.method == "moco":
+    return moco.make_objective(config, encoder, mesh, steps_per_epoch)
+  makers = {"simclr": simclr.make_objective, "byol": byol.make_objective,
+            "simsiam": simsiam.make_objective}
+  if config.method not in makers:
+    raise ValueError(f"method must be one of moco, {', '.join(makers)}; got {config.method!r}")
+  return makers[config.method](config, encoder, steps_per_epoch)
+
+
 def make_train_step(config: ml_collections.ConfigDict, encoder,
                     tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: Mesh,
                     steps_per_epoch: int):
   """Build the jit-able train_step(state, batch) for `config` on `mesh`.
 
-  steps_per_epoch places epoch-based switches (ft.start_epoch) on the step axis.
+  steps_per_epoch places epoch-based switches (ft.start_epoch) and schedules
+  (BYOL's target momentum) on the step axis.
 
   batch: view1, view2 (B, S, S, 3) uint8 host-cropped views (other entries of
-  the host batch are ignored). metrics: loss, lr, the score statistics of
-  cl_jax.methods.moco.moco_loss and the per-layer gradient norms of
-  layer_grad_norms, float32 scalars.
+  the host batch are ignored). metrics: loss, lr, the method's statistics (score
+  statistics of the contrastive methods, cl_jax.methods.moco.moco_loss and
+  cl_jax.methods.simclr.simclr_loss; pos_mean and BYOL's tau for the others) and
+  the per-layer gradient norms of layer_grad_norms, float32 scalars.
   """
   spec = photometric_spec(config.aug)
-  ns = config.nonsemantic
-  shuffle = config.model.bn_mode == "shuffle"
-  m = config.moco.momentum
-  ft_start = config.ft.start_epoch * steps_per_epoch
-  num_keys = keys_per_step(config)
-
-  def ns_keys(target_params, target_bs, views, rng):
-    r_patch, r_shuffle = jax.random.split(rng)
-    images = nonsemantic.patch_negatives(r_patch, views, ns.num_ns, ns.patch_min, ns.patch_max)
-    flat = images.reshape((-1,) + views.shape[1:])
-    t, _ = encode_keys(encoder, target_params, target_bs, flat, r_shuffle, shuffle)
-    return t.reshape(views.shape[0], ns.num_ns, -1)
+  objective = make_objective(config, encoder, mesh, steps_per_epoch)
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     r_aug1, r_aug2, r_key, r_ns, r_ft = jax.random.split(rng, 5)
     v1, _ = photometric.augment_batch(r_aug1, batch["view1"], spec)
     v2, _ = photometric.augment_batch(r_aug2, batch["view2"], spec)
-    pairs = [(v1, v2), (v2, v1)] if config.moco.symmetric else [(v1, v2)]
-
-    target_params = optax.incremental_update(state.params, state.target_params, 1.0 - m)
-    target_bs = state.target_batch_stats
-    keys, ns_feats = [], []
-    for i, (vq, vk) in enumerate(pairs):
-      k, target_bs = encode_keys(encoder, target_params, target_bs, vk,
-                                 jax.random.fold_in(r_key, i), shuffle)
-      keys.append(k)
-      ns_feats.append(ns_keys(target_params, target_bs, vq, jax.random.fold_in(r_ns, i))
-                      if ns.enabled else None)
-
-    def loss_fn(params):
-      bs = state.batch_stats
-      losses, stats = [], []
-      for (vq, _), k, t in zip(pairs, keys, ns_feats):
-        out, mutated = encoder.apply({"params": params, "batch_stats": bs}, vq, train=True,
-                                     mutable=["batch_stats"])
-        bs = mutated["batch_stats"]
-        loss, st = moco.moco_loss(
-            out["z"], k, state.queue, t, config.moco, ns, config.ifm, mesh,
-            config.train.score_queries, ft_cfg=config.ft,
-            ft_rng=jax.random.fold_in(r_ft, len(losses)), ft_active=state.step >= ft_start,
-            keys_per_step=num_keys)
-        losses.append(loss)
-        stats.append(st)
-      mean = lambda xs: sum(xs) / len(xs)
-      return mean(losses), (bs, jax.tree.map(lambda *xs: mean(xs), *stats))
-
-    (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    # The keys of one example stay adjacent, (B, V, d) -> (B * V, d), so the
-    # rows a device holds stay on that device.
-    new_queue = queue_lib.enqueue(state.queue, jnp.stack(keys, axis=1).reshape(-1, k.shape[-1]),
-                                  state.step, mesh)
-
-    new_state = state.replace(
-        step=state.step + 1, params=params, batch_stats=batch_stats,
-        target_params=target_params, target_batch_stats=target_bs, opt_state=opt_state,
-        queue=new_queue)
+    loss, grads, updates, stats = objective(state, Views(v1, v2, r_key, r_ns, r_ft))
+    param_updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, param_updates)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                              **updates)
     metrics = {"loss": loss, "lr": jnp.asarray(schedule(state.step), jnp.float32), **stats,
                **layer_grad_norms(grads)}
     return new_state, metrics

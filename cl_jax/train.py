@@ -73,10 +73,12 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh):
   schedule = optim.lr_schedule(config.optim, spe)
   tx = optim.make_optimizer(config.optim, schedule)
   encoder = build_encoder(config.model)
+  moco = config.method == "moco"
   init = functools.partial(
       init_state, config.seed, encoder, tx, image_size=config.data.image_size,
-      queue_size=config.moco.queue_size, embed_dim=config.model.head_out_dim,
-      queue_shards=mesh.shape[parallel.DATA_AXIS], keys_per_step=step_lib.keys_per_step(config))
+      queue_size=config.moco.queue_size if moco else 0, embed_dim=config.model.head_out_dim,
+      queue_shards=mesh.shape[parallel.DATA_AXIS], keys_per_step=step_lib.keys_per_step(config),
+      target=config.method in ("moco", "byol"))
   make_state = jax.jit(init, out_shardings=parallel.state_sharding(jax.eval_shape(init), mesh))
   return encoder, tx, schedule, make_state, config.optim.epochs * spe
 
@@ -86,6 +88,8 @@ def relayout_queue(state, meta: dict, mesh, keys: int):
   shards) to the layout of `mesh` (cl_jax.queue), so a run resumes exactly on a
   different number of devices."""
   old, new = meta["queue_shards"], mesh.shape[parallel.DATA_AXIS]
+  if state.queue is None:
+    return state
   if meta["keys_per_step"] != keys:
     raise ValueError(f"the checkpoint's queue holds {meta['keys_per_step']} keys per step but "
                      f"this config enqueues {keys}; resume with the run's own batch size")

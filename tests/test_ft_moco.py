@@ -3,6 +3,8 @@
 The reference draws the same coefficients (lambda, mu, slot order) from the same PRNG
 keys, then recomputes in float64: q' = l q + (1-l) k, k' = l k + (1-l) q, the mixed
 queue in ring order (key i of slot t with key i of slot order[t]), and InfoNCE.
+For the hard negatives of App. G.2 it builds the (B, K, d) tensor
+h_ij = lam q'_i + (1 - lam) n_j explicitly, and takes dL/dq by central differences.
 """
 import functools
 
@@ -25,10 +27,15 @@ def _unit(rng, *shape):
   return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def _ft(negative="interpolate", union=False, per_dimension=False, renormalize=False):
+HARD_A, HARD_B = 2.0, 1.0
+
+
+def _ft(negative="interpolate", union=False, per_dimension=False, renormalize=False,
+        positive=True):
   return ml_collections.ConfigDict(dict(
-      enabled=True, positive_extrapolation=True, alpha_ex=2.0, negative=negative, alpha_in=1.6,
-      union=union, per_dimension=per_dimension, renormalize=renormalize))
+      enabled=True, positive_extrapolation=positive, alpha_ex=2.0, negative=negative,
+      alpha_in=1.6, hard_a=HARD_A, hard_b=HARD_B, union=union, per_dimension=per_dimension,
+      renormalize=renormalize))
 
 
 @functools.partial(jax.jit, static_argnames=("devices", "ft_key", "active"))
@@ -100,14 +107,123 @@ def test_positive_extrapolation_lowers_the_positive_score():
   assert with_ft["pos_mean"] < plain["pos_mean"]
 
 
-def test_before_the_start_epoch_the_loss_is_bit_identical_to_ft_off():
+@pytest.mark.parametrize("ft_key", [("interpolate", False, False, False),
+                                    ("extrapolate", True, True, True),
+                                    ("hard", True, True, True)])
+def test_before_the_start_epoch_the_loss_is_bit_identical_to_ft_off(ft_key):
   rng = np.random.default_rng(2)
   args = [jnp.asarray(x, jnp.float32) for x in (_unit(rng, B, DIM), _unit(rng, B, DIM),
                                                  _unit(rng, K, DIM))]
   off = _jax_loss(*args, jax.random.key(0), 1, None, True)
-  inactive = _jax_loss(*args, jax.random.key(0), 1, ("interpolate", False, False, False), False)
+  inactive = _jax_loss(*args, jax.random.key(0), 1, ft_key, False)
   np.testing.assert_array_equal(off[0], inactive[0])
   np.testing.assert_array_equal(off[2], inactive[2])
+  for name in off[1]:
+    np.testing.assert_array_equal(off[1][name], inactive[1][name])
+
+
+def _hard_coefficients(rng, ft, dim):
+  """(lambda_ex or None, lambda of Eq. 8), drawn from the keys moco_loss uses."""
+  r_pos, r_neg, _ = jax.random.split(rng, 3)
+  shape = (dim,) if ft.per_dimension else ()
+  draw = lambda r, a, b: np.asarray(feature_transform.sample_coefficient(r, a, b, shape),
+                                    np.float64)
+  lam_ex = 1 + draw(r_pos, 2.0, 2.0) if ft.positive_extrapolation else None
+  return lam_ex, draw(r_neg, HARD_A, HARD_B)
+
+
+def _np_hard_loss(q, k, queue, lam_ex, lam, ft):
+  """(loss, (B, K or 2K) negative scores, (B,) positive scores), float64, with the
+  hard negatives h_ij = lam q'_i + (1 - lam) n_j built as a (B, K, d) tensor."""
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  q2, k2 = (q, k) if lam_ex is None else (lam_ex * q + (1 - lam_ex) * k,
+                                          lam_ex * k + (1 - lam_ex) * q)
+  if ft.renormalize and lam_ex is not None:
+    q2, k2 = unit(q2), unit(k2)
+  hard = lam * q2[:, None, :] + (1 - lam) * queue[None, :, :]        # (B, K, d)
+  if ft.renormalize:
+    hard = unit(hard)
+  neg = np.einsum("bd,bkd->bk", q2, hard)
+  if ft.union:
+    neg = np.concatenate([q2 @ queue.T, neg], axis=1)
+  pos = np.sum(q2 * k2, axis=1)
+  logits = np.concatenate([pos[:, None], neg], axis=1) / T
+  top = logits.max(axis=1, keepdims=True)
+  lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
+  return np.mean(lse - pos / T), neg, pos
+
+
+def _np_hard_grad(q, k, queue, lam_ex, lam, ft, step=1e-6):
+  """dL/dq of _np_hard_loss by central differences (float64)."""
+  grad = np.zeros_like(q)
+  for idx in np.ndindex(*q.shape):
+    bump = np.zeros_like(q)
+    bump[idx] = step
+    up = _np_hard_loss(q + bump, k, queue, lam_ex, lam, ft)[0]
+    down = _np_hard_loss(q - bump, k, queue, lam_ex, lam, ft)[0]
+    grad[idx] = (up - down) / (2 * step)
+  return grad
+
+
+# (negative, union, per_dimension, renormalize, positive extrapolation)
+HARD_KEYS = [("hard", False, False, False, False),   # scalar lam, scores from q.n
+             ("hard", False, False, False, True),    # scalar lam, q' off the unit sphere
+             ("hard", False, False, True, True),     # scalar lam, re-normalised
+             ("hard", False, True, True, False),     # per-dimension lam, re-normalised
+             ("hard", True, True, False, True)]      # union (2K negatives), per-dimension lam
+
+
+@pytest.mark.parametrize("ft_key", HARD_KEYS)
+def test_hard_negative_loss_and_grad_match_numpy_on_four_devices(ft_key):
+  rng = np.random.default_rng(4)
+  q, k, queue = _unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM)
+  key = jax.random.key(11)
+  loss, stats, grad = _jax_loss(*[jnp.asarray(x, jnp.float32) for x in (q, k, queue)], key,
+                                4, ft_key, True)
+  ft = _ft(*ft_key)
+  lam_ex, lam = _hard_coefficients(key, ft, DIM)
+  want, neg, pos = _np_hard_loss(q, k, queue, lam_ex, lam, ft)
+  want_grad = _np_hard_grad(q, k, queue, lam_ex, lam, ft)
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  # The part of dL/dq tangent to the unit sphere is what an l2-normalising head passes
+  # on to the encoder. The scalar score form built from q.n (unit queries) leaves the
+  # radial part undefined, so the whole gradient is compared only for the exact form.
+  tangent = lambda g: g - np.sum(g * q, axis=1, keepdims=True) * q
+  np.testing.assert_allclose(tangent(np.asarray(grad, np.float64)), tangent(want_grad),
+                             rtol=1e-4, atol=1e-6)
+  if ft.per_dimension or (ft.positive_extrapolation and not ft.renormalize):
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)
+  # Statistics on the transformed scores, all 2K for the union (Sec. 3).
+  np.testing.assert_allclose(stats["pos_mean"], pos.mean(), rtol=1e-5)
+  np.testing.assert_allclose(stats["neg_mean"], neg.mean(), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(stats["neg_var"], neg.var(axis=1).mean(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("ft_key", [HARD_KEYS[0], HARD_KEYS[4]])
+def test_hard_negatives_give_the_same_loss_and_grad_on_one_and_four_devices(ft_key):
+  rng = np.random.default_rng(4)
+  args = [jnp.asarray(x, jnp.float32) for x in (_unit(rng, B, DIM), _unit(rng, B, DIM),
+                                                 _unit(rng, K, DIM))]
+  one = _jax_loss(*args, jax.random.key(11), 1, ft_key, True)
+  four = _jax_loss(*args, jax.random.key(11), 4, ft_key, True)
+  np.testing.assert_allclose(four[0], one[0], rtol=1e-5)
+  np.testing.assert_allclose(four[2], one[2], rtol=1e-5, atol=1e-7)
+  for name in one[1]:
+    np.testing.assert_allclose(four[1][name], one[1][name], rtol=1e-5, atol=1e-7)
+
+
+def test_hard_negatives_raise_every_negative_score():
+  # App. G.2: for unit vectors and lam in (0, 1), q.h_ij >= q.n_j, so the mean negative
+  # score and the loss (increasing in every negative logit, positive unchanged) go up.
+  rng = np.random.default_rng(5)
+  args = [jnp.asarray(x, jnp.float32) for x in (_unit(rng, B, DIM), _unit(rng, B, DIM),
+                                                 _unit(rng, K, DIM))]
+  key = jax.random.key(2)
+  hard = _jax_loss(*args, key, 1, HARD_KEYS[0], True)
+  plain = _jax_loss(*args, key, 1, None, True)
+  assert hard[1]["neg_mean"] > plain[1]["neg_mean"]
+  assert hard[0] > plain[0]
+  np.testing.assert_array_equal(hard[1]["pos_mean"], plain[1]["pos_mean"])
 
 
 def test_mix_slots_leaves_the_stored_queue_unchanged():

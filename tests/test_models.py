@@ -284,7 +284,8 @@ def test_mlp_head_rejects_bad_sizes():
 
 def _model_config(**overrides):
   fields = dict(depth=18, stem='cifar', width_multiplier=0.125, head_hidden_dim=32,
-                head_out_dim=16, head_layers=2, dtype='bfloat16', bn_groups=2)
+                head_out_dim=16, head_layers=2, head_bn=False, head_out_bn=False,
+                predictor_hidden_dim=0, dtype='bfloat16', bn_groups=2)
   return ml_collections.ConfigDict({**fields, **overrides})
 
 
@@ -332,3 +333,52 @@ def test_build_encoder_reports_missing_field():
   del cfg['bn_groups']
   with pytest.raises(ValueError, match='bn_groups'):
     build_encoder(cfg)
+
+
+def _dense_chain(head_params, names, x):
+  """NumPy forward of a BN-free stack of dense layers with ReLU between them."""
+  for i, name in enumerate(names):
+    x = x @ np.asarray(head_params[name]['kernel']) + np.asarray(head_params[name]['bias'])
+    if i < len(names) - 1:
+      x = np.maximum(x, 0.0)
+  return x
+
+
+def test_predictor_maps_the_unnormalised_projection():
+  """p = q(g(f(x))) on the raw projection: recomputed in NumPy from the pooled features
+  (eval-mode BN with fresh running statistics is x / sqrt(1 + eps))."""
+  encoder = build_encoder(_model_config(dtype='float32', predictor_hidden_dim=8))
+  x = jax.random.normal(jax.random.key(0), (4, 16, 16, 3))
+  variables = encoder.init(jax.random.key(1), x, train=False)
+  out = encoder.apply(variables, x, train=False, predict=True)
+  params = variables['params']
+  proj = _dense_chain(params['head'], ['hidden1', 'out'], np.asarray(out['pooled']))
+  np.testing.assert_allclose(np.asarray(out['z']),
+                             proj / np.linalg.norm(proj, axis=1, keepdims=True),
+                             rtol=1e-4, atol=1e-6)
+  pred = params['predictor']
+  h = proj @ np.asarray(pred['hidden1']['kernel']) + np.asarray(pred['hidden1']['bias'])
+  bn = pred['bn1']
+  h = h / np.sqrt(1.0 + 1e-5) * np.asarray(bn['scale']) + np.asarray(bn['bias'])
+  p = np.maximum(h, 0.0) @ np.asarray(pred['out']['kernel']) + np.asarray(pred['out']['bias'])
+  np.testing.assert_allclose(np.asarray(out['p']), p, rtol=1e-4, atol=1e-5)
+  assert 'p' not in encoder.apply(variables, x, train=False)
+
+
+def test_predict_without_predictor_is_an_error():
+  encoder = build_encoder(_model_config(dtype='float32'))
+  x = jnp.zeros((2, 16, 16, 3))
+  variables = encoder.init(jax.random.key(0), x, train=False)
+  with pytest.raises(ValueError, match='predictor_hidden_dim'):
+    encoder.apply(variables, x, train=False, predict=True)
+
+
+def test_simsiam_projector_has_bn_after_every_layer():
+  head = MLPHead(hidden_dim=8, out_dim=6, num_layers=3, use_bn=True, out_bn=True)
+  variables = head.init(jax.random.key(0), jnp.ones((4, 5)), train=True)
+  assert sorted(variables['params']) == ['bn1', 'bn2', 'hidden1', 'hidden2', 'out', 'out_bn']
+  y, _ = head.apply(variables, jax.random.normal(jax.random.key(1), (16, 5)), train=True,
+                    mutable=['batch_stats'])
+  # Train-mode BN with unit scale and zero bias: every output channel has mean 0, var 1.
+  np.testing.assert_allclose(np.asarray(y).mean(0), 0.0, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(y).var(0), 1.0, rtol=1e-3)

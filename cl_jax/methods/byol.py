@@ -23,7 +23,7 @@ def _check_pair(p: jax.Array, z: jax.Array) -> None:
                      f"{z.shape}")
 
 
-def byol_loss(p: jax.Array, z: jax.Array) -> tuple[jax.Array, dict]:
+def byol_loss(p: jax.Array, z: jax.Array, stop_gradient: bool = True) -> tuple[jax.Array, dict]:
   """BYOL regression loss of one view order (Grill et al. 2020, Sec. 3.1, Eq. 2).
 
   L = 1/B sum_i || p_i/||p_i|| - z_i/||z_i|| ||^2 = 1/B sum_i (2 - 2 cos(p_i, z_i)),
@@ -34,13 +34,17 @@ def byol_loss(p: jax.Array, z: jax.Array) -> tuple[jax.Array, dict]:
   Args:
     p: (B, d) online predictions of one view (any scale; normalised here).
     z: (B, d) target projections of the other view (normalised here).
+    stop_gradient: block the gradient into z. False only for a z that is
+      itself computed from p, the extrapolated target of feature
+      transformation (cl_jax.addons.feature_transform.siamese_positive_extrapolation),
+      whose gradient must reach p.
 
   Returns:
     (loss, stats): () float32 loss; stats["pos_mean"] = mean_i cos(p_i, z_i),
     no gradient.
   """
   _check_pair(p, z)
-  cos = _cosine(p, jax.lax.stop_gradient(z))
+  cos = _cosine(p, jax.lax.stop_gradient(z) if stop_gradient else z)
   return jnp.mean(2.0 - 2.0 * cos), {"pos_mean": jax.lax.stop_gradient(cos.mean())}
 
 
@@ -70,14 +74,28 @@ def byol_ns_loss(p: jax.Array, z: jax.Array, t: jax.Array,
     ns_mean = mean over i, m of cos(p_i, t_im), no gradient.
   """
   _check_pair(p, z)
-  if t.ndim != 3 or t.shape[0] != p.shape[0] or t.shape[2] != p.shape[1]:
-    raise ValueError(f"t must be (B, M, d) = ({p.shape[0]}, M, {p.shape[1]}); got {t.shape}")
   if not alpha >= 0:
     raise ValueError(f"nonsemantic alpha must be >= 0; got {alpha}")
   loss, stats = byol_loss(p, z)
+  penalty, ns_mean = ns_distance(p, t)
+  return loss - alpha * penalty, {**stats, "ns_mean": ns_mean}
+
+
+def ns_distance(p: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The NS term of Eq. 2 before alpha: 1/B sum_i 1/M sum_m (2 - 2 cos(p_i, t_im)).
+
+  Args:
+    p: (B, d) online predictions (normalised here), with gradient.
+    t: (B, M, d) target projections of the NS images (no gradient).
+
+  Returns:
+    (distance, ns_mean): () float32 mean squared distance of the unit vectors,
+    and the mean cosine (no gradient).
+  """
+  if t.ndim != 3 or p.ndim != 2 or t.shape[0] != p.shape[0] or t.shape[2] != p.shape[1]:
+    raise ValueError(f"t must be (B, M, d) = ({p.shape[0]}, M, {p.shape[-1]}); got {t.shape}")
   ns_cos = _cosine(p[:, None, :], jax.lax.stop_gradient(t))       # (B, M)
-  loss = loss - alpha * jnp.mean(2.0 - 2.0 * ns_cos)
-  return loss, {**stats, "ns_mean": jax.lax.stop_gradient(ns_cos.mean())}
+  return jnp.mean(2.0 - 2.0 * ns_cos), jax.lax.stop_gradient(ns_cos.mean())
 
 
 def target_momentum(step: jax.Array | int, total_steps: int, base_momentum: float) -> jax.Array:

@@ -14,35 +14,90 @@ from cl_jax.addons import feature_transform, ifm, nonsemantic
 from cl_jax.methods import queue_contrast
 
 
+def _hard_scores(lam: jax.Array, active: jax.Array | bool, renormalize: bool,
+                 unit_queries: bool) -> queue_contrast.ScoreFn:
+  """Score function (for queue_terms) of the hard negatives of Zhu et al. 2021, App. G.2:
+
+    h_ij = lam q_i + (1 - lam) n_j,    s_ij = q_i . h_ij  (or q_i . h_ij / |h_ij|),   (Eq. 8)
+
+  lam = Beta(a, b), a scalar or a (d,) vector. Each score comes from the (B, K/S)
+  score block of the gathered queries and the device's queue shard
+  (cl_jax.addons.feature_transform), never from the (B, K/S, d) tensor of h_ij.
+  The gradient flows through q_i in both the query and the hard negative.
+  With unit queries and a scalar lam, the scores follow from q_i . n_j alone;
+  otherwise (dimension-level lam, or queries that positive extrapolation left
+  off the unit sphere) from the exact form for any norm. While inactive the
+  scores are q_i . n_j, the very values of the plain contrast.
+
+  Args:
+    lam: scalar or (d,) float32 coefficient.
+    active: bool scalar, False before the transformation's start epoch.
+    renormalize: score against h_ij / |h_ij| (App. F.2).
+    unit_queries: the queries are unit vectors (as are the queued keys).
+
+  Returns:
+    scores(q_all (B, d), queue_shard (K/S, d)) -> (B, K/S).
+  """
+  def hard(q_all, queue_shard):
+    if jnp.ndim(lam) == 0 and unit_queries:
+      return feature_transform.hard_negative_scores_from_similarity(
+          q_all @ queue_shard.T, lam, renormalize)
+    return feature_transform.hard_negative_scores(q_all, queue_shard, lam, renormalize)
+
+  def plain(q_all, queue_shard):
+    return q_all @ queue_shard.T
+
+  return lambda q_all, queue_shard: jax.lax.cond(active, hard, plain, q_all, queue_shard)
+
+
 def _transform(q, k, queue, ft, rng, active, mesh, keys_per_step):
-  """(q', k', list of negative sets) of the feature transformation (see moco_loss)."""
+  """(q', k', negative sets) of the feature transformation (see moco_loss).
+
+  Each negative set is a (keys (K, d), score function or None) pair for
+  queue_contrast.queue_terms. While inactive every output equals its input
+  exactly (a select on the outputs, so re-normalisation cannot move them by an
+  ulp), and the loss is bit-identical to the loss without the transformation.
+  """
   r_pos, r_neg, r_perm = jax.random.split(rng, 3)
   shape = (q.shape[1],) if ft.per_dimension else ()
   if ft.positive_extrapolation:
     lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex, shape)
-    q, k = feature_transform.positive_extrapolation(q, k, jnp.where(active, lam, 1.0),
-                                                    ft.renormalize)
+    q_ex, k_ex = feature_transform.positive_extrapolation(q, k, lam, ft.renormalize)
+    q, k = jnp.where(active, q_ex, q), jnp.where(active, k_ex, k)
+  plain = (queue, None)
   if ft.negative == "none":
-    return q, k, [queue]
-  mu = feature_transform.sample_coefficient(r_neg, ft.alpha_in, ft.alpha_in, shape)
-  mu = mu + 1.0 if ft.negative == "extrapolate" else mu
-  order = jax.random.permutation(r_perm, queue.shape[0] // keys_per_step)
-  mixed = queue_lib.mix_slots(queue, order, jnp.where(active, mu, 1.0), mesh, keys_per_step,
-                              ft.renormalize)
-  return q, k, ([queue, mixed] if ft.union else [mixed])
+    return q, k, [plain]
+  if ft.negative == "hard":
+    lam = feature_transform.sample_coefficient(r_neg, ft.hard_a, ft.hard_b, shape)
+    unit_queries = ft.renormalize or not ft.positive_extrapolation
+    transformed = (queue, _hard_scores(lam, active, ft.renormalize, unit_queries))
+  elif ft.negative in ("interpolate", "extrapolate"):
+    mu = feature_transform.sample_coefficient(r_neg, ft.alpha_in, ft.alpha_in, shape)
+    mu = mu + 1.0 if ft.negative == "extrapolate" else mu
+    order = jax.random.permutation(r_perm, queue.shape[0] // keys_per_step)
+    mixed = queue_lib.mix_slots(queue, order, mu, mesh, keys_per_step, ft.renormalize)
+    transformed = (jnp.where(active, mixed, queue), None)
+  else:
+    raise ValueError(f"ft.negative must be one of 'none', 'interpolate', 'extrapolate', "
+                     f"'hard', got {ft.negative!r}")
+  return q, k, ([plain, transformed] if ft.union else [transformed])
 
 
-def _union(terms: list[queue_contrast.QueueTerms]) -> queue_contrast.QueueTerms:
+def _union(terms: list[queue_contrast.QueueTerms], active: jax.Array | bool
+           ) -> queue_contrast.QueueTerms:
   """QueueTerms of the union of equal-sized negative sets: log-sum-exp of the
   log-sum-exps, mean of the means, pooled variance (mean of the variances plus
-  the variance of the means)."""
+  the variance of the means). While inactive (no transformation yet, every set
+  is the plain queue) the terms of the first set alone, exactly, so the loss is
+  that of the K plain negatives and not of the queue counted twice."""
   if len(terms) == 1:
     return terms[0]
   means = jnp.stack([t.mean for t in terms])
   variances = jnp.stack([t.var for t in terms])
-  return queue_contrast.QueueTerms(
+  union = queue_contrast.QueueTerms(
       lse=jax.nn.logsumexp(jnp.stack([t.lse for t in terms]), axis=0),
       mean=means.mean(axis=0), var=variances.mean(axis=0) + means.var(axis=0))
+  return union
 
 
 def _infonce(pos: jax.Array, queue_lse: jax.Array, ns_sim: jax.Array | None,
@@ -77,9 +132,14 @@ def moco_loss(q: jax.Array, k: jax.Array, queue: jax.Array, t: jax.Array | None,
   feature_transform), q and k are first extrapolated, q' = l q + (1 - l) k and
   k' = l k + (1 - l) q with l = 1 + Beta(a_ex, a_ex), and the negatives are the
   queue mixed with itself, mu n + (1 - mu) n', mu = Beta(a_in, a_in) (1 + Beta
-  for negative extrapolation, App. G.1), or the union of both queues (Sec. 5.3).
-  Every similarity, the statistics included, is then taken on the transformed
-  features. Before ft.start_epoch the coefficients are 1 (no transformation).
+  for negative extrapolation, App. G.1), or the hard negatives of each query,
+  h_ij = lam q_i + (1 - lam) n_j with lam = Beta(hard_a, hard_b) (App. G.2,
+  Eq. 8; scored per device without building them, gradient through q_i in both
+  places), or the union of the original and the transformed queue, 2K negatives
+  (Sec. 5.3). Every similarity, the statistics included, is then taken on the
+  transformed features. Before ft.start_epoch nothing is transformed and the
+  loss and gradients are bit-identical to those with ft off. The stored queue
+  is never changed.
 
   The queue's part of the log-sum-exp comes from the sharded queue
   (cl_jax.methods.queue_contrast); the positive and NS logits are per query.
@@ -98,21 +158,24 @@ def moco_loss(q: jax.Array, k: jax.Array, queue: jax.Array, t: jax.Array | None,
     ft_cfg: the `ft` config block, or None (off).
     ft_rng: PRNG key of the step's mixing coefficients and slot permutation.
     ft_active: False before the transformation's start epoch.
-    keys_per_step: P of the queue layout (needed for negative transforms).
+    keys_per_step: P of the queue layout (needed to mix the queue, ft.negative
+      "interpolate" or "extrapolate").
 
   Returns:
     (loss, stats). stats (Zhu et al. 2021, Sec. 3; similarities before the
     temperature, averaged over the chosen queries): pos_mean = mean_i q_i.k_i;
-    neg_mean = mean_i mean_j q_i.queue_j; neg_var = mean_i var_j q_i.queue_j;
+    neg_mean = mean_i mean_j q_i.queue_j; neg_var = mean_i var_j q_i.queue_j
+    (over the transformed negatives, all 2K of them for the union);
     with NS, ns_mean = mean over queries and NS images of q_i.t_im.
   """
   temperature = moco.temperature
   k = jax.lax.stop_gradient(k)
-  negatives = [queue]
+  negatives = [(queue, None)]
   if ft_cfg is not None and ft_cfg.enabled:
     q, k, negatives = _transform(q, k, queue, ft_cfg, ft_rng, ft_active, mesh, keys_per_step)
   pos = jnp.sum(q * k, axis=1).astype(jnp.float32)
-  terms = _union([queue_contrast.queue_terms(q, n, temperature, mesh) for n in negatives])
+  terms = _union([queue_contrast.queue_terms(q, keys, temperature, mesh, scores)
+                  for keys, scores in negatives], ft_active)
   ns_sim = None if t is None else jnp.einsum("bd,bmd->bm", q, jax.lax.stop_gradient(t))
   loss = _infonce(pos, terms.lse, ns_sim, temperature, ns)
   if ifm_cfg.enabled:

@@ -9,12 +9,15 @@ max-shifted sum (DESIGN principle 4):
   LSE_i = m_i + log( sum over shards of sum_{j in shard} exp(s_ij / T - m_i) )
         = log sum_{j < K} exp(s_ij / T)
 
-where s_ij = q_i . queue_j. A device's memory for the scores is B x K/S; the
-communication is the gathered queries and a few length-B vectors. Gradients
-flow through the gather (its transpose is a reduce-scatter), so one device and
-S devices give the same loss and the same gradients.
+where s_ij = q_i . queue_j, or any score of query i against queue row j that a
+score function computes from the gathered queries and the device's shard (e.g.
+the hard negatives of Zhu et al. 2021, App. G.2, whose scores depend on the
+query). A device's memory for the scores is B x K/S; the communication is the
+gathered queries and a few length-B vectors. Gradients flow through the gather
+(its transpose is a reduce-scatter), so one device and S devices give the same
+loss and the same gradients.
 """
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,10 +26,15 @@ from jax.sharding import Mesh, PartitionSpec as P
 from cl_jax.parallel import DATA_AXIS
 
 
+# scores(q_all, queue_shard): (B, d) gathered queries and a (K/S, d) queue shard
+# -> (B, K/S) scores s_ij, differentiable in the queries.
+ScoreFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
 class QueueTerms(NamedTuple):
   """Per-query quantities of the contrast against the queue, each (B,) float32.
 
-  lse: log sum_j exp(q_i . queue_j / T), differentiable in q.
+  lse: log sum_j exp(s_ij / T), differentiable in q.
   mean, var: mean_j s_ij and var_j s_ij (before the temperature, no gradient),
     the negative-score statistics of Zhu et al. 2021, Sec. 3.
   """
@@ -35,17 +43,23 @@ class QueueTerms(NamedTuple):
   var: jax.Array
 
 
-def queue_terms(q: jax.Array, queue: jax.Array, temperature: float, mesh: Mesh) -> QueueTerms:
+def queue_terms(q: jax.Array, queue: jax.Array, temperature: float, mesh: Mesh,
+                scores: ScoreFn | None = None) -> QueueTerms:
   """Log-sum-exp and score statistics of each query against the whole queue.
 
   Args:
-    q: (B, d) unit queries, rows sharded over `data`, with gradient.
-    queue: (K, d) unit keys, rows sharded over `data` (any order; no gradient).
+    q: (B, d) queries, rows sharded over `data`, with gradient.
+    queue: (K, d) keys, rows sharded over `data` (any order; no gradient).
     temperature: T > 0.
     mesh: mesh with the `data` axis.
+    scores: None for s_ij = q_i . queue_j, or a function of the (B, d) gathered
+      queries and the device's (K/S, d) queue shard returning the (B, K/S) scores
+      s_ij. It runs once per device inside the shard map and may close over
+      replicated values (coefficients, flags); the gradient flows through every
+      use of the queries in it.
 
   Returns:
-    QueueTerms of (B,) arrays, rows sharded over `data`.
+    QueueTerms of (B,) arrays of the scores s_ij, rows sharded over `data`.
   """
   k = queue.shape[0]
   queue = jax.lax.stop_gradient(queue)
@@ -54,7 +68,12 @@ def queue_terms(q: jax.Array, queue: jax.Array, temperature: float, mesh: Mesh) 
     own = jax.lax.axis_index(DATA_AXIS)
     rows = q_shard.shape[0]
     q_all = jax.lax.all_gather(q_shard, DATA_AXIS, tiled=True)           # (B, d)
-    s = (q_all @ queue_shard.T).astype(jnp.float32)                      # (B, K/S)
+    s = q_all @ queue_shard.T if scores is None else scores(q_all, queue_shard)
+    want = (q_all.shape[0], queue_shard.shape[0])
+    if s.shape != want:
+      raise ValueError(f"the score function must return the (B, K/S) = {want} scores of the "
+                       f"gathered queries against the queue shard, got shape {s.shape}")
+    s = s.astype(jnp.float32)                                            # (B, K/S)
     logits = s / temperature
     m = jax.lax.pmax(jax.lax.stop_gradient(logits).max(axis=1), DATA_AXIS)   # (B,)
     sumexp = jnp.exp(logits - m[:, None]).sum(axis=1)

@@ -11,8 +11,8 @@ import optax
 _EPS_SQ = 1e-12
 
 
-def simsiam_loss(p1: jax.Array, p2: jax.Array, z1: jax.Array,
-                 z2: jax.Array) -> tuple[jax.Array, dict]:
+def simsiam_loss(p1: jax.Array, p2: jax.Array, z1: jax.Array, z2: jax.Array,
+                 stop_gradient: bool = True) -> tuple[jax.Array, dict]:
   """Symmetric negative cosine similarity with stop-gradient (Eq. 1 and 4).
 
   D(p, z) = - p/||p|| . sg(z)/||z||, averaged over the batch;
@@ -21,6 +21,9 @@ def simsiam_loss(p1: jax.Array, p2: jax.Array, z1: jax.Array,
   Args:
     p1, p2: (B, d) predictor outputs of views 1 and 2, with gradient.
     z1, z2: (B, d) projector outputs of views 1 and 2; no gradient flows into them.
+    stop_gradient: False only when z1, z2 are the extrapolated targets of
+      feature transformation (computed from p, which must get their gradient;
+      the caller stops the projections before mixing).
 
   Returns:
     (loss, stats): () float32 loss in [-1, 1]; stats["pos_mean"] = mean over
@@ -32,7 +35,7 @@ def simsiam_loss(p1: jax.Array, p2: jax.Array, z1: jax.Array,
                      f"{p1.shape}, {p2.shape}, {z1.shape}, {z2.shape}")
 
   def cos(p, z):
-    z = jax.lax.stop_gradient(z)
+    z = jax.lax.stop_gradient(z) if stop_gradient else z
     return optax.cosine_similarity(p.astype(jnp.float32), z.astype(jnp.float32),
                                    epsilon=_EPS_SQ)
 

@@ -18,17 +18,21 @@ def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
 
 
 class MLPHead(nn.Module):
-  """Projection head g(h) (MoCo-v2 / SimCLR): (num_layers - 1) x [Linear(hidden_dim),
-  optional BN, ReLU] followed by Linear(out_dim).
+  """Projection head g(h) or predictor: (num_layers - 1) x [Linear(hidden_dim), optional
+  BN, ReLU] followed by Linear(out_dim) and an optional BN.
 
   num_layers=2 is MoCo-v2's 2048-2048-128 MLP; num_layers=1 is MoCo-v1's single linear
-  layer (hidden_dim is then unused). Computed in float32; returns the unnormalised output.
+  layer (hidden_dim is then unused); use_bn gives the SimCLR / BYOL heads and BYOL's and
+  SimSiam's predictors; use_bn with out_bn and num_layers=3 is SimSiam's projector (BN
+  after every linear layer, no ReLU after the last). Computed in float32; returns the
+  unnormalised output.
 
   Attributes:
     hidden_dim: width of the hidden layers.
     out_dim: output dimension d.
     num_layers: number of linear layers, >= 1.
     use_bn: GroupBatchNorm after each hidden linear layer (BYOL / SimSiam style).
+    out_bn: GroupBatchNorm after the output linear layer (SimSiam's projector).
     bn_groups: ``num_groups`` of those BNs.
   """
 
@@ -36,6 +40,7 @@ class MLPHead(nn.Module):
   out_dim: int
   num_layers: int = 2
   use_bn: bool = False
+  out_bn: bool = False
   bn_groups: int = 1
 
   def __post_init__(self):
@@ -54,4 +59,7 @@ class MLPHead(nn.Module):
       if self.use_bn:
         x = GroupBatchNorm(num_groups=self.bn_groups, name=f'bn{layer + 1}')(x, not train)
       x = nn.relu(x)
-    return nn.Dense(self.out_dim, kernel_init=dense_init, name='out')(x)
+    x = nn.Dense(self.out_dim, kernel_init=dense_init, name='out')(x)
+    if self.out_bn:
+      x = GroupBatchNorm(num_groups=self.bn_groups, name='out_bn')(x, not train)
+    return x

@@ -88,12 +88,21 @@ def _similarity_fn(encoder, spec: photometric.PhotometricSpec, ns: ml_collection
     x1, _ = photometric.augment_batch(r1, view1, spec)
     x2, _ = photometric.augment_batch(r2, view2, spec)
     online = {"params": state.params, "batch_stats": state.batch_stats}
-    target = {"params": state.target_params, "batch_stats": state.target_batch_stats}
+    target = online if state.target_params is None else {
+        "params": state.target_params, "batch_stats": state.target_batch_stats}
     q = encoder.apply(online, x1, train=False)["z"]
     k = encoder.apply(target, x2, train=False)["z"]
     images = nonsemantic.patch_negatives(r_ns, x1, ns.num_ns, ns.patch_min, ns.patch_max)
     t = encoder.apply(target, images.reshape((-1,) + x1.shape[1:]), train=False)["z"]
-    return pair_similarities(q, k, state.queue, t.reshape(x1.shape[0], ns.num_ns, -1))
+    # Without a queue (SimCLR, BYOL, SimSiam) the negatives are the other
+    # images' second views, SimCLR's cross-view negatives.
+    negatives = k if state.queue is None else state.queue
+    sims = pair_similarities(q, k, negatives, t.reshape(x1.shape[0], ns.num_ns, -1))
+    if state.queue is None:
+      b = q.shape[0]
+      off_diagonal = ~jnp.eye(b, dtype=bool).reshape(-1)
+      sims["negative"] = sims["negative"][jnp.nonzero(off_diagonal, size=b * (b - 1))[0]]
+    return sims
 
   return similarities
 

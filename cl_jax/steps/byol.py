@@ -1,0 +1,69 @@
+"""The BYOL step (Grill et al. 2020, Sec. 3.1), with NS negatives (Ge et al. 2021, Eq. 2)
+and positive extrapolation (Zhu et al. 2021, App. E.2).
+
+  1. target <- tau_k target + (1 - tau_k) online, tau_k the cosine schedule
+     (cl_jax.methods.byol.target_momentum);
+  2. target projections of both views (and of the NS images of each view), no gradient;
+  3. the online network's predictions regress onto the other view's target
+     projection, L = l(p1, z2) + l(p2, z1), minus alpha times the NS distance.
+"""
+import jax
+import ml_collections
+import optax
+
+from cl_jax.methods import byol
+from cl_jax.state import TrainState
+from cl_jax.steps.forward import encode, encode_keys, ns_features
+from cl_jax.steps.siamese_ft import extrapolate_pairs, uses_extrapolation
+from cl_jax.steps.views import Views
+
+
+def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):
+  """objective(state, views) -> (loss, grads, state updates, stats) of one BYOL step.
+
+  Updates: batch_stats, target_params, target_batch_stats. Stats: pos_mean (mean
+  cosine of the two directions' pairs, after any extrapolation), tau, and ns_mean
+  with NS negatives.
+  """
+  ns = config.nonsemantic
+  ft = config.ft
+  total = config.optim.epochs * steps_per_epoch
+  ft_start = ft.start_epoch * steps_per_epoch
+  extrapolate = uses_extrapolation(ft)
+
+  def objective(state: TrainState, x: Views):
+    tau = byol.target_momentum(state.step, total, config.byol.base_momentum)
+    target_params = optax.incremental_update(state.params, state.target_params, 1.0 - tau)
+    target_bs = state.target_batch_stats
+    z, t = [], []
+    for i, v in enumerate((x.v1, x.v2)):
+      zi, target_bs = encode_keys(encoder, target_params, target_bs, v,
+                                  jax.random.fold_in(x.r_key, i), shuffle=False)
+      z.append(zi)
+      # Kept apart from the running statistics, as for MoCo's NS keys.
+      t.append(ns_features(encoder, target_params, target_bs, v, jax.random.fold_in(x.r_ns, i),
+                           ns, shuffle=False)[0] if ns.enabled else None)
+
+    def loss_fn(params):
+      out1, bs = encode(encoder, params, state.batch_stats, x.v1, predict=True)
+      out2, bs = encode(encoder, params, bs, x.v2, predict=True)
+      preds = (out1["p"], out2["p"])
+      pairs = [(preds[0], z[1]), (preds[1], z[0])]
+      if extrapolate:
+        pairs = extrapolate_pairs(pairs, ft, x.r_ft, state.step >= ft_start)
+      loss, stats = 0.0, []
+      for (p, target), pred, ns_t in zip(pairs, preds, t):
+        term, st = byol.byol_loss(p, target, stop_gradient=not extrapolate)
+        if ns_t is not None:
+          distance, st["ns_mean"] = byol.ns_distance(pred, ns_t)
+          term = term - ns.alpha * distance
+        loss = loss + term
+        stats.append(st)
+      return loss, (bs, jax.tree.map(lambda a, b: (a + b) / 2, *stats))
+
+    (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates = dict(batch_stats=batch_stats, target_params=target_params,
+                   target_batch_stats=target_bs)
+    return loss, grads, updates, {**stats, "tau": tau}
+
+  return objective

@@ -1,0 +1,79 @@
+"""The MoCo step (He et al. 2020, Alg. 1; Chen et al. 2020 for v2), with NS, FT and IFM.
+
+  1. EMA update of the key encoder, theta_k <- m theta_k + (1 - m) theta_q;
+  2. keys of the other view (and of the NS images) from the key encoder,
+     without gradient, under shuffle-BN when model.bn_mode = "shuffle";
+  3. loss and gradient of the query encoder (cl_jax.methods.moco.moco_loss);
+  4. the step's keys replace the oldest keys of the queue.
+"""
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import Mesh
+
+from cl_jax import queue as queue_lib
+from cl_jax.methods import moco
+from cl_jax.state import TrainState
+from cl_jax.steps.forward import encode, encode_keys, ns_features
+from cl_jax.steps.views import Views
+
+
+def keys_per_step(config: ml_collections.ConfigDict) -> int:
+  """P, the keys enqueued per step: the global batch, twice when symmetric."""
+  return config.optim.batch_size * (2 if config.moco.symmetric else 1)
+
+
+def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh,
+                   steps_per_epoch: int):
+  """objective(state, views) -> (loss, grads, state updates, stats) of one MoCo step.
+
+  The updates are the new batch_stats, target_params, target_batch_stats and
+  queue; stats are moco_loss's score statistics.
+  """
+  ns = config.nonsemantic
+  shuffle = config.model.bn_mode == "shuffle"
+  m = config.moco.momentum
+  ft_start = config.ft.start_epoch * steps_per_epoch
+  num_keys = keys_per_step(config)
+
+  def objective(state: TrainState, x: Views):
+    pairs = [(x.v1, x.v2), (x.v2, x.v1)] if config.moco.symmetric else [(x.v1, x.v2)]
+    target_params = optax.incremental_update(state.params, state.target_params, 1.0 - m)
+    target_bs = state.target_batch_stats
+    keys, ns_feats = [], []
+    for i, (vq, vk) in enumerate(pairs):
+      k, target_bs = encode_keys(encoder, target_params, target_bs, vk,
+                                 jax.random.fold_in(x.r_key, i), shuffle)
+      keys.append(k)
+      # The NS forward's batch statistics are not kept: the running statistics
+      # follow the real views only.
+      ns_feats.append(ns_features(encoder, target_params, target_bs, vq,
+                                  jax.random.fold_in(x.r_ns, i), ns, shuffle)[0]
+                      if ns.enabled else None)
+
+    def loss_fn(params):
+      bs = state.batch_stats
+      losses, stats = [], []
+      for (vq, _), k, t in zip(pairs, keys, ns_feats):
+        out, bs = encode(encoder, params, bs, vq)
+        loss, st = moco.moco_loss(
+            out["z"], k, state.queue, t, config.moco, ns, config.ifm, mesh,
+            config.train.score_queries, ft_cfg=config.ft,
+            ft_rng=jax.random.fold_in(x.r_ft, len(losses)), ft_active=state.step >= ft_start,
+            keys_per_step=num_keys)
+        losses.append(loss)
+        stats.append(st)
+      mean = lambda xs: sum(xs) / len(xs)
+      return mean(losses), (bs, jax.tree.map(lambda *xs: mean(xs), *stats))
+
+    (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    # The keys of one example stay adjacent, (B, V, d) -> (B * V, d), so the
+    # rows a device holds stay on that device.
+    new_queue = queue_lib.enqueue(state.queue, jnp.stack(keys, axis=1).reshape(-1, k.shape[-1]),
+                                  state.step, mesh)
+    updates = dict(batch_stats=batch_stats, target_params=target_params,
+                   target_batch_stats=target_bs, queue=new_queue)
+    return loss, grads, updates, stats
+
+  return objective

@@ -1,0 +1,48 @@
+"""The SimCLR step (Chen et al. 2020, Alg. 1): one network, both views, NT-Xent over the
+global batch, with NS negatives, FT, IFM or hard-negative sampling from the config.
+
+Each view goes through the encoder in its own forward, so batch-norm statistics
+are those of one view's global batch (as for MoCo's queries); concatenating the
+views would move every image of one view to other devices.
+"""
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from cl_jax.methods import simclr
+from cl_jax.state import TrainState
+from cl_jax.steps.forward import encode, ns_features
+from cl_jax.steps.views import Views
+
+
+def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):
+  """objective(state, views) -> (loss, grads, {"batch_stats"}, stats) of one SimCLR step.
+
+  Non-semantic negatives (Ge et al. 2021, Eq. 1) are the online network's
+  features of each view's NS images, without gradient (they play the part of
+  MoCo's NS keys); their forward's batch statistics are not kept.
+  """
+  ns = config.nonsemantic
+  ft_start = config.ft.start_epoch * steps_per_epoch
+
+  def objective(state: TrainState, x: Views):
+    t = None
+    if ns.enabled:
+      t = jnp.concatenate([
+          ns_features(encoder, state.params, state.batch_stats, v,
+                      jax.random.fold_in(x.r_ns, i), ns, shuffle=False)[0]
+          for i, v in enumerate((x.v1, x.v2))])                           # (2B, M, d)
+
+    def loss_fn(params):
+      out1, bs = encode(encoder, params, state.batch_stats, x.v1)
+      out2, bs = encode(encoder, params, bs, x.v2)
+      loss, stats = simclr.simclr_loss(
+          out1["z"], out2["z"], t, config.simclr, ns, config.ifm, config.hcl,
+          ft_cfg=config.ft, ft_rng=x.r_ft, ft_active=state.step >= ft_start,
+          score_queries=config.train.score_queries)
+      return loss, (bs, stats)
+
+    (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    return loss, grads, {"batch_stats": batch_stats}, stats
+
+  return objective

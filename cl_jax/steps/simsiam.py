@@ -1,0 +1,33 @@
+"""The SimSiam step (Chen & He 2021, Alg. 1), with positive extrapolation (Zhu et al. 2021,
+App. E.2): L = D(p1, sg(z2))/2 + D(p2, sg(z1))/2, one network, no target, no negatives."""
+import jax
+import ml_collections
+
+from cl_jax.methods import simsiam
+from cl_jax.state import TrainState
+from cl_jax.steps.forward import encode
+from cl_jax.steps.siamese_ft import extrapolate_pairs, uses_extrapolation
+from cl_jax.steps.views import Views
+
+
+def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):
+  """objective(state, views) -> (loss, grads, {"batch_stats"}, {"pos_mean"}) of one step."""
+  ft = config.ft
+  ft_start = ft.start_epoch * steps_per_epoch
+  extrapolate = uses_extrapolation(ft)
+
+  def objective(state: TrainState, x: Views):
+    def loss_fn(params):
+      out1, bs = encode(encoder, params, state.batch_stats, x.v1, predict=True)
+      out2, bs = encode(encoder, params, bs, x.v2, predict=True)
+      p1, z1, p2, z2 = out1["p"], out1["z"], out2["p"], out2["z"]
+      if extrapolate:
+        (p1, z2), (p2, z1) = extrapolate_pairs([(p1, z2), (p2, z1)], ft, x.r_ft,
+                                               state.step >= ft_start)
+      loss, stats = simsiam.simsiam_loss(p1, p2, z1, z2, stop_gradient=not extrapolate)
+      return loss, (bs, stats)
+
+    (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    return loss, grads, {"batch_stats": batch_stats}, stats
+
+  return objective

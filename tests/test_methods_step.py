@@ -1,0 +1,192 @@
+"""One train step of SimCLR, BYOL and SimSiam: the loss against NumPy re-derivations from a
+reference forward, the EMA target, add-ons off, and 1 vs 4 devices."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+
+from cl_jax import parallel, step as step_lib, train
+from cl_jax.addons import nonsemantic
+from cl_jax.data import photometric
+from configs import byol, simclr, simsiam
+
+B, S = 8, 16
+
+
+def _config(module, **blocks):
+  c = module.get_config(None)
+  c.data.image_size = S
+  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  if c.model.predictor_hidden_dim:
+    c.model.predictor_hidden_dim = 4
+  c.nonsemantic.update(patch_min=2, patch_max=6)
+  c.optim.update(batch_size=B, epochs=2)
+  for block, fields in blocks.items():
+    c[block].update(fields)
+  return c
+
+
+@pytest.fixture(scope="module")
+def batch():
+  rng = np.random.default_rng(0)
+  return {v: jnp.asarray(rng.integers(0, 256, (B, S, S, 3), dtype=np.uint8))
+          for v in ("view1", "view2")}
+
+
+def _step(config, batch, devices=1, perturb_target=False):
+  mesh = parallel.make_mesh(jax.devices()[:devices])
+  encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
+  state = make_state()
+  if perturb_target:   # a target that differs from the online network
+    state = state.replace(target_params=jax.tree.map(lambda x: 0.9 * x + 0.01,
+                                                     state.target_params))
+  before = jax.device_get(state)
+  fn = step_lib.jit_train_step(step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4),
+                               parallel.state_sharding(state, mesh),
+                               parallel.batch_sharding(mesh))
+  after, metrics = fn(state, parallel.global_batch(jax.device_get(batch), mesh))
+  return encoder, before, jax.device_get(after), jax.device_get(metrics)
+
+
+def _views(config, state, batch):
+  """The step's augmented views and rngs, re-derived from the state's seed (step 0)."""
+  rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), 0)
+  r_aug1, r_aug2, r_key, r_ns, r_ft = jax.random.split(rng, 5)
+  spec = step_lib.photometric_spec(config.aug)
+  v1 = photometric.augment_batch(r_aug1, batch["view1"], spec)[0]
+  v2 = photometric.augment_batch(r_aug2, batch["view2"], spec)[0]
+  return v1, v2, r_ns
+
+
+def _forward(encoder, params, batch_stats, x, predict=False):
+  out, _ = encoder.apply({"params": params, "batch_stats": batch_stats}, x, train=True,
+                         predict=predict, mutable=["batch_stats"])
+  return {k: np.asarray(v, np.float64) for k, v in out.items() if k in ("z", "p")}
+
+
+def _cos(a, b):
+  """Cosine with each norm floored at 1e-6 (a zero vector, e.g. a predictor row whose
+  ReLU layer is all zero at init, has cosine 0)."""
+  norm = lambda x: np.maximum(np.linalg.norm(x, axis=-1), 1e-6)
+  return np.sum(a * b, -1) / (norm(a) * norm(b))
+
+
+def test_simsiam_loss_is_the_symmetric_negative_cosine(batch):
+  config = _config(simsiam)
+  encoder, before, after, metrics = _step(config, batch)
+  assert after.target_params is None and after.queue is None
+  v1, v2, _ = _views(config, before, batch)
+  o1 = _forward(encoder, before.params, before.batch_stats, v1, predict=True)
+  o2 = _forward(encoder, before.params, before.batch_stats, v2, predict=True)
+  expect = -(_cos(o1["p"], o2["z"]).mean() + _cos(o2["p"], o1["z"]).mean()) / 2
+  np.testing.assert_allclose(metrics["loss"], expect, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("ns", [False, True])
+def test_byol_loss_and_ema_target(ns, batch):
+  config = _config(byol, nonsemantic={"enabled": ns, "alpha": 0.3})
+  encoder, before, after, metrics = _step(config, batch, perturb_target=True)
+  assert after.queue is None
+  tau = config.byol.base_momentum     # tau_0 = tau_base (cosine schedule at k = 0)
+  np.testing.assert_allclose(metrics["tau"], tau, rtol=1e-7)
+  target = jax.tree.map(lambda t, q: tau * np.asarray(t) + (1 - tau) * np.asarray(q),
+                        before.target_params, before.params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               after.target_params, target)
+  v1, v2, r_ns = _views(config, before, batch)
+  online = [_forward(encoder, before.params, before.batch_stats, v, predict=True)
+            for v in (v1, v2)]
+  tgt = [_forward(encoder, target, before.target_batch_stats, v) for v in (v1, v2)]
+  loss = 0.0
+  for i, j in ((0, 1), (1, 0)):
+    p = online[i]["p"]
+    loss += np.mean(2 - 2 * _cos(p, tgt[j]["z"]))            # Grill et al. Eq. 2
+    if ns:
+      r_patch, _ = jax.random.split(jax.random.fold_in(r_ns, i))
+      view = (v1, v2)[i]
+      images = nonsemantic.patch_negatives(r_patch, view, 1, 2, 6).reshape(view.shape)
+      t = _forward(encoder, target, before.target_batch_stats, images)["z"]
+      loss -= 0.3 * np.mean(2 - 2 * _cos(p, t))              # Ge et al. Eq. 2
+  np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5, atol=1e-6)
+
+
+def test_simclr_loss_is_nt_xent_of_the_two_views(batch):
+  t = 0.3
+  config = _config(simclr, simclr={"temperature": t})
+  encoder, before, after, metrics = _step(config, batch)
+  assert after.target_params is None and after.queue is None
+  v1, v2, _ = _views(config, before, batch)
+  u = np.concatenate([_forward(encoder, before.params, before.batch_stats, v)["z"]
+                      for v in (v1, v2)])
+  losses = []
+  for i in range(2 * B):                       # Chen et al. 2020, Eq. 1, loop form
+    partner = (i + B) % (2 * B)
+    denominator = sum(np.exp(u[i] @ u[k] / t) for k in range(2 * B) if k != i)
+    losses.append(-np.log(np.exp(u[i] @ u[partner] / t) / denominator))
+  np.testing.assert_allclose(metrics["loss"], np.mean(losses), rtol=1e-5)
+
+
+@pytest.mark.parametrize("module", [byol, simsiam])
+def test_positive_extrapolation_before_its_start_epoch_changes_nothing(module, batch):
+  _, _, plain_state, plain = _step(_config(module), batch)
+  ft = {"enabled": True, "negative": "none", "start_epoch": 1}
+  _, _, ft_state, waiting = _step(_config(module, ft=ft), batch)
+  # Equal up to float32 rounding: the inactive pairs are selected with jnp.where,
+  # which XLA may fuse differently from the plain graph.
+  np.testing.assert_allclose(waiting["loss"], plain["loss"], rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               ft_state.params, plain_state.params)
+  _, _, _, active = _step(_config(module, ft={**ft, "start_epoch": 0}), batch)
+  assert active["loss"] != plain["loss"]
+
+
+@pytest.mark.parametrize("module", [simclr, byol])
+def test_one_and_four_devices_take_the_same_step(module, batch):
+  config = _config(module, model={"bn_mode": "local", "bn_groups": 4})
+  _, _, one, m1 = _step(config, batch, devices=1)
+  _, _, four, m4 = _step(config, batch, devices=4)
+  np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_a_state_without_target_and_queue_checkpoints(batch, tmp_path):
+  _, _, after, _ = _step(_config(simsiam), batch)
+  with ocp.StandardCheckpointer() as ckpt:
+    ckpt.save(tmp_path / "s", after)
+  with ocp.StandardCheckpointer() as ckpt:
+    restored = ckpt.restore(tmp_path / "s", jax.tree.map(np.zeros_like, after))
+  assert restored.queue is None and restored.target_params is None
+  jax.tree.map(np.testing.assert_array_equal, restored.params, after.params)
+  np.testing.assert_array_equal(restored.opt_state[1][0].trace["head"]["out"]["kernel"],
+                                after.opt_state[1][0].trace["head"]["out"]["kernel"])
+
+
+def test_lars_matches_numpy():
+  """optax.lars as configured: weight decay and trust ratio on kernels only (You et al. 2017).
+
+  u = g + wd w, r = eta ||w|| / ||u|| (kernels; 1 for vectors), v = mu v + lr r u, w -= v.
+  """
+  from cl_jax import optim
+  import ml_collections
+  cfg = ml_collections.ConfigDict(dict(optimizer="lars", weight_decay=0.01, momentum=0.9))
+  lr, eta = 0.5, 1e-3
+  tx = optim.make_optimizer(cfg, optax.constant_schedule(lr))
+  rng = np.random.default_rng(0)
+  w = {"kernel": rng.normal(size=(3, 4)), "bias": rng.normal(size=(4,))}
+  params = jax.tree.map(jnp.float32, w)
+  state = tx.init(params)
+  v = jax.tree.map(np.zeros_like, w)
+  for _ in range(2):
+    g = {"kernel": rng.normal(size=(3, 4)), "bias": rng.normal(size=(4,))}
+    updates, state = tx.update(jax.tree.map(jnp.float32, g), state, params)
+    params = optax.apply_updates(params, updates)
+    for name in w:
+      u = g[name] + (0.01 * w[name] if name == "kernel" else 0.0)
+      r = eta * np.linalg.norm(w[name]) / np.linalg.norm(u) if name == "kernel" else 1.0
+      v[name] = 0.9 * v[name] + lr * r * u
+      w[name] = w[name] - v[name]
+  for name in w:
+    np.testing.assert_allclose(params[name], w[name], rtol=1e-5, atol=1e-6)
