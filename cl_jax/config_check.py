@@ -162,6 +162,10 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
     _float(c, "hcl.tau_plus", 0.0, 1.0)
     if _get(c, "hcl.tau_plus") >= 1.0:
       _fail("hcl.tau_plus", _get(c, "hcl.tau_plus"), "the class prior must be < 1")
+    for addon in ("nonsemantic", "ifm", "ft"):
+      if _get(c, f"{addon}.enabled"):
+        _fail("hcl.enabled", True, f"hard-negative sampling is a comparator of its own; "
+              f"switch off {addon}.enabled to use it")
 
   if _bool(c, "nonsemantic.enabled"):
     _choice(c, "nonsemantic.kind", NS_KINDS)

@@ -129,3 +129,50 @@ def test_cli_rejects_bad_value_before_training(tmp_path):
   assert proc.returncode != 0
   assert "moco.temperature" in proc.stderr
   assert not (workdir / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("name", ["mocov1", "simclr", "byol", "simsiam"])
+@pytest.mark.parametrize("preset", [None, "imagenet100", "cifar10"])
+def test_method_configs_validate(name, preset):
+  import importlib
+  c = importlib.import_module(f"configs.{name}").get_config(preset)
+  if c.data.name != "trifeature":
+    c.data.data_dir = "/data/tfds"
+  config_check.validate(c)
+
+
+def test_method_presets_carry_the_papers_settings():
+  from configs import byol, mocov1, simsiam
+  v1 = mocov1.get_config(None)
+  assert (v1.model.head_layers, v1.moco.temperature, v1.aug.blur_prob) == (1, 0.07, 0.0)
+  b = byol.get_config("imagenet100")
+  assert (b.optim.optimizer, b.optim.lr, b.optim.batch_size, b.optim.weight_decay) == (
+      "lars", 4.8, 1024, 1e-6)
+  assert b.byol.base_momentum == 0.996 and b.model.predictor_hidden_dim == 4096
+  s = simsiam.get_config("imagenet100")
+  assert (s.model.head_layers, s.model.head_out_bn, s.model.predictor_hidden_dim) == (
+      3, True, 512)
+  with pytest.raises(ValueError, match="presets imagenet100 and cifar10"):
+    byol.get_config("stl10")
+
+
+@pytest.mark.parametrize("method, overrides, field", [
+    ("byol", {"model.predictor_hidden_dim": 0}, "model.predictor_hidden_dim"),
+    ("simclr", {"model.predictor_hidden_dim": 8}, "model.predictor_hidden_dim"),
+    ("simsiam", {"ifm.enabled": True}, "ifm.enabled"),
+    ("byol", {"ft.enabled": True}, "ft.negative"),       # default negative: interpolate
+    ("simclr", {"ft.enabled": True, "ft.negative": "hard"}, "ft.negative"),
+    ("byol", {"hcl.enabled": True}, "hcl.enabled"),
+    ("simclr", {"hcl.enabled": True, "hcl.tau_plus": 1.0}, "hcl.tau_plus"),
+    ("simclr", {"hcl.enabled": True, "ifm.enabled": True}, "hcl.enabled"),
+    ("simclr", {"model.bn_mode": "shuffle", "model.bn_groups": 4}, "model.bn_mode"),
+    ("simclr", {"optim.optimizer": "adam"}, "optim.optimizer"),
+])
+def test_method_specific_fields_are_checked(method, overrides, field):
+  import importlib
+  c = importlib.import_module(f"configs.{method}").get_config(None)
+  for path, value in overrides.items():
+    block, name = path.split(".")
+    c[block][name] = value
+  with pytest.raises(config_check.ConfigError, match=field.replace(".", r"\.")):
+    config_check.validate(c)

@@ -26,8 +26,10 @@ def _hard_scores(lam: jax.Array, active: jax.Array | bool, renormalize: bool,
   The gradient flows through q_i in both the query and the hard negative.
   With unit queries and a scalar lam, the scores follow from q_i . n_j alone;
   otherwise (dimension-level lam, or queries that positive extrapolation left
-  off the unit sphere) from the exact form for any norm. While inactive the
-  scores are q_i . n_j, the very values of the plain contrast.
+  off the unit sphere) from the exact form for any norm. The form from q_i . n_j
+  drops the radial part of dL/dq_i (the d|q_i|^2 / dq_i terms), which an
+  l2-normalising head removes anyway. While inactive the scores are q_i . n_j,
+  the very values of the plain contrast.
 
   Args:
     lam: scalar or (d,) float32 coefficient.
@@ -56,7 +58,8 @@ def _transform(q, k, queue, ft, rng, active, mesh, keys_per_step):
   Each negative set is a (keys (K, d), score function or None) pair for
   queue_contrast.queue_terms. While inactive every output equals its input
   exactly (a select on the outputs, so re-normalisation cannot move them by an
-  ulp), and the loss is bit-identical to the loss without the transformation.
+  ulp; a cond on the hard-negative scores); with _union keeping the plain set
+  alone, the loss is then bit-identical to the loss without the transformation.
   """
   r_pos, r_neg, r_perm = jax.random.split(rng, 3)
   shape = (q.shape[1],) if ft.per_dimension else ()
@@ -97,7 +100,7 @@ def _union(terms: list[queue_contrast.QueueTerms], active: jax.Array | bool
   union = queue_contrast.QueueTerms(
       lse=jax.nn.logsumexp(jnp.stack([t.lse for t in terms]), axis=0),
       mean=means.mean(axis=0), var=variances.mean(axis=0) + means.var(axis=0))
-  return union
+  return jax.tree.map(lambda u, first: jnp.where(active, u, first), union, terms[0])
 
 
 def _infonce(pos: jax.Array, queue_lse: jax.Array, ns_sim: jax.Array | None,

@@ -262,7 +262,7 @@ def simclr_loss(z1: jax.Array, z2: jax.Array, t: jax.Array | None,
     in moco_loss). Anchor i's negatives are n_k at the positions k != i, p(i);
     a mixed n_k may contain u_i or u_p(i) through perm[k], as Eq. 5 mixes any
     two entries. union: both u_k and n_k at those positions, 2(2B - 2)
-    negatives (Sec. 5.3). per_dimension: (d,) coefficients (Sec. 4.3);
+    negatives (Table 5, Sec. 4.3). per_dimension: (d,) coefficients (Sec. 4.3);
     renormalize: l2-normalise the transformed features (App. F.2).
   - ft_active False (before ft.start_epoch): the transformed features are
     replaced by the originals (a select, not coefficients of 1, so that
