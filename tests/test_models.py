@@ -382,3 +382,10 @@ def test_simsiam_projector_has_bn_after_every_layer():
   # Train-mode BN with unit scale and zero bias: every output channel has mean 0, var 1.
   np.testing.assert_allclose(np.asarray(y).mean(0), 0.0, atol=1e-5)
   np.testing.assert_allclose(np.asarray(y).var(0), 1.0, rtol=1e-3)
+
+
+def test_l2_normalize_has_a_finite_gradient_at_zero():
+  # A zero cotangent through a zero vector must stay zero (jnp.where branches).
+  grad = jax.grad(lambda x: jnp.where(False, l2_normalize(x).sum(), 0.0))(jnp.zeros((2, 3)))
+  np.testing.assert_array_equal(grad, 0.0)
+  np.testing.assert_allclose(l2_normalize(jnp.array([[3.0, 4.0]])), [[0.6, 0.8]], rtol=1e-7)

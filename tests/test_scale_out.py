@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cl_jax import parallel, queue as queue_lib, step as step_lib, train
+from cl_jax.steps import forward
 from configs import mocov2_patchns
 
 B, S, K = 16, 16, 64
@@ -140,7 +141,7 @@ def test_shuffle_bn_normalises_keys_with_a_random_group(groups, host_batch):
   encoder1 = _encoder_and_variables(1)[0]
   mesh = parallel.make_mesh()
   rng = jax.random.key(3)
-  keys, stats = jax.jit(lambda v, x: step_lib.encode_keys(
+  keys, stats = jax.jit(lambda v, x: forward.encode_keys(
       encoder, v["params"], v["batch_stats"], x, rng, shuffle=True))(
           variables, jax.device_put(x, parallel.batch_sharding(mesh)))
   perm = np.asarray(jax.random.permutation(rng, B))

@@ -12,9 +12,14 @@ dense_init = nn.initializers.variance_scaling(1.0 / 3.0, 'fan_in', 'uniform')
 
 
 def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
-  """x / max(||x||_2, eps) along ``axis`` (torch's F.normalize); same shape and dtype as x."""
-  norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=axis, keepdims=True))
-  return x / jnp.maximum(norm, eps)
+  """x / max(||x||_2, eps) along ``axis`` (torch's F.normalize); same shape and dtype as x.
+
+  Written as x / sqrt(max(||x||^2, eps^2)) so that the gradient at x = 0 is finite
+  (the derivative of sqrt at 0 is not), which keeps a masked-out branch through a
+  zero vector from turning a zero cotangent into NaN.
+  """
+  sq_norm = jnp.sum(jnp.square(x), axis=axis, keepdims=True)
+  return x / jnp.sqrt(jnp.maximum(sq_norm, eps * eps))
 
 
 class MLPHead(nn.Module):
