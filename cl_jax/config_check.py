@@ -168,6 +168,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
               f"switch off {addon}.enabled to use it")
 
   if _bool(c, "nonsemantic.enabled"):
+    if method == "simsiam":
+      _fail("nonsemantic.enabled", True, "non-semantic negatives are defined for MoCo, SimCLR "
+            "(Ge et al. 2021, Eq. 1) and BYOL (Eq. 2), not for SimSiam")
     _choice(c, "nonsemantic.kind", NS_KINDS)
     _int(c, "nonsemantic.num_ns", 1, 64)
     _float(c, "nonsemantic.alpha", 0.0, None, lo_open=True)

@@ -160,6 +160,7 @@ def test_method_presets_carry_the_papers_settings():
     ("byol", {"model.predictor_hidden_dim": 0}, "model.predictor_hidden_dim"),
     ("simclr", {"model.predictor_hidden_dim": 8}, "model.predictor_hidden_dim"),
     ("simsiam", {"ifm.enabled": True}, "ifm.enabled"),
+    ("simsiam", {"nonsemantic.enabled": True}, "nonsemantic.enabled"),
     ("byol", {"ft.enabled": True}, "ft.negative"),       # default negative: interpolate
     ("simclr", {"ft.enabled": True, "ft.negative": "hard"}, "ft.negative"),
     ("byol", {"hcl.enabled": True}, "hcl.enabled"),
