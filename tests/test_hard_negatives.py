@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from cl_jax.methods import hard_negatives, simclr
+from tests.finite_differences import central_differences
 
 
 def _np_anchor(pos, neg, beta, tau_plus, temperature):
@@ -32,22 +33,6 @@ def _np_anchor(pos, neg, beta, tau_plus, temperature):
 def _np_loss(pos, neg, mask, beta, tau_plus, temperature):
   return np.mean([_np_anchor(pos[i], neg[i][mask[i]], beta, tau_plus, temperature)[0]
                   for i in range(len(pos))])
-
-
-def _np_fd_grads(pos, neg, mask, beta, tau_plus, temperature, eps=1e-6):
-  """Central finite differences of _np_loss wrt pos and neg, float64."""
-  fn = lambda p, n: _np_loss(p, n, mask, beta, tau_plus, temperature)
-  grads = []
-  for which in (0, 1):
-    base = [pos, neg]
-    g = np.zeros_like(base[which])
-    for idx in np.ndindex(g.shape):
-      plus, minus = [x.copy() for x in base], [x.copy() for x in base]
-      plus[which][idx] += eps
-      minus[which][idx] -= eps
-      g[idx] = (fn(*plus) - fn(*minus)) / (2 * eps)
-    grads.append(g)
-  return grads
 
 
 @functools.partial(jax.jit, static_argnames=("beta", "tau_plus", "temperature"))
@@ -110,7 +95,8 @@ def test_gradients_match_finite_differences_and_masked_entries_get_none(beta, ta
   pos, neg = rng.uniform(-1, 1, 5) / temperature, rng.uniform(-1, 1, (5, 7)) / temperature
   mask = _random_mask(rng, 5, 7)
   _, (g_pos, g_neg) = _loss_and_grads(*_f32(pos, neg), mask, beta, tau_plus, temperature)
-  n_pos, n_neg = _np_fd_grads(pos, neg, mask, beta, tau_plus, temperature)
+  n_pos, n_neg = central_differences(
+      lambda p, n: _np_loss(p, n, mask, beta, tau_plus, temperature), pos, neg)
   assert np.abs(n_neg).max() > 1e-3
   np.testing.assert_allclose(g_pos, n_pos, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(g_neg, n_neg, rtol=1e-4, atol=1e-6)
@@ -180,7 +166,8 @@ def test_clamp_engages_on_some_anchors_only():
   loss, (g_pos, g_neg) = _loss_and_grads(*_f32(pos, neg), mask, 1.0, tau_plus, temperature)
   np.testing.assert_allclose(loss, _np_loss(pos, neg, mask, 1.0, tau_plus, temperature),
                              rtol=1e-5)
-  n_pos, n_neg = _np_fd_grads(pos, neg, mask, 1.0, tau_plus, temperature)
+  n_pos, n_neg = central_differences(
+      lambda p, n: _np_loss(p, n, mask, 1.0, tau_plus, temperature), pos, neg)
   np.testing.assert_allclose(g_pos, n_pos, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(g_neg, n_neg, rtol=1e-4, atol=1e-6)
   assert np.all(np.isfinite(g_pos)) and np.all(np.isfinite(g_neg))

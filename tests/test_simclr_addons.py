@@ -21,6 +21,7 @@ import pytest
 
 from cl_jax import parallel
 from cl_jax.methods import simclr
+from tests.finite_differences import central_differences
 
 B, DIM, T = 4, 5, 0.5
 
@@ -151,21 +152,6 @@ def _np_loss(z1, z2, temperature=T, t=None, ns=NS, ifm=None, ft=None, coef=None,
   return np.mean(losses), stats
 
 
-def _np_fd_grads(fn, z1, z2, eps=1e-6):
-  """Central finite differences of fn(z1, z2) -> loss, float64."""
-  grads = []
-  for which in (0, 1):
-    base = [z1, z2]
-    g = np.zeros_like(base[which])
-    for idx in np.ndindex(g.shape):
-      plus, minus = [x.copy() for x in base], [x.copy() for x in base]
-      plus[which][idx] += eps
-      minus[which][idx] -= eps
-      g[idx] = (fn(*plus) - fn(*minus)) / (2 * eps)
-    grads.append(g)
-  return grads
-
-
 def _f32(*arrays):
   return [jnp.asarray(a, jnp.float32) for a in arrays]
 
@@ -237,7 +223,7 @@ def test_ns_negatives_enter_the_denominator(mode, num_ns):
   ns = _cfg(enabled=True, alpha=3.0, alpha_mode=mode)
   loss, stats, grads = _run(*_f32(z1, z2), t=jnp.asarray(t, jnp.float32), ns_key=(mode, 3.0))
   want, want_stats = _np_loss(z1, z2, t=t, ns=ns)
-  fd = _np_fd_grads(lambda a, b: _np_loss(a, b, t=t, ns=ns)[0], z1, z2)
+  fd = central_differences(lambda a, b: _np_loss(a, b, t=t, ns=ns)[0], z1, z2)
   _assert_close(loss, want, grads, fd)
   assert set(stats) == {"pos_mean", "neg_mean", "neg_var", "ns_mean"}
   np.testing.assert_allclose(stats["ns_mean"], want_stats["ns_mean"], rtol=1e-5, atol=1e-7)
@@ -261,7 +247,7 @@ def test_ifm_matches_numpy(eps, alpha, with_ns):
   loss, _, grads = _run(*_f32(z1, z2), t=None if t is None else jnp.asarray(t, jnp.float32),
                         ifm_key=(eps, alpha))
   ref = lambda a, b: _np_loss(a, b, t=t, ifm=(eps, alpha))[0]
-  _assert_close(loss, ref(z1, z2), grads, _np_fd_grads(ref, z1, z2))
+  _assert_close(loss, ref(z1, z2), grads, central_differences(ref, z1, z2))
   # L_eps > L, so (L + alpha L_eps) / 2 > (1 + alpha) L / 2.
   assert float(loss) > (1 + alpha) / 2 * _np_loss(z1, z2, t=t)[0] + 1e-3
 
@@ -278,7 +264,7 @@ def test_feature_transformation_matches_numpy():
   loss, stats, grads = _run(*_f32(z1, z2), ft_rng=key, ft_key=FT_INTERPOLATE)
   ref = lambda a, b: _np_loss(a, b, ft=ft, coef=coef)
   want, want_stats = ref(z1, z2)
-  _assert_close(loss, want, grads, _np_fd_grads(lambda a, b: ref(a, b)[0], z1, z2))
+  _assert_close(loss, want, grads, central_differences(lambda a, b: ref(a, b)[0], z1, z2))
   for name in ("pos_mean", "neg_mean", "neg_var"):         # on the transformed features
     np.testing.assert_allclose(stats[name], want_stats[name], rtol=1e-4, atol=1e-6)
   assert abs(float(loss) - _np_loss(z1, z2)[0]) > 1e-3
@@ -298,7 +284,7 @@ def test_all_add_ons_but_hcl_combine():
                             ifm_key=(0.1, 1.0), ft_key=FT_UNION)
   ref = lambda a, b: _np_loss(a, b, t=t, ifm=(0.1, 1.0), ft=ft, coef=coef)
   want, want_stats = ref(z1, z2)
-  _assert_close(loss, want, grads, _np_fd_grads(lambda a, b: ref(a, b)[0], z1, z2))
+  _assert_close(loss, want, grads, central_differences(lambda a, b: ref(a, b)[0], z1, z2))
   for name in want_stats:
     np.testing.assert_allclose(stats[name], want_stats[name], rtol=1e-4, atol=1e-6)
 
@@ -310,7 +296,7 @@ def test_hcl_matches_numpy(beta, tau_plus):
   z1, z2 = _pair(8)
   loss, stats, grads = _run(*_f32(z1, z2), hcl_key=(beta, tau_plus))
   ref = lambda a, b: _np_loss(a, b, hcl=(beta, tau_plus))[0]
-  _assert_close(loss, ref(z1, z2), grads, _np_fd_grads(ref, z1, z2))
+  _assert_close(loss, ref(z1, z2), grads, central_differences(ref, z1, z2))
   if beta == 0.0 and tau_plus == 0.0:
     np.testing.assert_allclose(loss, _np_loss(z1, z2)[0], rtol=2e-5)
   else:
@@ -366,7 +352,7 @@ def test_batch_sharded_over_eight_devices_matches_numpy():
   loss, _, grads = _run(s1, s2, t=jnp.asarray(t, jnp.float32), ft_rng=key,
                         ifm_key=(0.1, 1.0), ft_key=FT_NEGATIVE_ONLY)
   ref = lambda a, c: _np_loss(a, c, t=t, ifm=(0.1, 1.0), ft=ft, coef=coef)[0]
-  _assert_close(loss, ref(z1, z2), grads, _np_fd_grads(ref, z1, z2))
+  _assert_close(loss, ref(z1, z2), grads, central_differences(ref, z1, z2))
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -15,6 +15,7 @@ import pytest
 
 from cl_jax import parallel
 from cl_jax.methods import simclr
+from tests.finite_differences import central_differences
 
 
 def _unit(rng, *shape):
@@ -34,21 +35,6 @@ def _np_loss(z1, z2, temperature, extra=None):
       den += sum(np.exp(e) for e in extra[i])
     total += -np.log(np.exp(u[i] @ u[p] / temperature) / den)
   return total / n
-
-
-def _np_fd_grads(z1, z2, temperature, eps=1e-6):
-  """Central finite differences of _np_loss in float64, wrt z1 and z2."""
-  grads = []
-  for which in (0, 1):
-    base = [z1, z2]
-    g = np.zeros_like(base[which])
-    for idx in np.ndindex(g.shape):
-      plus, minus = [x.copy() for x in base], [x.copy() for x in base]
-      plus[which][idx] += eps
-      minus[which][idx] -= eps
-      g[idx] = (_np_loss(*plus, temperature) - _np_loss(*minus, temperature)) / (2 * eps)
-    grads.append(g)
-  return grads
 
 
 @functools.partial(jax.jit, static_argnames=("temperature",))
@@ -79,7 +65,7 @@ def test_gradients_match_numpy_finite_differences(batch, dim, temperature):
   rng = np.random.default_rng(100 + batch)
   z1, z2 = _unit(rng, batch, dim), _unit(rng, batch, dim)
   _, _, (g1, g2) = _loss_and_grads(*_f32(z1, z2), None, temperature)
-  n1, n2 = _np_fd_grads(z1, z2, temperature)
+  n1, n2 = central_differences(lambda a, b: _np_loss(a, b, temperature), z1, z2)
   assert np.abs(n1).max() > 1e-2                      # the loss does depend on z1
   np.testing.assert_allclose(g1, n1, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(g2, n2, rtol=1e-4, atol=1e-5)
