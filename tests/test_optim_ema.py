@@ -21,7 +21,7 @@ from cl_jax import optim
 
 def _optim_config(lr=0.1, epochs=4, warmup_epochs=0, weight_decay=5e-2, momentum=0.9):
   return ml_collections.ConfigDict({
-      "lr": lr, "epochs": epochs, "warmup_epochs": warmup_epochs,
+      "optimizer": "sgd", "lr": lr, "epochs": epochs, "warmup_epochs": warmup_epochs,
       "weight_decay": weight_decay, "momentum": momentum})
 
 
