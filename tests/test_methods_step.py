@@ -3,7 +3,6 @@ reference forward, the EMA target, add-ons off, and 1 vs 4 devices."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 import pytest
 
@@ -165,31 +164,3 @@ def test_a_state_without_target_and_queue_checkpoints(batch, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, restored.params, after.params)
   np.testing.assert_array_equal(restored.opt_state[1][0].trace["head"]["out"]["kernel"],
                                 after.opt_state[1][0].trace["head"]["out"]["kernel"])
-
-
-def test_lars_matches_numpy():
-  """optax.lars as configured: weight decay and trust ratio on kernels only (You et al. 2017).
-
-  u = g + wd w, r = eta ||w|| / ||u|| (kernels; 1 for vectors), v = mu v + lr r u, w -= v.
-  """
-  from cl_jax import optim
-  import ml_collections
-  cfg = ml_collections.ConfigDict(dict(optimizer="lars", weight_decay=0.01, momentum=0.9))
-  lr, eta = 0.5, 1e-3
-  tx = optim.make_optimizer(cfg, optax.constant_schedule(lr))
-  rng = np.random.default_rng(0)
-  w = {"kernel": rng.normal(size=(3, 4)), "bias": rng.normal(size=(4,))}
-  params = jax.tree.map(jnp.float32, w)
-  state = tx.init(params)
-  v = jax.tree.map(np.zeros_like, w)
-  for _ in range(2):
-    g = {"kernel": rng.normal(size=(3, 4)), "bias": rng.normal(size=(4,))}
-    updates, state = tx.update(jax.tree.map(jnp.float32, g), state, params)
-    params = optax.apply_updates(params, updates)
-    for name in w:
-      u = g[name] + (0.01 * w[name] if name == "kernel" else 0.0)
-      r = eta * np.linalg.norm(w[name]) / np.linalg.norm(u) if name == "kernel" else 1.0
-      v[name] = 0.9 * v[name] + lr * r * u
-      w[name] = w[name] - v[name]
-  for name in w:
-    np.testing.assert_allclose(params[name], w[name], rtol=1e-5, atol=1e-6)
