@@ -96,7 +96,8 @@ def render(workdirs: list[str], out: epath.Path, step: int | None, batches: int)
     except histograms.NoCheckpoint as e:
       print(f"note: {e}; no similarity histograms for it")
       continue
-    fig = histograms.plot_similarity_histograms(edges, tallies, name, ckpt, config.nonsemantic)
+    fig = histograms.plot_similarity_histograms(edges, tallies, name, ckpt, config.nonsemantic,
+                                                queue=config.method == "moco")
     written.append(save(fig, out / f"sim_hist_{name}_step{ckpt}.png"))
   return written
 

@@ -1,9 +1,10 @@
 """Score statistics against the training step, several runs overlaid (Zhu et al. 2021, Sec. 3).
 
-The statistics are those logged by the train step (cl_jax.methods.moco.moco_loss),
-similarities before the temperature: pos_mean = mean_i q_i.k_i+, neg_mean =
-mean_i mean_j q_i.queue_j, neg_var = mean_i var_j q_i.queue_j and, with
-non-semantic negatives, ns_mean = mean_{i,m} q_i.t_im. Each run is labelled by
+The statistics are those logged by the train step (cl_jax.methods.moco.moco_loss,
+cl_jax.methods.simclr.simclr_loss), similarities before the temperature:
+pos_mean = mean_i q_i.k_i+, neg_mean = mean_i mean_j q_i.n_j, neg_var = mean_i
+var_j q_i.n_j over the negatives n_j (MoCo's queue, SimCLR's other in-batch
+features) and, with non-semantic negatives, ns_mean = mean_{i,m} q_i.t_im. Each run is labelled by
 its directory name and the config fields in which the runs differ, so a sweep
 over the EMA momentum reads "run (moco.momentum=0.9)" (their Figs. 3, 5).
 """
@@ -16,7 +17,7 @@ from matplotlib.figure import Figure
 
 SCORE_KEYS = ("pos_mean", "neg_mean", "neg_var", "ns_mean")
 _TITLES = {"pos_mean": "mean positive score  q·k+",
-           "neg_mean": "mean negative score  q·queue",
+           "neg_mean": "mean negative score  q·n",
            "neg_var": "variance of negative scores",
            "ns_mean": "mean non-semantic score  q·t"}
 _MISSING = object()

@@ -149,13 +149,15 @@ def collect(workdir: str, step: int | None, batches: int,
 
 
 def plot_similarity_histograms(edges: np.ndarray, tallies: Mapping[str, Tally], run_name: str,
-                               step: int, ns: ml_collections.ConfigDict) -> Figure:
+                               step: int, ns: ml_collections.ConfigDict,
+                               queue: bool = True) -> Figure:
   """Overlaid density histograms of the KINDS, each labelled with its mean similarity.
 
   Args:
     edges: (num_bins + 1,) bin edges; tallies: {kind: Tally} for KINDS.
     run_name, step: the run and checkpoint, for the title.
     ns: the run's `nonsemantic` config block (patch sizes, M, whether training used them).
+    queue: the negatives are the MoCo queue (False: the other images' second views).
   """
   used = "used in training" if ns.enabled else "not used in training"
   title = (f"{run_name}, step {step}: similarities of query features\n"
@@ -163,7 +165,8 @@ def plot_similarity_histograms(edges: np.ndarray, tallies: Mapping[str, Tally], 
            f"M = {ns.num_ns} per query ({used})")
   fig = Figure(figsize=(8.0, 4.8), layout="constrained")
   ax = fig.subplots()
-  names = {"positive": "positive  q·k+", "negative": "negative  q·queue",
+  names = {"positive": "positive  q·k+",
+           "negative": "negative  q·queue" if queue else "negative  q·k_j, j ≠ i",
            "non-semantic": "patch NS  q·t"}
   for i, kind in enumerate(KINDS):
     t = tallies[kind]
