@@ -124,9 +124,10 @@ def main(argv):
     print(json.dumps(rows[-1]), flush=True)
   kind = rows[0]["device_kind"] if rows else backend
   simulated = " (simulated CPU devices sharing the host's cores)" if backend == "cpu" else ""
-  print(f"\n{config.model.depth}-layer ResNet, {config.data.image_size} px, "
-        f"{config.model.dtype}, global batch {config.optim.batch_size}, "
-        f"queue {config.moco.queue_size} x {config.model.head_out_dim}, "
+  queue = (f"queue {config.moco.queue_size} x {config.model.head_out_dim}, "
+           if config.method == "moco" else "no queue, ")
+  print(f"\n{config.method}: {config.model.depth}-layer ResNet, {config.data.image_size} px, "
+        f"{config.model.dtype}, global batch {config.optim.batch_size}, {queue}"
         f"NS {'on' if config.nonsemantic.enabled else 'off'}; {kind}{simulated}")
   print(_table(rows))
 
