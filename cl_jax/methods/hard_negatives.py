@@ -18,6 +18,8 @@ NT-Xent (the clamp cannot engage for logits of unit vectors, s_ik >= -1/T).
 import jax
 import jax.numpy as jnp
 
+from cl_jax.methods.logit_shapes import check_logit_shapes
+
 
 def hcl_loss_from_logits(pos_logits: jax.Array, neg_logits: jax.Array, neg_mask: jax.Array,
                          beta: float, tau_plus: float, temperature: float) -> jax.Array:
@@ -48,13 +50,7 @@ def hcl_loss_from_logits(pos_logits: jax.Array, neg_logits: jax.Array, neg_mask:
   Returns:
     () float32 loss, the mean over the N anchors.
   """
-  n = pos_logits.shape[0]
-  if pos_logits.shape != (n,) or neg_logits.ndim != 2 or neg_logits.shape[0] != n:
-    raise ValueError(f"pos_logits must be (N,) and neg_logits (N, K); got {pos_logits.shape} "
-                     f"and {neg_logits.shape}")
-  if neg_mask.shape != neg_logits.shape:
-    raise ValueError(f"neg_mask must have neg_logits' shape {neg_logits.shape}; got "
-                     f"{neg_mask.shape}")
+  check_logit_shapes(pos_logits, neg_logits, neg_mask)
   if not beta >= 0:
     raise ValueError(f"hcl beta (hardness concentration) must be >= 0; got {beta}")
   if not 0 <= tau_plus < 1:

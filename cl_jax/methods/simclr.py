@@ -25,6 +25,7 @@ import ml_collections
 
 from cl_jax.addons import feature_transform, ifm, nonsemantic
 from cl_jax.methods import hard_negatives
+from cl_jax.methods.logit_shapes import check_logit_shapes
 
 # Negative transforms of the in-batch negatives; "hard" (App. G.2) is built against a queue.
 FT_NEGATIVES = ("none", "interpolate", "extrapolate")
@@ -103,16 +104,11 @@ def nt_xent_from_logits(pos_logits: jax.Array, neg_logits: jax.Array, neg_mask: 
   Returns:
     () float32 loss.
   """
-  n = pos_logits.shape[0]
-  if pos_logits.shape != (n,) or neg_logits.ndim != 2 or neg_logits.shape[0] != n:
-    raise ValueError(f"pos_logits must be (N,) and neg_logits (N, K); got {pos_logits.shape} "
-                     f"and {neg_logits.shape}")
-  if neg_mask.shape != neg_logits.shape:
-    raise ValueError(f"neg_mask must have neg_logits' shape {neg_logits.shape}; got "
-                     f"{neg_mask.shape}")
+  check_logit_shapes(pos_logits, neg_logits, neg_mask)
   parts = [pos_logits[:, None].astype(jnp.float32),
            jnp.where(neg_mask, neg_logits.astype(jnp.float32), -jnp.inf)]
   if extra_negative_logits is not None:
+    n = pos_logits.shape[0]
     if extra_negative_logits.ndim != 2 or extra_negative_logits.shape[0] != n:
       raise ValueError(f"extra_negative_logits must be (N, M) with N = {n} anchors; got "
                        f"{extra_negative_logits.shape}")
