@@ -139,7 +139,7 @@ def moco_loss(q: jax.Array, k: jax.Array, queue: jax.Array, t: jax.Array | None,
   h_ij = lam q_i + (1 - lam) n_j with lam = Beta(hard_a, hard_b) (App. G.2,
   Eq. 8; scored per device without building them, gradient through q_i in both
   places), or the union of the original and the transformed queue, 2K negatives
-  (Sec. 5.3). Every similarity, the statistics included, is then taken on the
+  (Sec. 4.3). Every similarity, the statistics included, is then taken on the
   transformed features. Before ft.start_epoch nothing is transformed and the
   loss and gradients are bit-identical to those with ft off. The stored queue
   is never changed.
