@@ -12,7 +12,7 @@ NS_KINDS = ("patch",)
 ALPHA_MODES = ("in", "out")
 FT_NEGATIVE = ("none", "interpolate", "extrapolate", "hard")
 OPTIMIZERS = ("sgd", "lars")
-PROBE_PROTOCOLS = ("fast", "paper")
+PROBE_PROTOCOLS = ("fast", "logreg", "paper")
 DTYPES = ("float32", "bfloat16")
 # Named learning-rate recipes for MoCo-v2 on ImageNet-100 (lr, global batch).
 LR_RECIPES = {
@@ -248,6 +248,9 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   _int(c, "train.checkpoint_every", 1)
   _int(c, "train.keep_checkpoints", 1)
   _int(c, "train.score_queries", 0)
+
+  _float(c, "health.min_std_sqrt_d", 0.0, 1.0)
+  _float(c, "health.min_rank", 0.0, None)     # 0: no rank warning
 
   _bool(c, "probe.after_pretrain")
   _choice(c, "probe.protocol", PROBE_PROTOCOLS)

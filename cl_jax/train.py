@@ -2,7 +2,10 @@
 
 The step runs without host synchronisation; the host reads metrics back only
 every `train.log_every` steps and before each checkpoint, where a non-finite
-loss or state stops the run before anything is saved.
+loss or state stops the run before anything is saved. At each logging step the
+embeddings' health signals (cl_jax.health) are checked against the `health`
+thresholds: a collapse is reported on the console and in workdir/warnings.log,
+and logged as the scalar health/collapsed.
 """
 import functools
 import json
@@ -13,9 +16,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
+from absl import logging
 from etils import epath
 
-from cl_jax import checkpoint, config_check, optim, parallel, queue as queue_lib
+from cl_jax import checkpoint, config_check, health, optim, parallel, queue as queue_lib
 from cl_jax import step as step_lib
 from cl_jax.data import pipeline, sources
 from cl_jax.metrics import MetricWriter
@@ -141,6 +145,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str,
   bar = tqdm.tqdm(total=total, initial=start, desc="pretrain", disable=not lead,
                   dynamic_ncols=True)
   t_last, step_last = time.perf_counter(), start
+  collapsed_logs = 0
   try:
     for step in range(start, end):
       state, metrics = train_step(state, parallel.global_batch(next(it), mesh))
@@ -152,7 +157,13 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str,
         scalars["img_per_s"] = (done - step_last) * config.optim.batch_size / (now - t_last)
         t_last, step_last = now, done
         _stop_if_diverged(bool(np.isfinite(scalars["loss"])), done, manager)
+        warning = health.collapse_warning(scalars, config.health.min_std_sqrt_d,
+                                          config.health.min_rank)
+        scalars["health/collapsed"] = float(warning is not None)
         writer.write(done, scalars)
+        notice, collapsed_logs = collapse_notice(warning, collapsed_logs, scalars)
+        if lead and notice is not None:
+          report_warning(f"step {done}: {notice}", workdir)
         bar.set_postfix(loss=f"{scalars['loss']:.4f}", lr=f"{scalars['lr']:.3g}")
       if done % config.train.checkpoint_every == 0 or done == end:
         finite = _all_finite((metrics["loss"], state.params, state.target_params, state.queue))
@@ -163,6 +174,37 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str,
     writer.close()
     manager.wait_until_finished()
   return max(start, end)
+
+
+def collapse_notice(warning: str | None, collapsed_logs: int,
+                    scalars: dict[str, float]) -> tuple[str | None, int]:
+  """(line to report or None, updated count) for one logging step's collapse warning.
+
+  collapsed_logs counts the consecutive logging steps with a warning so far. The
+  warning is reported when the run enters the collapsed state and at every 10th
+  logging step it stays there; the first healthy logging step after it reports
+  the recovery with the health signals of `scalars`.
+  """
+  if warning is not None:
+    return (warning if collapsed_logs % 10 == 0 else None), collapsed_logs + 1
+  if not collapsed_logs:
+    return None, 0
+  signals = ", ".join(f"{k} = {scalars[k]:.3g}" for k in ("health/std_sqrt_d", "health/rank")
+                      if k in scalars)
+  return f"representation recovered after {collapsed_logs} collapsed logging steps: {signals}", 0
+
+
+def report_warning(line: str, workdir: str) -> None:
+  """Print `line` above the progress bar, log it as a warning and append it to
+  workdir/warnings.log (object stores cannot append: the file is read and rewritten)."""
+  tqdm.tqdm.write(line)
+  logging.warning(line)
+  path = epath.Path(workdir) / "warnings.log"
+  if "://" in str(workdir):
+    path.write_text((path.read_text() if path.exists() else "") + line + "\n")
+  else:
+    with path.open("a", encoding="utf-8") as f:
+      f.write(line + "\n")
 
 
 def _stop_if_diverged(finite: bool, step: int, manager) -> None:

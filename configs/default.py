@@ -110,6 +110,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 2
   c.train.score_queries = 64        # score statistics over the first n queries (0 or > batch: all)
 
+  c.health = ml_collections.ConfigDict()   # collapse warnings while training (cl_jax/health.py)
+  c.health.min_std_sqrt_d = 0.3   # warn below this embedding std x sqrt(d) (healthy ~1, collapsed 0)
+  c.health.min_rank = 2.0         # warn below this effective rank of a batch of embeddings
+
   c.probe = ml_collections.ConfigDict()
   c.probe.after_pretrain = True
   c.probe.protocol = "fast"         # fast | paper

@@ -68,12 +68,22 @@ def _set(c, path, value):
     ("aug.jitter_prob", 1.2, "aug.jitter_prob"),
     ("probe.protocol", "knn", "probe.protocol"),
     ("probe.decay_epochs", (150,), "probe.decay_epochs"),
+    ("health.min_std_sqrt_d", 1.5, "health.min_std_sqrt_d"),
+    ("health.min_std_sqrt_d", -0.1, "health.min_std_sqrt_d"),
+    ("health.min_rank", -1.0, "health.min_rank"),
+    ("health.min_rank", float("nan"), "health.min_rank"),
 ])
 def test_bad_values_name_their_field(path, value, field):
   c = mocov2_patchns.get_config(None)
   _set(c, path, value)
   with pytest.raises(config_check.ConfigError, match=field.replace(".", r"\.")):
     config_check.validate(c)
+
+
+def test_zero_health_thresholds_switch_the_warnings_off():
+  c = mocov2_patchns.get_config(None)
+  c.health.min_std_sqrt_d, c.health.min_rank = 0.0, 0.0
+  config_check.validate(c)
 
 
 @pytest.mark.parametrize("mode,groups,batch,devices,message", [

@@ -65,7 +65,8 @@ def test_eight_devices_take_the_one_device_step(bn_mode, groups, host_batch):
                              rtol=1e-6, atol=1e-7)
   assert set(m1) == set(m8)
   assert {n for n in m1 if not n.startswith("grad_norm/")} == {
-      "loss", "lr", "pos_mean", "neg_mean", "neg_var", "ns_mean"}
+      "loss", "lr", "pos_mean", "neg_mean", "neg_var", "ns_mean", "health/std",
+      "health/std_sqrt_d", "health/rank", "health/align", "health/uniform"}
   assert len(m1) > 40             # one gradient norm per layer
   for name in m1:
     np.testing.assert_allclose(m8[name], m1[name], rtol=1e-5, atol=1e-7, err_msg=name)

@@ -11,6 +11,7 @@ import jax
 import ml_collections
 import optax
 
+from cl_jax.health import embedding_health
 from cl_jax.methods import byol
 from cl_jax.state import TrainState
 from cl_jax.steps.forward import encode, encode_keys, ns_features
@@ -22,8 +23,9 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
   """objective(state, views) -> (loss, grads, state updates, stats) of one BYOL step.
 
   Updates: batch_stats, target_params, target_batch_stats. Stats: pos_mean (mean
-  cosine of the two directions' pairs, after any extrapolation), tau, and ns_mean
-  with NS negatives.
+  cosine of the two directions' pairs, after any extrapolation), tau, ns_mean
+  with NS negatives, and cl_jax.health.embedding_health of the online
+  projections z1, z2 (not the predictions), before any extrapolation.
   """
   ns = config.nonsemantic
   ft = config.ft
@@ -59,7 +61,8 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
           term = term - ns.alpha * distance
         loss = loss + term
         stats.append(st)
-      return loss, (bs, jax.tree.map(lambda a, b: (a + b) / 2, *stats))
+      health = embedding_health(out1["z"], out2["z"])
+      return loss, (bs, {**jax.tree.map(lambda a, b: (a + b) / 2, *stats), **health})
 
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates = dict(batch_stats=batch_stats, target_params=target_params,

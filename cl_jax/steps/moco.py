@@ -13,6 +13,7 @@ import optax
 from jax.sharding import Mesh
 
 from cl_jax import queue as queue_lib
+from cl_jax.health import embedding_health
 from cl_jax.methods import moco
 from cl_jax.state import TrainState
 from cl_jax.steps.forward import encode, encode_keys, ns_features
@@ -29,7 +30,9 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh,
   """objective(state, views) -> (loss, grads, state updates, stats) of one MoCo step.
 
   The updates are the new batch_stats, target_params, target_batch_stats and
-  queue; stats are moco_loss's score statistics.
+  queue; stats are moco_loss's score statistics (the mean over the pairs when
+  symmetric) and cl_jax.health.embedding_health of the first pair's queries and
+  keys, before any feature transformation.
   """
   ns = config.nonsemantic
   shuffle = config.model.bn_mode == "shuffle"
@@ -54,9 +57,10 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh,
 
     def loss_fn(params):
       bs = state.batch_stats
-      losses, stats = [], []
+      losses, stats, queries = [], [], []
       for (vq, _), k, t in zip(pairs, keys, ns_feats):
         out, bs = encode(encoder, params, bs, vq)
+        queries.append(out["z"])
         loss, st = moco.moco_loss(
             out["z"], k, state.queue, t, config.moco, ns, config.ifm, mesh,
             config.train.score_queries, ft_cfg=config.ft,
@@ -65,7 +69,8 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh,
         losses.append(loss)
         stats.append(st)
       mean = lambda xs: sum(xs) / len(xs)
-      return mean(losses), (bs, jax.tree.map(lambda *xs: mean(xs), *stats))
+      health = embedding_health(queries[0], keys[0])
+      return mean(losses), (bs, {**jax.tree.map(lambda *xs: mean(xs), *stats), **health})
 
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     # The keys of one example stay adjacent, (B, V, d) -> (B * V, d), so the

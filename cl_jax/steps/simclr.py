@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from cl_jax.health import embedding_health
 from cl_jax.methods import simclr
 from cl_jax.state import TrainState
 from cl_jax.steps.forward import encode, ns_features
@@ -17,6 +18,9 @@ from cl_jax.steps.views import Views
 
 def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):
   """objective(state, views) -> (loss, grads, {"batch_stats"}, stats) of one SimCLR step.
+
+  stats: simclr_loss's score statistics and cl_jax.health.embedding_health of the
+  two views' projections z1, z2, before any feature transformation.
 
   Non-semantic negatives (Ge et al. 2021, Eq. 1) are the online network's
   features of each view's NS images, without gradient (they play the part of
@@ -40,7 +44,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
           out1["z"], out2["z"], t, config.simclr, ns, config.ifm, config.hcl,
           ft_cfg=config.ft, ft_rng=x.r_ft, ft_active=state.step >= ft_start,
           score_queries=config.train.score_queries)
-      return loss, (bs, stats)
+      return loss, (bs, {**stats, **embedding_health(out1["z"], out2["z"])})
 
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     return loss, grads, {"batch_stats": batch_stats}, stats

@@ -3,6 +3,7 @@ App. E.2): L = D(p1, sg(z2))/2 + D(p2, sg(z1))/2, one network, no target, no neg
 import jax
 import ml_collections
 
+from cl_jax.health import embedding_health
 from cl_jax.methods import simsiam
 from cl_jax.state import TrainState
 from cl_jax.steps.forward import encode
@@ -11,7 +12,11 @@ from cl_jax.steps.views import Views
 
 
 def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):
-  """objective(state, views) -> (loss, grads, {"batch_stats"}, {"pos_mean"}) of one step."""
+  """objective(state, views) -> (loss, grads, {"batch_stats"}, stats) of one step.
+
+  stats: pos_mean and cl_jax.health.embedding_health of the projections z1, z2
+  (not the predictions), before any extrapolation.
+  """
   ft = config.ft
   ft_start = ft.start_epoch * steps_per_epoch
   extrapolate = uses_extrapolation(ft)
@@ -25,7 +30,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
         (p1, z2), (p2, z1) = extrapolate_pairs([(p1, z2), (p2, z1)], ft, x.r_ft,
                                                state.step >= ft_start)
       loss, stats = simsiam.simsiam_loss(p1, p2, z1, z2, stop_gradient=not extrapolate)
-      return loss, (bs, stats)
+      return loss, (bs, {**stats, **embedding_health(out1["z"], out2["z"])})
 
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     return loss, grads, {"batch_stats": batch_stats}, stats
