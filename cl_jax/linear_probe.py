@@ -4,18 +4,28 @@ One linear classifier per label (shape, texture and colour on Trifeature; the
 class on TFDS sets), trained on the frozen, globally pooled backbone features
 of the online (query) encoder, reported as top-1 / top-5 accuracy on the test
 split. Protocols:
-  fast   features of the evaluation views computed once, standardised with the
-         training mean and variance; SGD on the cached features.
-  paper  the protocol of the papers (REFERENCE.md): random resized crop + flip
-         training views through the frozen backbone at every step, SGD
-         momentum 0.9, lr 10, batch 128, 60 epochs, lr x0.1 at 30/40/50.
+  fast    features of the evaluation views computed once, standardised with the
+          training mean and variance; SGD on the cached features.
+  logreg  the same standardised cached features, fitted by scikit-learn's
+          multinomial logistic regression (L-BFGS, L2 penalty C = 1): the
+          standard reference the fast probe is checked against.
+  paper   the protocol of the papers (e.g. Ge et al. 2021, App. C.1): random
+          resized crop + flip training views through the frozen backbone at
+          every step, SGD momentum 0.9, lr 10, batch 128, 60 epochs, lr x0.1 at
+          30/40/50.
+Beside every trained number the report gives the same probe on the same
+architecture at its random initialisation (step 0 of the run's seed), computed
+once per configuration and cached (`random_init_accuracy`).
 The report is written next to the checkpoints: <workdir>/probe_step<N>_<protocol>.json.
 """
+import hashlib
 import json
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import tqdm
@@ -23,6 +33,10 @@ from etils import epath
 
 from cl_jax import checkpoint, config_check, parallel, train
 from cl_jax.data import photometric, pipeline, sources
+from cl_jax.models.resnet import resnet_feature_dim
+
+# Bumped whenever the probe's procedure changes, so stale baselines are never read.
+BASELINE_CACHE_VERSION = 1
 
 
 def _features_fn(encoder, mean, std):
@@ -53,6 +67,12 @@ def topk_accuracy(logits: np.ndarray, labels: np.ndarray, k: int) -> float:
   return float(np.mean(np.any(top == labels[:, None], axis=1)))
 
 
+def standardise(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Both feature sets (N, D) standardised with the training set's mean and std."""
+  mu, sigma = x_train.mean(0), x_train.std(0) + 1e-6
+  return (x_train - mu) / sigma, (x_test - mu) / sigma
+
+
 def _linear_trainer(num_classes: dict[str, int], dim: int, schedule, momentum: float,
                     weight_decay: float):
   """(params, update) for independent linear classifiers, one per label."""
@@ -76,82 +96,185 @@ def _linear_trainer(num_classes: dict[str, int], dim: int, schedule, momentum: f
   return params, tx.init(params), update
 
 
-def _evaluate(params, x: np.ndarray, y: dict) -> dict:
-  out = {}
-  for k, p in params.items():
-    logits = x @ np.asarray(p["w"]) + np.asarray(p["b"])
-    out[k] = {"top1": topk_accuracy(logits, y[k], 1), "top5": topk_accuracy(logits, y[k], 5)}
-  return out
+def _lr_schedule(probe: ml_collections.ConfigDict, steps_per_epoch: int) -> optax.Schedule:
+  """probe.lr, x0.1 at each of probe.decay_epochs."""
+  return optax.piecewise_constant_schedule(
+      probe.lr, {e * steps_per_epoch: 0.1 for e in probe.decay_epochs})
 
 
-def run(workdir: str, step: int | None = None, protocol: str | None = None) -> dict:
-  """Probe the checkpoint of `step` (default: latest) of the run in `workdir`."""
-  config = train.read_config(workdir)
-  protocol = protocol or config.probe.protocol
-  if protocol not in config_check.PROBE_PROTOCOLS:
-    raise ValueError(f"probe protocol must be one of {config_check.PROBE_PROTOCOLS}, "
-                     f"got {protocol!r}")
+def _accuracy(logits: dict[str, np.ndarray], y: dict) -> dict:
+  return {k: {"top1": topk_accuracy(v, y[k], 1), "top5": topk_accuracy(v, y[k], 5)}
+          for k, v in logits.items()}
+
+
+def fast_probe(x_train: np.ndarray, y_train: dict, x_test: np.ndarray, y_test: dict,
+               num_classes: dict[str, int], probe: ml_collections.ConfigDict,
+               seed: int) -> dict:
+  """SGD linear classifiers on standardised cached features.
+
+  Args:
+    x_train, x_test: (N, D) features; y_*: label name -> (N,) int labels.
+    num_classes: label name -> classes.
+    probe: the `probe` config block (batch_size, epochs, lr, weight_decay,
+      decay_epochs); SGD momentum 0.9, cross-entropy, one classifier per label.
+  Returns:
+    label name -> {"top1", "top5"} test accuracy (fractions).
+  """
+  x_train, x_test = standardise(x_train, x_test)
+  steps_per_epoch = len(x_train) // probe.batch_size
+  if steps_per_epoch == 0:
+    raise ValueError(f"probe.batch_size = {probe.batch_size} exceeds the probe training set "
+                     f"({len(x_train)} images)")
+  params, opt_state, update = _linear_trainer(
+      num_classes, x_train.shape[1], _lr_schedule(probe, steps_per_epoch), 0.9,
+      probe.weight_decay)
+  rng = np.random.default_rng(seed)
+  for _ in tqdm.trange(probe.epochs, desc="probe (fast)", leave=False,
+                       disable=jax.process_index() != 0):
+    order = rng.permutation(len(x_train))
+    for i in range(steps_per_epoch):
+      idx = order[i * probe.batch_size:(i + 1) * probe.batch_size]
+      params, opt_state = update(params, opt_state, x_train[idx],
+                                 {k: y_train[k][idx] for k in num_classes})
+  return _accuracy({k: x_test @ np.asarray(p["w"]) + np.asarray(p["b"])
+                    for k, p in params.items()}, y_test)
+
+
+def logreg_probe(x_train: np.ndarray, y_train: dict, x_test: np.ndarray, y_test: dict,
+                 num_classes: dict[str, int], max_iter: int = 1000) -> dict:
+  """scikit-learn's multinomial logistic regression (L-BFGS, C = 1) on standardised features.
+
+  The arguments and result are those of fast_probe; the optimum of this
+  convex problem does not depend on a learning rate or schedule.
+  """
+  from sklearn.linear_model import LogisticRegression
+  x_train, x_test = standardise(x_train, x_test)
+  logits = {}
+  for k in num_classes:
+    model = LogisticRegression(max_iter=max_iter).fit(x_train, y_train[k])
+    scores = np.full((len(x_test), num_classes[k]), -np.inf)
+    scores[:, model.classes_] = model.decision_function(x_test)
+    logits[k] = scores
+  return _accuracy(logits, y_test)
+
+
+class _Probe(NamedTuple):
+  """What probing any variables of a run needs: its data, encoder and feature function."""
+  config: ml_collections.ConfigDict
+  train_src: object
+  test_src: object
+  make_state: object
+  features: object
+
+
+def _setup(config: ml_collections.ConfigDict) -> _Probe:
   mesh = parallel.make_mesh()
   train_src = sources.open_source(config.data, "probe_train")
   test_src = sources.open_source(config.data, "test")
   pre_len = len(sources.open_source(config.data, "pretrain"))
   encoder, _, _, make_state, _ = train.build(config, pre_len, mesh)
-  manager = checkpoint.make_manager(workdir, read_only=True)
-  restored = checkpoint.restore(manager, jax.eval_shape(make_state), step)
-  if restored is None:
-    raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
-  state = restored[0]
-  variables = {"params": state.params, "batch_stats": state.batch_stats}
   spec = photometric.PhotometricSpec()
-  features = _features_fn(encoder, spec.mean, spec.std)
-  labels = tuple(train_src.num_classes)
-  num_classes = dict(train_src.num_classes)
-  d, p = config.data, config.probe
+  return _Probe(config, train_src, test_src, make_state,
+                _features_fn(encoder, spec.mean, spec.std))
+
+
+def probe_variables(ctx: _Probe, variables: dict, protocol: str) -> dict:
+  """Accuracy (label -> {top1, top5}) of the `protocol` probe on the encoder `variables`."""
+  labels = tuple(ctx.train_src.num_classes)
+  num_classes = dict(ctx.train_src.num_classes)
+  d, p = ctx.config.data, ctx.config.probe
 
   def eval_ds(src):
     return pipeline.probe_dataset(src, labels, image_size=d.image_size,
                                   eval_crop_fraction=d.eval_crop_fraction,
                                   batch_size=p.batch_size, train_views=False)
 
-  x_test, y_test = extract(features, variables, eval_ds(test_src), labels, "test features")
-  steps_per_epoch = len(train_src) // p.batch_size
+  x_test, y_test = extract(ctx.features, variables, eval_ds(ctx.test_src), labels,
+                           "test features")
+  if protocol in ("fast", "logreg"):
+    x_train, y_train = extract(ctx.features, variables, eval_ds(ctx.train_src), labels,
+                               "train features")
+    if protocol == "fast":
+      return fast_probe(x_train, y_train, x_test, y_test, num_classes, p, ctx.config.seed)
+    return logreg_probe(x_train, y_train, x_test, y_test, num_classes)
+  steps_per_epoch = len(ctx.train_src) // p.batch_size
   if steps_per_epoch == 0:
     raise ValueError(f"probe.batch_size = {p.batch_size} exceeds the probe training set "
-                     f"({len(train_src)} images)")
-  schedule = optax.piecewise_constant_schedule(
-      p.lr, {e * steps_per_epoch: 0.1 for e in p.decay_epochs})
-  dim = x_test.shape[1]
-  params, opt_state, update = _linear_trainer(num_classes, dim, schedule, 0.9,
-                                              p.weight_decay)
-  bar = tqdm.tqdm(total=p.epochs * steps_per_epoch, desc=f"probe ({protocol})", leave=False,
-                  disable=jax.process_index() != 0)
-  if protocol == "fast":
-    x_train, y_train = extract(features, variables, eval_ds(train_src), labels, "train features")
-    mu, sigma = x_train.mean(0), x_train.std(0) + 1e-6
-    x_train, x_test = (x_train - mu) / sigma, (x_test - mu) / sigma
-    rng = np.random.default_rng(config.seed)
-    for _ in range(p.epochs):
-      order = rng.permutation(len(x_train))
-      for i in range(steps_per_epoch):
-        idx = order[i * p.batch_size:(i + 1) * p.batch_size]
-        params, opt_state = update(params, opt_state, x_train[idx],
-                                   {k: y_train[k][idx] for k in labels})
-        bar.update(1)
-  else:
-    train_ds = pipeline.probe_dataset(train_src, labels, image_size=d.image_size,
-                                      eval_crop_fraction=d.eval_crop_fraction,
-                                      batch_size=p.batch_size, train_views=True,
-                                      seed=config.seed, epochs=p.epochs)
-    for batch in train_ds:
-      x = features(variables, batch["image"])
-      params, opt_state = update(params, opt_state, x, {k: batch[k] for k in labels})
-      bar.update(1)
-  bar.close()
+                     f"({len(ctx.train_src)} images)")
+  params, opt_state, update = _linear_trainer(
+      num_classes, x_test.shape[1], _lr_schedule(p, steps_per_epoch), 0.9, p.weight_decay)
+  train_ds = pipeline.probe_dataset(ctx.train_src, labels, image_size=d.image_size,
+                                    eval_crop_fraction=d.eval_crop_fraction,
+                                    batch_size=p.batch_size, train_views=True,
+                                    seed=ctx.config.seed, epochs=p.epochs)
+  for batch in tqdm.tqdm(train_ds, total=p.epochs * steps_per_epoch, desc="probe (paper)",
+                         leave=False, disable=jax.process_index() != 0):
+    x = ctx.features(variables, batch["image"])
+    params, opt_state = update(params, opt_state, x, {k: batch[k] for k in labels})
+  return _accuracy({k: x_test @ np.asarray(q["w"]) + np.asarray(q["b"])
+                    for k, q in params.items()}, y_test)
+
+
+def baseline_key(config: ml_collections.ConfigDict, protocol: str) -> str:
+  """Hash of everything the random-init probe depends on: the model, the seed, the
+  data and the probe settings (not the method, its add-ons or the optimizer)."""
+  data = {k: v for k, v in config.data.to_dict().items() if k not in ("workers", "cache_dir")}
+  fields = {"version": BASELINE_CACHE_VERSION, "protocol": protocol, "seed": config.seed,
+            "model": config.model.to_dict(), "data": data,
+            "probe": {k: v for k, v in config.probe.to_dict().items() if k != "after_pretrain"}}
+  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _baseline_dir() -> epath.Path:
+  root = os.environ.get("CL_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "cl_jax")
+  return epath.Path(root) / "random_init"
+
+
+def random_init_accuracy(ctx: _Probe, protocol: str) -> dict:
+  """The probe's accuracy on the run's network at initialisation (step 0, same seed).
+
+  Cached in $CL_JAX_CACHE/random_init/<baseline_key>.json (default
+  ~/.cache/cl_jax), so it is computed once per configuration.
+  """
+  path = _baseline_dir() / f"{baseline_key(ctx.config, protocol)}.json"
+  if path.exists():
+    return json.loads(path.read_text())["accuracy"]
+  state = ctx.make_state()
+  accuracy = probe_variables(ctx, {"params": state.params, "batch_stats": state.batch_stats},
+                             protocol)
+  if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{path.name}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"protocol": protocol, "accuracy": accuracy}, indent=2))
+    tmp.replace(path)
+  return accuracy
+
+
+def run(workdir: str, step: int | None = None, protocol: str | None = None,
+        baseline: bool = True) -> dict:
+  """Probe the checkpoint of `step` (default: latest) of the run in `workdir`, and
+  (with `baseline`) the same network at random initialisation."""
+  config = train.read_config(workdir)
+  protocol = protocol or config.probe.protocol
+  if protocol not in config_check.PROBE_PROTOCOLS:
+    raise ValueError(f"probe protocol must be one of {config_check.PROBE_PROTOCOLS}, "
+                     f"got {protocol!r}")
+  ctx = _setup(config)
+  manager = checkpoint.make_manager(workdir, read_only=True)
+  restored = checkpoint.restore(manager, jax.eval_shape(ctx.make_state), step)
+  if restored is None:
+    raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
+  state = restored[0]
+  accuracy = probe_variables(ctx, {"params": state.params, "batch_stats": state.batch_stats},
+                             protocol)
   where = workdir if "://" in workdir else os.path.abspath(workdir)
   report = {"workdir": where, "step": int(state.step), "protocol": protocol,
-            "dataset": config.data.name, "feature_dim": int(dim),
-            "num_train": len(train_src), "num_test": len(test_src),
-            "accuracy": _evaluate(params, x_test, y_test)}
+            "dataset": config.data.name,
+            "feature_dim": resnet_feature_dim(config.model.depth, config.model.width_multiplier),
+            "num_train": len(ctx.train_src),
+            "num_test": len(ctx.test_src), "accuracy": accuracy}
+  if baseline:
+    report["random_init"] = random_init_accuracy(ctx, protocol)
   if jax.process_index() == 0:
     path = epath.Path(workdir) / f"probe_step{report['step']}_{protocol}.json"
     tmp = path.with_suffix(".json.tmp")
@@ -162,13 +285,22 @@ def run(workdir: str, step: int | None = None, protocol: str | None = None) -> d
 
 
 def print_report(report: dict) -> None:
-  """Accuracy table of a probe report on stdout."""
+  """Accuracy table of a probe report on stdout, with the random-init baseline if present."""
   if jax.process_index() != 0:
     return
+  base = report.get("random_init")
   print(f"\nlinear probe ({report['protocol']}) of {report['workdir']} at step {report['step']} "
         f"on {report['dataset']} test ({report['num_test']} images):")
-  print(f"  {'label':<10} {'top-1':>7} {'top-5':>7}")
+  if base is None:
+    print(f"  {'label':<10} {'top-1':>7} {'top-5':>7}")
+  else:
+    print(f"  {'label':<10} {'top-1':>7} {'random init':>11} {'gain':>6} {'top-5':>7}")
   for k, acc in report["accuracy"].items():
-    print(f"  {k:<10} {100 * acc['top1']:6.2f}% {100 * acc['top5']:6.2f}%")
+    top1, top5 = 100 * acc["top1"], 100 * acc["top5"]
+    if base is None:
+      print(f"  {k:<10} {top1:6.2f}% {top5:6.2f}%")
+    else:
+      init = 100 * base[k]["top1"]
+      print(f"  {k:<10} {top1:6.2f}% {init:10.2f}% {top1 - init:+6.1f} {top5:6.2f}%")
   if "path" in report:
     print(f"report written to {report['path']}")

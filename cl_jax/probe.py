@@ -1,6 +1,10 @@
 """The linear-probe job: a separate process reading a pretraining workdir.
 
-python -m cl_jax.probe --workdir=runs/mocov2_patchns [--step=N] [--protocol=fast|paper]
+python -m cl_jax.probe --workdir=runs/mocov2_patchns [--step=N] [--protocol=fast|logreg|paper]
+    [--baseline=false]
+
+With --baseline (the default) the report also gives the same probe on the
+network at its random initialisation, computed once per configuration and cached.
 """
 import sys
 
@@ -12,6 +16,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoin
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 _PROTOCOL = flags.DEFINE_enum("protocol", None, list(config_check.PROBE_PROTOCOLS),
                               "Probe protocol (default: the run config's probe.protocol).")
+_BASELINE = flags.DEFINE_bool("baseline", True, "Also probe the randomly initialised network "
+                              "(cached per configuration).")
 
 
 def main(argv):
@@ -21,7 +27,8 @@ def main(argv):
   if not _WORKDIR.value:
     sys.exit("error: --workdir is required")
   try:
-    linear_probe.print_report(linear_probe.run(_WORKDIR.value, _STEP.value, _PROTOCOL.value))
+    linear_probe.print_report(linear_probe.run(_WORKDIR.value, _STEP.value, _PROTOCOL.value,
+                                                  _BASELINE.value))
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
 

@@ -57,14 +57,19 @@ def test_pretrain_then_probe_report(tmp_path):
   assert set(report["accuracy"]) == {"shape", "texture", "colour"}
   for acc in report["accuracy"].values():
     assert 0.0 <= acc["top1"] <= acc["top5"] <= 1.0
-  assert "colour" in proc.stdout and "top-1" in proc.stdout
+  # The random-init baseline: the same probe on the step-0 network, cached per config.
+  assert set(report["random_init"]) == {"shape", "texture", "colour"}
+  for acc in report["random_init"].values():
+    assert 0.0 <= acc["top1"] <= acc["top5"] <= 1.0
+  assert len(glob.glob(os.path.join(os.environ["CL_JAX_CACHE"], "random_init", "*.json"))) >= 1
+  assert "colour" in proc.stdout and "random init" in proc.stdout
 
   paper = subprocess.run([sys.executable, "-m", "cl_jax.probe", f"--workdir={workdir}",
-                          "--step=12", "--protocol=paper"], cwd=ROOT, capture_output=True,
+                          "--step=12", "--protocol=paper", "--baseline=false"], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
   assert paper.returncode == 0, paper.stderr[-3000:]
   report = json.loads((workdir / "probe_step12_paper.json").read_text())
-  assert report["step"] == 12 and report["protocol"] == "paper"
+  assert report["step"] == 12 and report["protocol"] == "paper" and "random_init" not in report
   assert set(report["accuracy"]) == {"shape", "texture", "colour"}
 
 
