@@ -16,7 +16,9 @@ def get_config(arg: str | None = None):
   c.model.update(head_bn=True, bn_mode="sync", bn_groups=1, predictor_hidden_dim=128)
   c.byol.base_momentum = 0.99
   c.nonsemantic.alpha = 0.05         # Eq. 2's penalty when nonsemantic.enabled
-  if c.preset == "imagenet100":
+  if c.preset == "trifeature":
+    c.optim.epochs = 8    # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
+  elif c.preset == "imagenet100":
     c.model.update(head_hidden_dim=4096, head_out_dim=256, predictor_hidden_dim=4096)
     c.byol.base_momentum = 0.996
     c.optim.update(optimizer="lars", lr_recipe="custom", lr=4.8, batch_size=1024,
