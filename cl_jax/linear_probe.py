@@ -15,8 +15,11 @@ split. Protocols:
           30/40/50.
 Beside every trained number the report gives the same probe on the same
 architecture at its random initialisation (step 0 of the run's seed), computed
-once per configuration and cached (`random_init_accuracy`).
-The report is written next to the checkpoints: <workdir>/probe_step<N>_<protocol>.json.
+once per configuration and cached (`random_init_accuracy`). With `validation`
+the fast and logreg probes fit four fifths of the training split and report the
+held-out fifth, for tuning a recipe without looking at the test split.
+The report is written next to the checkpoints:
+<workdir>/probe_step<N>_<protocol>[_val].json.
 """
 import hashlib
 import json
@@ -178,8 +181,20 @@ def _setup(config: ml_collections.ConfigDict) -> _Probe:
                 _features_fn(encoder, spec.mean, spec.std))
 
 
-def probe_variables(ctx: _Probe, variables: dict, protocol: str) -> dict:
-  """Accuracy (label -> {top1, top5}) of the `protocol` probe on the encoder `variables`."""
+def validation_split(x: np.ndarray, y: dict) -> tuple:
+  """(x_fit, y_fit, x_val, y_val): the last 4/5 of the probe's training rows to fit, the
+  first 1/5 held out, so that recipes can be tuned without looking at the test split."""
+  n = len(x) // 5
+  if n == 0:
+    raise ValueError(f"a validation split needs at least 5 probe training images, got {len(x)}")
+  return x[n:], {k: v[n:] for k, v in y.items()}, x[:n], {k: v[:n] for k, v in y.items()}
+
+
+def probe_variables(ctx: _Probe, variables: dict, protocol: str,
+                    validation: bool = False) -> dict:
+  """Accuracy (label -> {top1, top5}) of the `protocol` probe on the encoder `variables`,
+  on the test split, or with `validation` on the held-out fifth of the training split
+  (validation_split; fast and logreg protocols)."""
   labels = tuple(ctx.train_src.num_classes)
   num_classes = dict(ctx.train_src.num_classes)
   d, p = ctx.config.data, ctx.config.probe
@@ -189,11 +204,18 @@ def probe_variables(ctx: _Probe, variables: dict, protocol: str) -> dict:
                                   eval_crop_fraction=d.eval_crop_fraction,
                                   batch_size=p.batch_size, train_views=False)
 
-  x_test, y_test = extract(ctx.features, variables, eval_ds(ctx.test_src), labels,
-                           "test features")
+  if validation:
+    if protocol == "paper":
+      raise ValueError("the validation split is for the fast and logreg protocols")
+    x_train, y_train, x_test, y_test = validation_split(*extract(
+        ctx.features, variables, eval_ds(ctx.train_src), labels, "train features"))
+  else:
+    x_test, y_test = extract(ctx.features, variables, eval_ds(ctx.test_src), labels,
+                             "test features")
   if protocol in ("fast", "logreg"):
-    x_train, y_train = extract(ctx.features, variables, eval_ds(ctx.train_src), labels,
-                               "train features")
+    if not validation:
+      x_train, y_train = extract(ctx.features, variables, eval_ds(ctx.train_src), labels,
+                                 "train features")
     if protocol == "fast":
       return fast_probe(x_train, y_train, x_test, y_test, num_classes, p, ctx.config.seed)
     return logreg_probe(x_train, y_train, x_test, y_test, num_classes)
@@ -215,11 +237,13 @@ def probe_variables(ctx: _Probe, variables: dict, protocol: str) -> dict:
                     for k, q in params.items()}, y_test)
 
 
-def baseline_key(config: ml_collections.ConfigDict, protocol: str) -> str:
+def baseline_key(config: ml_collections.ConfigDict, protocol: str,
+                 validation: bool = False) -> str:
   """Hash of everything the random-init probe depends on: the model, the seed, the
   data and the probe settings (not the method, its add-ons or the optimizer)."""
   data = {k: v for k, v in config.data.to_dict().items() if k not in ("workers", "cache_dir")}
   fields = {"version": BASELINE_CACHE_VERSION, "protocol": protocol, "seed": config.seed,
+            "validation": validation,
             "model": config.model.to_dict(), "data": data,
             "probe": {k: v for k, v in config.probe.to_dict().items() if k != "after_pretrain"}}
   return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
@@ -230,18 +254,18 @@ def _baseline_dir() -> epath.Path:
   return epath.Path(root) / "random_init"
 
 
-def random_init_accuracy(ctx: _Probe, protocol: str) -> dict:
+def random_init_accuracy(ctx: _Probe, protocol: str, validation: bool = False) -> dict:
   """The probe's accuracy on the run's network at initialisation (step 0, same seed).
 
   Cached in $CL_JAX_CACHE/random_init/<baseline_key>.json (default
   ~/.cache/cl_jax), so it is computed once per configuration.
   """
-  path = _baseline_dir() / f"{baseline_key(ctx.config, protocol)}.json"
+  path = _baseline_dir() / f"{baseline_key(ctx.config, protocol, validation)}.json"
   if path.exists():
     return json.loads(path.read_text())["accuracy"]
   state = ctx.make_state()
   accuracy = probe_variables(ctx, {"params": state.params, "batch_stats": state.batch_stats},
-                             protocol)
+                             protocol, validation)
   if jax.process_index() == 0:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{path.name}.{os.getpid()}.tmp"
@@ -251,9 +275,10 @@ def random_init_accuracy(ctx: _Probe, protocol: str) -> dict:
 
 
 def run(workdir: str, step: int | None = None, protocol: str | None = None,
-        baseline: bool = True) -> dict:
+        baseline: bool = True, validation: bool = False) -> dict:
   """Probe the checkpoint of `step` (default: latest) of the run in `workdir`, and
-  (with `baseline`) the same network at random initialisation."""
+  (with `baseline`) the same network at random initialisation; with `validation`
+  on the held-out fifth of the training split instead of the test split."""
   config = train.read_config(workdir)
   protocol = protocol or config.probe.protocol
   if protocol not in config_check.PROBE_PROTOCOLS:
@@ -266,22 +291,31 @@ def run(workdir: str, step: int | None = None, protocol: str | None = None,
     raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
   state = restored[0]
   accuracy = probe_variables(ctx, {"params": state.params, "batch_stats": state.batch_stats},
-                             protocol)
+                             protocol, validation)
   where = workdir if "://" in workdir else os.path.abspath(workdir)
   report = {"workdir": where, "step": int(state.step), "protocol": protocol,
             "dataset": config.data.name,
             "feature_dim": resnet_feature_dim(config.model.depth, config.model.width_multiplier),
             "num_train": len(ctx.train_src),
-            "num_test": len(ctx.test_src), "accuracy": accuracy}
+            "num_test": len(ctx.test_src), "split": "validation" if validation else "test",
+            "accuracy": accuracy}
   if baseline:
-    report["random_init"] = random_init_accuracy(ctx, protocol)
+    report["random_init"] = random_init_accuracy(ctx, protocol, validation)
   if jax.process_index() == 0:
-    path = epath.Path(workdir) / f"probe_step{report['step']}_{protocol}.json"
+    suffix = "_val" if validation else ""
+    path = epath.Path(workdir) / f"probe_step{report['step']}_{protocol}{suffix}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2))
     tmp.replace(path)
     report["path"] = str(path)
   return report
+
+
+def _split_text(report: dict) -> str:
+  if report.get("split") == "validation":
+    return (f"validation (the held-out fifth of the {report['num_train']} training images; "
+            "the probe fits the rest)")
+  return f"test ({report['num_test']} images)"
 
 
 def print_report(report: dict) -> None:
@@ -290,7 +324,7 @@ def print_report(report: dict) -> None:
     return
   base = report.get("random_init")
   print(f"\nlinear probe ({report['protocol']}) of {report['workdir']} at step {report['step']} "
-        f"on {report['dataset']} test ({report['num_test']} images):")
+        f"on {report['dataset']} {_split_text(report)}:")
   if base is None:
     print(f"  {'label':<10} {'top-1':>7} {'top-5':>7}")
   else:

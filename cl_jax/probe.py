@@ -1,10 +1,12 @@
 """The linear-probe job: a separate process reading a pretraining workdir.
 
 python -m cl_jax.probe --workdir=runs/mocov2_patchns [--step=N] [--protocol=fast|logreg|paper]
-    [--baseline=false]
+    [--baseline=false] [--validation]
 
 With --baseline (the default) the report also gives the same probe on the
 network at its random initialisation, computed once per configuration and cached.
+With --validation the fast and logreg probes fit four fifths of the training
+split and report the held-out fifth (for tuning; the test split stays unseen).
 """
 import sys
 
@@ -18,6 +20,8 @@ _PROTOCOL = flags.DEFINE_enum("protocol", None, list(config_check.PROBE_PROTOCOL
                               "Probe protocol (default: the run config's probe.protocol).")
 _BASELINE = flags.DEFINE_bool("baseline", True, "Also probe the randomly initialised network "
                               "(cached per configuration).")
+_VALIDATION = flags.DEFINE_bool("validation", False, "Report the held-out fifth of the "
+                                "training split instead of the test split (fast, logreg).")
 
 
 def main(argv):
@@ -28,7 +32,7 @@ def main(argv):
     sys.exit("error: --workdir is required")
   try:
     linear_probe.print_report(linear_probe.run(_WORKDIR.value, _STEP.value, _PROTOCOL.value,
-                                                  _BASELINE.value))
+                                                  _BASELINE.value, _VALIDATION.value))
   except (FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
 

@@ -114,8 +114,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.score_queries = 64        # score statistics over the first n queries (0 or > batch: all)
 
   c.health = ml_collections.ConfigDict()   # collapse warnings while training (cl_jax/health.py)
-  c.health.min_std_sqrt_d = 0.3   # warn below this embedding std x sqrt(d) (healthy ~1, collapsed 0)
-  c.health.min_rank = 2.0         # warn below this effective rank of a batch of embeddings
+  # Warn below these (README, "Health signals"): embedding std x sqrt(d) is about 1 when
+  # the embeddings spread over the sphere, 0 when collapsed; a random network starts near
+  # 0.3 and healthy MoCo runs dip to 0.24 early on, collapsed ones stay at 0.07-0.2.
+  c.health.min_std_sqrt_d = 0.2
+  c.health.min_rank = 4.0         # effective rank of a batch of embeddings (1: a single point)
 
   c.probe = ml_collections.ConfigDict()
   c.probe.after_pretrain = True

@@ -87,7 +87,7 @@ def test_random_init_baseline_is_computed_once_per_config(tmp_path, monkeypatch)
   monkeypatch.setenv("CL_JAX_CACHE", str(tmp_path))
   calls = []
 
-  def fake_probe(ctx, variables, protocol):
+  def fake_probe(ctx, variables, protocol, validation=False):
     calls.append((ctx.config.seed, protocol))
     return {"colour": {"top1": 0.1 * len(calls), "top5": 0.5}}
 
@@ -105,3 +105,16 @@ def test_random_init_baseline_is_computed_once_per_config(tmp_path, monkeypatch)
   assert len(files) == 1 and json.loads(files[0].read_text())["accuracy"] == first
   other = linear_probe.random_init_accuracy(ctx(1), "fast")
   assert calls == [(0, "fast"), (1, "fast")] and other != first
+
+
+def test_validation_split_holds_out_the_first_fifth():
+  x = np.arange(20, dtype=np.float32).reshape(10, 2)
+  y = {"a": np.arange(10)}
+  x_fit, y_fit, x_val, y_val = linear_probe.validation_split(x, y)
+  np.testing.assert_array_equal(y_val["a"], [0, 1])
+  np.testing.assert_array_equal(y_fit["a"], np.arange(2, 10))
+  np.testing.assert_array_equal(np.concatenate([x_val, x_fit]), x)
+  with pytest.raises(ValueError, match="at least 5"):
+    linear_probe.validation_split(x[:4], {"a": y["a"][:4]})
+  c = mocov2.get_config()
+  assert linear_probe.baseline_key(c, "fast", True) != linear_probe.baseline_key(c, "fast")
