@@ -14,7 +14,8 @@ whose report exists is read, not retrained. Results, rewritten after every run:
                                texture top-1 (random init -> trained), the final
                                loss, the final embedding std x sqrt(d)
                                (cl_jax.health; about 1 healthy, 0 collapsed),
-                               whether a collapse was flagged, and the wall time;
+                               whether any logged step shows a collapse under the
+                               default health thresholds, and the wall time;
   <workdir>/recipe_check.json  the same numbers.
 """
 import json
@@ -26,7 +27,8 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from cl_jax import metrics
+from cl_jax import health, metrics
+from configs import default
 
 QUICK_CONFIGS = ("mocov1", "mocov2", "mocov2_patchns", "mocov2_patchns_ft_ifm", "simclr", "byol",
                  "simsiam")
@@ -50,12 +52,14 @@ def summarise_run(run_dir: str, wall_s: float | None) -> dict | None:
     raise ValueError(f"{run_dir}/{reports[-1]} has no random-init baseline; delete it and "
                      "probe again with python -m cl_jax.probe --workdir=" + run_dir)
   records = metrics.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+  h = default.base_config().health
   last = records[-1]
   return {"step": report["step"],
           "trained": {k: 100 * report["accuracy"][k]["top1"] for k in LABELS},
           "random_init": {k: 100 * report["random_init"][k]["top1"] for k in LABELS},
           "loss": last["loss"], "std_sqrt_d": last.get("health/std_sqrt_d"),
-          "collapse_flagged": any(r.get("health/collapsed", 0.0) > 0 for r in records),
+          "collapse_flagged": any(health.collapse_warning(r, h.min_std_sqrt_d, h.min_rank)
+                                  is not None for r in records),
           "wall_s": wall_s}
 
 

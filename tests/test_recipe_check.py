@@ -17,8 +17,8 @@ def _write_run(run_dir, step, trained, init, records):
 def test_row_reads_the_last_report_and_the_final_metrics(tmp_path):
   run = tmp_path / "mocov2" / "seed0"
   _write_run(run, 312, (0.9, 0.33, 0.28), (0.75, 0.17, 0.23),
-             [{"step": 10, "loss": 7.0, "health/std_sqrt_d": 0.2, "health/collapsed": 1.0},
-              {"step": 312, "loss": 6.5, "health/std_sqrt_d": 0.6, "health/collapsed": 0.0}])
+             [{"step": 10, "loss": 7.0, "health/std_sqrt_d": 0.1, "health/rank": 9.0},
+              {"step": 312, "loss": 6.5, "health/std_sqrt_d": 0.6, "health/rank": 9.0}])
   # An earlier report (step 12 sorts after 312 as a string) must not be taken as the last.
   (run / "probe_step12_fast.json").write_text(json.dumps({"step": 12}))
   row = recipe_check.summarise_run(str(run), 150.0)
@@ -30,6 +30,10 @@ def test_row_reads_the_last_report_and_the_final_metrics(tmp_path):
   assert "| mocov2 | 0 | 75.0 -> 90.0 (+15.0) | 17.0 -> 33.0 (+16.0) | 23.0 -> 28.0 (+5.0) |" \
       in table
   assert "| 6.500 | 0.60 | yes | 150 |" in table
+  # The same run without the collapsed step is not flagged.
+  records = (run / "metrics.jsonl").read_text().splitlines()[1:]
+  (run / "metrics.jsonl").write_text("\n".join(records) + "\n")
+  assert not recipe_check.summarise_run(str(run), 150.0)["collapse_flagged"]
 
 
 def test_unfinished_run_has_no_row_and_a_report_without_baseline_is_refused(tmp_path):
