@@ -78,8 +78,9 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
   batch: view1, view2 (B, S, S, 3) uint8 host-cropped views (other entries of
   the host batch are ignored). metrics: loss, lr, the method's statistics (score
   statistics of the contrastive methods, cl_jax.methods.moco.moco_loss and
-  cl_jax.methods.simclr.simclr_loss; pos_mean and BYOL's tau for the others) and
-  the per-layer gradient norms of layer_grad_norms, float32 scalars.
+  cl_jax.methods.simclr.simclr_loss; pos_mean and BYOL's tau for the others), the
+  embeddings' health signals (cl_jax.health.embedding_health, health/*) and the
+  per-layer gradient norms of layer_grad_norms, float32 scalars.
   """
   spec = photometric_spec(config.aug)
   objective = make_objective(config, encoder, mesh, steps_per_epoch)
