@@ -14,8 +14,9 @@ whose report exists is read, not retrained. Results, rewritten after every run:
                                texture top-1 (random init -> trained), the final
                                loss, the final embedding std x sqrt(d)
                                (cl_jax.health; about 1 healthy, 0 collapsed),
-                               whether any logged step shows a collapse under the
-                               default health thresholds, and the wall time;
+                               the logged steps that show a collapse under the
+                               default health thresholds ("end" when the run ends
+                               collapsed), and the wall time;
   <workdir>/recipe_check.json  the same numbers.
 """
 import json
@@ -58,15 +59,23 @@ def summarise_run(run_dir: str, wall_s: float | None) -> dict | None:
           "trained": {k: 100 * report["accuracy"][k]["top1"] for k in LABELS},
           "random_init": {k: 100 * report["random_init"][k]["top1"] for k in LABELS},
           "loss": last["loss"], "std_sqrt_d": last.get("health/std_sqrt_d"),
-          "collapse_flagged": any(health.collapse_warning(r, h.min_std_sqrt_d, h.min_rank)
-                                  is not None for r in records),
+          "flagged_steps": [r["step"] for r in records
+                            if health.collapse_warning(r, h.min_std_sqrt_d, h.min_rank)],
           "wall_s": wall_s}
+
+
+def _steps_text(steps: Sequence[int], last: int) -> str:
+  """"-" for none, else the first and last flagged logging step ("end" if it is the last)."""
+  if not steps:
+    return "-"
+  end = "end" if steps[-1] == last else str(steps[-1])
+  return f"steps {steps[0]}-{end} ({len(steps)} log{'s' if len(steps) > 1 else ''})"
 
 
 def markdown_table(rows: Sequence[tuple[str, int, dict]]) -> str:
   """Rows (config, seed, summarise_run's dict) as a markdown table."""
   head = ("| config | seed | colour | shape | texture | final loss | std x sqrt(d) | collapse "
-          "flagged | wall s |\n|---|---:|---:|---:|---:|---:|---:|---|---:|")
+          "flagged at | wall s |\n|---|---:|---:|---:|---:|---:|---:|---|---:|")
   lines = [head]
   for name, seed, r in rows:
     cells = [f"{r['random_init'][k]:.1f} -> {r['trained'][k]:.1f} "
@@ -74,7 +83,7 @@ def markdown_table(rows: Sequence[tuple[str, int, dict]]) -> str:
     std = "-" if r["std_sqrt_d"] is None else f"{r['std_sqrt_d']:.2f}"
     wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
     lines.append(f"| {name} | {seed} | {' | '.join(cells)} | {r['loss']:.3f} | {std} | "
-                 f"{'yes' if r['collapse_flagged'] else 'no'} | {wall} |")
+                 f"{_steps_text(r['flagged_steps'], r['step'])} | {wall} |")
   return "\n".join(lines) + "\n"
 
 

@@ -25,15 +25,19 @@ def test_row_reads_the_last_report_and_the_final_metrics(tmp_path):
   assert row["step"] == 312
   assert row["trained"] == pytest.approx({"colour": 90.0, "shape": 33.0, "texture": 28.0})
   assert row["random_init"] == pytest.approx({"colour": 75.0, "shape": 17.0, "texture": 23.0})
-  assert row["loss"] == 6.5 and row["std_sqrt_d"] == 0.6 and row["collapse_flagged"]
+  assert row["loss"] == 6.5 and row["std_sqrt_d"] == 0.6 and row["flagged_steps"] == [10]
   table = recipe_check.markdown_table([("mocov2", 0, row)])
   assert "| mocov2 | 0 | 75.0 -> 90.0 (+15.0) | 17.0 -> 33.0 (+16.0) | 23.0 -> 28.0 (+5.0) |" \
       in table
-  assert "| 6.500 | 0.60 | yes | 150 |" in table
-  # The same run without the collapsed step is not flagged.
-  records = (run / "metrics.jsonl").read_text().splitlines()[1:]
-  (run / "metrics.jsonl").write_text("\n".join(records) + "\n")
-  assert not recipe_check.summarise_run(str(run), 150.0)["collapse_flagged"]
+  assert "| 6.500 | 0.60 | steps 10-10 (1 log) | 150 |" in table
+  # The same run without the collapsed step is not flagged; one ending collapsed says so.
+  records = (run / "metrics.jsonl").read_text().splitlines()
+  (run / "metrics.jsonl").write_text(records[1] + "\n")
+  assert recipe_check.summarise_run(str(run), 150.0)["flagged_steps"] == []
+  (run / "metrics.jsonl").write_text("\n".join([records[0], records[0].replace('"step": 10',
+                                                                              '"step": 312')]))
+  row = recipe_check.summarise_run(str(run), None)
+  assert "| steps 10-end (2 logs) | - |" in recipe_check.markdown_table([("mocov2", 0, row)])
 
 
 def test_unfinished_run_has_no_row_and_a_report_without_baseline_is_refused(tmp_path):
