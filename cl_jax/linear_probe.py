@@ -110,6 +110,18 @@ def _accuracy(logits: dict[str, np.ndarray], y: dict) -> dict:
           for k, v in logits.items()}
 
 
+def _steps_per_epoch(num_images: int, batch_size: int) -> int:
+  if num_images < batch_size:
+    raise ValueError(f"probe.batch_size = {batch_size} exceeds the probe training set "
+                     f"({num_images} images)")
+  return num_images // batch_size
+
+
+def _linear_accuracy(params: dict, x: np.ndarray, y: dict) -> dict:
+  """Accuracy of the linear classifiers `params` (label -> {w, b}) on features x (N, D)."""
+  return _accuracy({k: x @ np.asarray(q["w"]) + np.asarray(q["b"]) for k, q in params.items()}, y)
+
+
 def fast_probe(x_train: np.ndarray, y_train: dict, x_test: np.ndarray, y_test: dict,
                num_classes: dict[str, int], probe: ml_collections.ConfigDict,
                seed: int) -> dict:
@@ -124,10 +136,7 @@ def fast_probe(x_train: np.ndarray, y_train: dict, x_test: np.ndarray, y_test: d
     label name -> {"top1", "top5"} test accuracy (fractions).
   """
   x_train, x_test = standardise(x_train, x_test)
-  steps_per_epoch = len(x_train) // probe.batch_size
-  if steps_per_epoch == 0:
-    raise ValueError(f"probe.batch_size = {probe.batch_size} exceeds the probe training set "
-                     f"({len(x_train)} images)")
+  steps_per_epoch = _steps_per_epoch(len(x_train), probe.batch_size)
   params, opt_state, update = _linear_trainer(
       num_classes, x_train.shape[1], _lr_schedule(probe, steps_per_epoch), 0.9,
       probe.weight_decay)
@@ -139,8 +148,7 @@ def fast_probe(x_train: np.ndarray, y_train: dict, x_test: np.ndarray, y_test: d
       idx = order[i * probe.batch_size:(i + 1) * probe.batch_size]
       params, opt_state = update(params, opt_state, x_train[idx],
                                  {k: y_train[k][idx] for k in num_classes})
-  return _accuracy({k: x_test @ np.asarray(p["w"]) + np.asarray(p["b"])
-                    for k, p in params.items()}, y_test)
+  return _linear_accuracy(params, x_test, y_test)
 
 
 def logreg_probe(x_train: np.ndarray, y_train: dict, x_test: np.ndarray, y_test: dict,
@@ -219,10 +227,7 @@ def probe_variables(ctx: _Probe, variables: dict, protocol: str,
     if protocol == "fast":
       return fast_probe(x_train, y_train, x_test, y_test, num_classes, p, ctx.config.seed)
     return logreg_probe(x_train, y_train, x_test, y_test, num_classes)
-  steps_per_epoch = len(ctx.train_src) // p.batch_size
-  if steps_per_epoch == 0:
-    raise ValueError(f"probe.batch_size = {p.batch_size} exceeds the probe training set "
-                     f"({len(ctx.train_src)} images)")
+  steps_per_epoch = _steps_per_epoch(len(ctx.train_src), p.batch_size)
   params, opt_state, update = _linear_trainer(
       num_classes, x_test.shape[1], _lr_schedule(p, steps_per_epoch), 0.9, p.weight_decay)
   train_ds = pipeline.probe_dataset(ctx.train_src, labels, image_size=d.image_size,
@@ -233,8 +238,7 @@ def probe_variables(ctx: _Probe, variables: dict, protocol: str,
                          leave=False, disable=jax.process_index() != 0):
     x = ctx.features(variables, batch["image"])
     params, opt_state = update(params, opt_state, x, {k: batch[k] for k in labels})
-  return _accuracy({k: x_test @ np.asarray(q["w"]) + np.asarray(q["b"])
-                    for k, q in params.items()}, y_test)
+  return _linear_accuracy(params, x_test, y_test)
 
 
 def baseline_key(config: ml_collections.ConfigDict, protocol: str,
