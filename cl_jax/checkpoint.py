@@ -1,29 +1,75 @@
-"""orbax checkpoints: the train state, the input iterator's position and the queue layout.
+"""orbax checkpoints: the train state, the input iterator's position and run metadata.
 
 Saves are asynchronous and atomic (orbax writes to a temporary directory and
 renames it when complete), so a run killed mid-save leaves the previous
 checkpoint as the latest one. Every process takes part: each writes the array
 shards it owns and its own iterator position (grain's checkpoint handler, one
 file per process); `meta` (written once) records the queue layout, so a run can
-resume on a different number of devices.
+resume on a different number of devices, and the parameter norms the divergence
+check compares.
+
+A checkpoint that cannot be read (a truncated array file, a missing metadata or
+input-position file, an empty step folder) is skipped on resume: `restore_intact`
+falls back to the newest one that restores, and `set_aside` moves the damaged
+ones out of the way (never deleting them).
 """
+import contextlib
+import dataclasses
 import os
+import sys
 
 import grain
-from etils import epath
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+
+from cl_jax.errors import UsageError
+
+DAMAGED_DIR = "checkpoints_damaged"
+
+
+def _directory(workdir: str) -> epath.Path:
+  root = str(workdir)
+  return epath.Path(root if "://" in root else os.path.abspath(root)) / "checkpoints"
+
+
+@contextlib.contextmanager
+def _quiet():
+  """absl logging at ERROR level inside (orbax warns about read-only managers and about
+  the checkpoints restore_intact finds unreadable, which it reports itself)."""
+  level = logging.get_verbosity()
+  logging.set_verbosity(min(level, logging.ERROR))   # absl: lower is quieter
+  try:
+    yield
+  finally:
+    logging.set_verbosity(level)
 
 
 def make_manager(workdir: str, keep: int = 2, *, read_only: bool = False) -> ocp.CheckpointManager:
   """Manager of `workdir`/checkpoints keeping the `keep` most recent steps.
 
-  `workdir` may be a local path or a gs:// URL.
+  `workdir` may be a local path or a gs:// URL. A read-only manager changes
+  nothing on disk (a writable one creates the folder and removes the
+  temporary folders of unfinished saves).
   """
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=not read_only,
-                                         create=not read_only, read_only=read_only)
-  root = str(workdir)
-  directory = epath.Path(root if "://" in root else os.path.abspath(root)) / "checkpoints"
-  return ocp.CheckpointManager(directory, options=options, item_names=("state", "data", "meta"))
+  if read_only:
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
+                                           save_interval_steps=0, cleanup_tmp_directories=False)
+  else:
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True)
+  with _quiet():
+    return ocp.CheckpointManager(_directory(workdir), options=options,
+                                 item_names=("state", "data", "meta"))
+
+
+def steps_on_disk(workdir: str) -> list[int]:
+  """Steps of the finished checkpoint folders in `workdir`/checkpoints (read without orbax)."""
+  directory = _directory(workdir)
+  if not directory.exists():
+    return []
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
 def save(manager: ocp.CheckpointManager, state, data_iterator, meta: dict) -> None:
@@ -47,10 +93,81 @@ def restore(manager: ocp.CheckpointManager, template, step: int | None = None,
   if step is None:
     return None
   if step not in manager.all_steps():
-    raise FileNotFoundError(f"no checkpoint at step {step} in {manager.directory}; "
-                            f"available steps: {sorted(manager.all_steps())}")
+    raise UsageError(f"no checkpoint at step {step} in {manager.directory}; "
+                     f"available steps: {sorted(manager.all_steps())}")
   items = {"state": ocp.args.StandardRestore(template), "meta": ocp.args.JsonRestore()}
   if data_iterator is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
   out = manager.restore(step, args=ocp.args.Composite(**items))
   return out["state"], out["meta"]
+
+
+@dataclasses.dataclass
+class Restored:
+  """A checkpoint read back: its state, meta and the input iterator at its position."""
+  state: object
+  meta: dict
+  data_iterator: object
+
+
+def _all_processes(ok: bool) -> bool:
+  """Whether `ok` holds on every process (so that all of them pick the same checkpoint)."""
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils
+  return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
+def _quiet_aborted_reads(unraisable) -> None:
+  """sys.unraisablehook that drops what the reads of an aborted orbax restore leave
+  behind (one "Event loop is closed" error or unretrieved read error per pending
+  array; restore_intact reports the failure itself), and reports the rest."""
+  code = getattr(unraisable.object, "cr_code", None)
+  from_orbax = code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+  closed = (isinstance(unraisable.exc_value, RuntimeError)
+            and "Event loop is closed" in str(unraisable.exc_value))
+  if not (closed or from_orbax):
+    sys.__unraisablehook__(unraisable)
+
+
+def restore_intact(manager: ocp.CheckpointManager, template,
+                   make_iterator) -> tuple[Restored | None, list[tuple[int, str]]]:
+  """(the newest checkpoint that reads back whole or None, [(step, reason)] of the
+  newer ones that could not be read).
+
+  Args:
+    template: the state's abstract shape with its shardings.
+    make_iterator: () -> a fresh grain iterator at the start of the data; the
+      Restored holds one moved to the checkpoint's position.
+  """
+  damaged = []
+  hook = sys.unraisablehook
+  for step in sorted(manager.all_steps(), reverse=True):
+    iterator = make_iterator()
+    sys.unraisablehook = _quiet_aborted_reads
+    try:
+      with _quiet():
+        state, meta = restore(manager, template, step, data_iterator=iterator)
+      error = None
+    except Exception as e:   # any failure to read means this checkpoint is not usable
+      first = str(e).splitlines()[0] if str(e) else ""
+      error = f"{type(e).__name__}: {first.split('. See full')[0][:200]}"
+    if _all_processes(error is None):
+      if not damaged:   # nothing failed: no aborted reads to silence
+        sys.unraisablehook = hook
+      return Restored(state, meta, iterator), damaged
+    damaged.append((step, error or "unreadable on another process"))
+  return None, damaged
+
+
+def set_aside(workdir: str, step: int) -> str:
+  """Move the checkpoint folder of `step` to `workdir`/checkpoints_damaged/<step>[.n]
+  (kept for inspection, out of the way of the steps the run saves next); its new path."""
+  source = _directory(workdir) / str(step)
+  target_dir = _directory(workdir).parent / DAMAGED_DIR
+  target_dir.mkdir(parents=True, exist_ok=True)
+  target, n = target_dir / str(step), 1
+  while target.exists():
+    target, n = target_dir / f"{step}.{n}", n + 1
+  source.rename(target)
+  return str(target)

@@ -6,6 +6,8 @@ import math
 
 import ml_collections
 
+from cl_jax.errors import UsageError
+
 METHODS = ("moco", "simclr", "byol", "simsiam")
 BN_MODES = ("sync", "local", "shuffle")
 NS_KINDS = ("patch",)
@@ -22,7 +24,7 @@ LR_RECIPES = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
   """A config field holds a value outside its allowed range."""
 
 
@@ -248,6 +250,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   _int(c, "train.checkpoint_every", 1)
   _int(c, "train.keep_checkpoints", 1)
   _int(c, "train.score_queries", 0)
+  _float(c, "train.max_param_growth", 1.0, None, lo_open=True)
 
   _float(c, "health.min_std_sqrt_d", 0.0, 1.0)
   _float(c, "health.min_rank", 0.0, None)     # 0: no rank warning

@@ -34,8 +34,9 @@ import optax
 import tqdm
 from etils import epath
 
-from cl_jax import checkpoint, config_check, parallel, train
+from cl_jax import checkpoint, config_check, parallel, run_config, train
 from cl_jax.data import photometric, pipeline, sources
+from cl_jax.errors import UsageError
 from cl_jax.models.resnet import resnet_feature_dim
 
 # Bumped whenever the probe's procedure changes, so stale baselines are never read.
@@ -112,7 +113,7 @@ def _accuracy(logits: dict[str, np.ndarray], y: dict) -> dict:
 
 def _steps_per_epoch(num_images: int, batch_size: int) -> int:
   if num_images < batch_size:
-    raise ValueError(f"probe.batch_size = {batch_size} exceeds the probe training set "
+    raise UsageError(f"probe.batch_size = {batch_size} exceeds the probe training set "
                      f"({num_images} images)")
   return num_images // batch_size
 
@@ -194,7 +195,7 @@ def validation_split(x: np.ndarray, y: dict) -> tuple:
   first 1/5 held out, so that recipes can be tuned without looking at the test split."""
   n = len(x) // 5
   if n == 0:
-    raise ValueError(f"a validation split needs at least 5 probe training images, got {len(x)}")
+    raise UsageError(f"a validation split needs at least 5 probe training images, got {len(x)}")
   return x[n:], {k: v[n:] for k, v in y.items()}, x[:n], {k: v[:n] for k, v in y.items()}
 
 
@@ -214,7 +215,7 @@ def probe_variables(ctx: _Probe, variables: dict, protocol: str,
 
   if validation:
     if protocol == "paper":
-      raise ValueError("the validation split is for the fast and logreg protocols")
+      raise UsageError("the validation split is for the fast and logreg protocols")
     x_train, y_train, x_test, y_test = validation_split(*extract(
         ctx.features, variables, eval_ds(ctx.train_src), labels, "train features"))
   else:
@@ -283,16 +284,16 @@ def run(workdir: str, step: int | None = None, protocol: str | None = None,
   """Probe the checkpoint of `step` (default: latest) of the run in `workdir`, and
   (with `baseline`) the same network at random initialisation; with `validation`
   on the held-out fifth of the training split instead of the test split."""
-  config = train.read_config(workdir)
+  config = run_config.read(workdir)
   protocol = protocol or config.probe.protocol
   if protocol not in config_check.PROBE_PROTOCOLS:
-    raise ValueError(f"probe protocol must be one of {config_check.PROBE_PROTOCOLS}, "
+    raise UsageError(f"probe protocol must be one of {config_check.PROBE_PROTOCOLS}, "
                      f"got {protocol!r}")
   ctx = _setup(config)
   manager = checkpoint.make_manager(workdir, read_only=True)
   restored = checkpoint.restore(manager, jax.eval_shape(ctx.make_state), step)
   if restored is None:
-    raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
+    raise UsageError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
   state = restored[0]
   accuracy = probe_variables(ctx, {"params": state.params, "batch_stats": state.batch_stats},
                              protocol, validation)

@@ -1,33 +1,64 @@
-"""Per-step scalars to TensorBoard event files and a JSON-lines file.
+"""Per-step scalars to TensorBoard event files and JSON lines, one row per logged step.
 
 Only process 0 writes; on other processes the writer discards everything.
 Event files are written with tensorboardX, which needs no TensorFlow (on a
 gs:// workdir it needs the google-cloud-storage package). The workdir may be a
-local path or a URL (etils.epath); object stores cannot append, so there the
-JSON-lines file is rewritten whole at every write.
+local path or a URL (etils.epath). The rows, {"step": ..., name: value, ...},
+are stored in one of two layouts:
+
+  <workdir>/metrics.jsonl                    on a local workdir: one file, appended to;
+  <workdir>/metrics.jsonl.d/<step>.jsonl     on a URL workdir (object stores cannot
+                                             append): segments of at most SEGMENT_ROWS
+                                             rows, each named by its first step as 10
+                                             zero-padded digits, so name order is step
+                                             order; a write rewrites only the last one.
+
+read_metrics reads either (or both). A run resumed from the checkpoint at step S
+re-runs the steps after S, so the writer first drops the rows and TensorBoard
+events logged after S, and each step keeps exactly one row.
 """
 import json
+import os
 
 import jax
 from etils import epath
 
+METRICS_FILE = "metrics.jsonl"
+SEGMENTS_DIR = "metrics.jsonl.d"
+SEGMENT_ROWS = 500
+
 
 class MetricWriter:
-  """Writes scalars to `workdir`/tb (TensorBoard) and `workdir`/metrics.jsonl."""
+  """Writes scalars to `workdir`/tb (TensorBoard) and to the JSON-lines rows of `workdir`.
 
-  def __init__(self, workdir: str):
+  Args:
+    workdir: the run directory, a local path or a URL.
+    start_step: the step the run starts from (its checkpoint's step, 0 for a fresh
+      start); rows and TensorBoard events at later steps are dropped on opening.
+    appendable: True for the single appended metrics.jsonl, False for segments;
+      None decides from `workdir` (segments on a URL).
+  """
+
+  def __init__(self, workdir: str, start_step: int = 0, appendable: bool | None = None):
     self._active = jax.process_index() == 0
-    if self._active:
-      from tensorboardX import SummaryWriter
-      root = epath.Path(workdir)
-      root.mkdir(parents=True, exist_ok=True)
-      self._tb = SummaryWriter(str(root / "tb"))
-      self._path = root / "metrics.jsonl"
-      self._remote = "://" in str(workdir)
-      if self._remote:
-        self._lines = self._path.read_text().splitlines() if self._path.exists() else []
-      else:
-        self._jsonl = self._path.open("a", encoding="utf-8")
+    if not self._active:
+      return
+    from tensorboardX import SummaryWriter
+    root = epath.Path(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    _drop_rows_after(root, start_step)
+    # A SessionLog.START event at purge_step: TensorBoard drops the events of the earlier
+    # event files at steps >= purge_step (on a fresh start, all of them).
+    self._tb = SummaryWriter(str(root / "tb"), purge_step=start_step + 1)
+    self._appendable = "://" not in str(workdir) if appendable is None else appendable
+    if self._appendable:
+      self._jsonl = (root / METRICS_FILE).open("a", encoding="utf-8")
+    else:
+      self._segment_dir = root / SEGMENTS_DIR
+      self._segment_dir.mkdir(exist_ok=True)
+      segments = _segment_paths(root)
+      self._segment = segments[-1] if segments else None
+      self._lines = _lines(self._segment) if self._segment else []
 
   def write(self, step: int, scalars: dict[str, float]) -> None:
     """Record `scalars` (name -> float) at `step`."""
@@ -36,20 +67,95 @@ class MetricWriter:
     for name, value in scalars.items():
       self._tb.add_scalar(name, value, step)
     line = json.dumps({"step": step, **scalars})
-    if self._remote:
-      self._lines.append(line)
-      self._path.write_text("\n".join(self._lines) + "\n")
-    else:
+    if self._appendable:
       self._jsonl.write(line + "\n")
       self._jsonl.flush()
+      return
+    if self._segment is None or len(self._lines) >= SEGMENT_ROWS:
+      self._segment, self._lines = self._segment_dir / f"{step:010d}.jsonl", []
+    self._lines.append(line)
+    _write_atomically(self._segment, "".join(l + "\n" for l in self._lines))
+
+  def write_text(self, tag: str, text: str, step: int) -> None:
+    """Record `text` under `tag` at `step` in TensorBoard (its Text tab)."""
+    if self._active:
+      self._tb.add_text(tag, text, step)
 
   def close(self) -> None:
+    """Flush and close the event file and metrics.jsonl."""
     if self._active:
       self._tb.close()
-      if not self._remote:
+      if self._appendable:
         self._jsonl.close()
 
 
 def read_jsonl(path: str) -> list[dict]:
-  """All records of a metrics.jsonl file, in order."""
-  return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line.strip()]
+  """All records of one JSON-lines file, in order."""
+  return [json.loads(line) for line in _lines(epath.Path(path))]
+
+
+def has_metrics(workdir: str) -> bool:
+  """Whether `workdir` holds a metrics log: metrics.jsonl (possibly empty) or a segment."""
+  root = epath.Path(workdir)
+  return (root / METRICS_FILE).exists() or bool(_segment_paths(root))
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """Every logged row of the run in `workdir`, in step order, from either layout.
+
+  Raises FileNotFoundError when `workdir` holds no metrics log.
+  """
+  root = epath.Path(workdir)
+  if not has_metrics(workdir):
+    raise FileNotFoundError(f"{root / METRICS_FILE} not found: {workdir} has no logged metrics")
+  path = root / METRICS_FILE
+  rows = read_jsonl(path) if path.exists() else []
+  for segment in _segment_paths(root):
+    rows += read_jsonl(segment)
+  return sorted(rows, key=lambda r: r["step"])
+
+
+def _lines(path: epath.Path) -> list[str]:
+  """The non-blank lines of `path`."""
+  return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+def _segment_paths(root: epath.Path) -> list[epath.Path]:
+  """The segments under `root`/metrics.jsonl.d, in step order."""
+  segments = root / SEGMENTS_DIR
+  return sorted(segments.glob("*.jsonl"), key=lambda p: p.name) if segments.exists() else []
+
+
+def _drop_rows_after(root: epath.Path, step: int) -> None:
+  """Remove every row with a step > `step` from both layouts under `root`.
+
+  Later segments are deleted newest first and the straddling file is replaced
+  atomically, so a crash at any point keeps every row up to `step`.
+  """
+  segments = _segment_paths(root)
+  kept = [s for s in segments if int(s.stem) <= step]
+  for segment in reversed(segments[len(kept):]):
+    segment.unlink()
+  for path in [root / METRICS_FILE] + kept[-1:]:
+    if path.exists():
+      lines = _lines(path)
+      keep = [l for l in lines if json.loads(l)["step"] <= step]
+      if len(keep) < len(lines):
+        _write_atomically(path, "".join(l + "\n" for l in keep))
+
+
+def _write_atomically(path: epath.Path, text: str) -> None:
+  """Replace the contents of `path` by `text`; a crash leaves the old or the new contents.
+
+  An object store replaces an object in one step; a local file is written to a
+  temporary file beside it, synced, and renamed over it.
+  """
+  if "://" in str(path):
+    path.write_text(text)
+    return
+  tmp = path.with_name(path.name + ".tmp")
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)

@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags, logging
 
-from cl_jax import config_check, linear_probe
+from cl_jax import cli, config_check, linear_probe
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
@@ -30,12 +30,10 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   if not _WORKDIR.value:
     sys.exit("error: --workdir is required")
-  try:
+  with cli.report():
     linear_probe.print_report(linear_probe.run(_WORKDIR.value, _STEP.value, _PROTOCOL.value,
-                                                  _BASELINE.value, _VALIDATION.value))
-  except (FileNotFoundError, ValueError) as e:
-    sys.exit(f"error: {e}")
+                                               _BASELINE.value, _VALIDATION.value))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

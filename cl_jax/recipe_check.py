@@ -52,7 +52,7 @@ def summarise_run(run_dir: str, wall_s: float | None) -> dict | None:
   if "random_init" not in report:
     raise ValueError(f"{run_dir}/{reports[-1]} has no random-init baseline; delete it and "
                      "probe again with python -m cl_jax.probe --workdir=" + run_dir)
-  records = metrics.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+  records = metrics.read_metrics(run_dir)
   h = default.base_config().health
   last = records[-1]
   return {"step": report["step"],

@@ -1,69 +1,112 @@
 """The pretraining loop: data -> jitted train step -> metrics and checkpoints.
 
-The step runs without host synchronisation; the host reads metrics back only
-every `train.log_every` steps and before each checkpoint, where a non-finite
-loss or state stops the run before anything is saved. At each logging step the
-embeddings' health signals (cl_jax.health) are checked against the `health`
-thresholds: a collapse is reported on the console and in workdir/warnings.log,
-and logged as the scalar health/collapsed.
+A start (cl_jax.run_config) first compares the config with the one a resumed run
+was started with, then opens the data and restores the newest intact checkpoint
+(cl_jax.checkpoint), and only then writes the config and prints the start-up
+summary (cl_jax.summary). The step runs without host synchronisation; the host
+reads metrics back only every `train.log_every` steps and before each
+checkpoint, where a diverged state (non-finite, or a parameter norm beyond
+`train.max_param_growth` times its initial value) stops the run before anything
+is saved, so the last checkpoint is always one to resume from. At each logging
+step the embeddings' health signals (cl_jax.health) are checked against the
+`health` thresholds: a collapse is reported on the console and in
+workdir/warnings.log, and logged as the scalar health/collapsed. Ctrl-C lets a
+pending save finish and raises Interrupted.
 """
+import contextlib
 import functools
-import json
+import signal
+import threading
 import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import tqdm
-from absl import logging
+import optax
 from etils import epath
 
 from cl_jax import checkpoint, config_check, health, optim, parallel, queue as queue_lib
+from cl_jax import run_config, summary
 from cl_jax import step as step_lib
 from cl_jax.data import pipeline, sources
+from cl_jax.errors import UsageError
 from cl_jax.metrics import MetricWriter
 from cl_jax.models.encoder import build_encoder
+from cl_jax.progress import Progress
 from cl_jax.state import init_state
 
 
 class TrainingDiverged(RuntimeError):
-  """The loss or the parameters became NaN or infinite."""
+  """The loss or the state became non-finite, or the parameters grew out of range."""
+
+
+class Interrupted(Exception):
+  """Ctrl-C stopped the run after step `step`, saved as a checkpoint."""
+
+  def __init__(self, step: int):
+    super().__init__(step)
+    self.step = step
+
+
+@contextlib.contextmanager
+def _interruptible():
+  """Inside, the first Ctrl-C only sets the yielded flag (the loop then stops at the end
+  of its step and saves); a second one raises KeyboardInterrupt. Outside the main
+  thread, where signal handlers cannot be set, Ctrl-C is left alone."""
+  requested = []
+  if threading.current_thread() is not threading.main_thread():
+    yield requested
+    return
+
+  def handler(signum, frame):
+    del signum, frame
+    if requested:
+      raise KeyboardInterrupt
+    requested.append(True)
+
+  previous = signal.signal(signal.SIGINT, handler)
+  try:
+    yield requested
+  finally:
+    signal.signal(signal.SIGINT, previous)
 
 
 def steps_per_epoch(num_records: int, batch_size: int) -> int:
   """Full global batches per pass over the pretraining source."""
   if num_records < batch_size:
-    raise ValueError(f"the pretraining set has {num_records} images, fewer than one global "
+    raise UsageError(f"the pretraining set has {num_records} images, fewer than one global "
                      f"batch (optim.batch_size = {batch_size})")
   return num_records // batch_size
 
 
 @jax.jit
-def _all_finite(tree) -> jax.Array:
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+def _state_check(loss, state) -> tuple[jax.Array, jax.Array]:
+  """(every value of loss, params, EMA target and queue finite; global l2 norm of params)."""
+  tree = (loss, state.params, state.target_params, state.queue)
+  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+  return finite, optax.global_norm(state.params)
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """workdir/config.json: the run's config, read by the probe job (workdir may be a URL)."""
-  root = epath.Path(workdir)
-  root.mkdir(parents=True, exist_ok=True)
-  tmp = root / "config.json.tmp"
-  tmp.write_text(config.to_json(indent=2))
-  tmp.replace(root / "config.json")
+def check_workdir(workdir: str) -> None:
+  """UsageError if `workdir` names an existing file (it must be a directory or not exist)."""
+  path = epath.Path(workdir)
+  if path.exists() and not path.is_dir():
+    raise UsageError(f"--workdir={workdir} is a file; give a directory (new or holding a run)")
 
 
-def read_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a run in `workdir` was started with."""
-  path = epath.Path(workdir) / "config.json"
-  if not path.exists():
-    raise FileNotFoundError(f"{path} not found: {workdir} holds no cl_jax pretraining run")
-  data = json.loads(path.read_text())
-  # JSON turns tuples into lists; the config uses tuples for ranges.
-  c = ml_collections.ConfigDict(data)
-  for block, field in (("data", "crop_scale"), ("aug", "blur_sigma"), ("probe", "decay_epochs")):
-    c[block][field] = tuple(c[block][field])
-  return c
+def resume_changes(config: ml_collections.ConfigDict, workdir: str,
+                   allow_change: bool) -> list[str]:
+  """The accepted config changes if `workdir` holds checkpoints (none for a new run);
+  raises ConfigChangeError (before anything is written) for a refused change."""
+  steps = checkpoint.steps_on_disk(workdir)
+  if not steps:
+    return []
+  if not (epath.Path(workdir) / "config.json").exists():
+    raise UsageError(f"{workdir} holds checkpoints (steps {steps}) but no config.json to "
+                     "check the config against; restore it or use another --workdir")
+  return run_config.check_resume(run_config.read(workdir), config, step=steps[-1],
+                                 workdir=workdir, allow_change=allow_change)
 
 
 def build(config: ml_collections.ConfigDict, num_records: int, mesh):
@@ -95,7 +138,7 @@ def relayout_queue(state, meta: dict, mesh, keys: int):
   if state.queue is None:
     return state
   if meta["keys_per_step"] != keys:
-    raise ValueError(f"the checkpoint's queue holds {meta['keys_per_step']} keys per step but "
+    raise UsageError(f"the checkpoint's queue holds {meta['keys_per_step']} keys per step but "
                      f"this config enqueues {keys}; resume with the run's own batch size")
   if old == new:
     return state
@@ -105,75 +148,125 @@ def relayout_queue(state, meta: dict, mesh, keys: int):
   return state.replace(queue=move(state.queue))
 
 
-def pretrain(config: ml_collections.ConfigDict, workdir: str,
-             stop_at_step: int | None = None) -> int:
-  """Pretrain (or resume) in `workdir`; returns the last step taken.
+def pretrain(config: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None = None,
+             allow_config_change: bool = False) -> tuple[int, int]:
+  """Pretrain (or resume) in `workdir`; returns (last step taken, total steps).
 
   With `stop_at_step`, this call stops (with a checkpoint) once the run has
-  reached that step; calling again continues the same run.
+  reached that step; calling again continues the same run. A resume with a
+  changed config is refused unless every change is in run_config.CHANGEABLE and
+  `allow_config_change` is set.
   """
+  check_workdir(workdir)
   mesh = parallel.make_mesh()
   config_check.validate(config, num_devices=mesh.devices.size)
+  changes = resume_changes(config, workdir, allow_config_change)
   lead = jax.process_index() == 0
-  if lead:
-    write_config(config, workdir)
   source = sources.open_source(config.data, "pretrain")
+  spe = steps_per_epoch(len(source), config.optim.batch_size)
   encoder, tx, schedule, make_state, total = build(config, len(source), mesh)
   end = total if stop_at_step is None else min(total, stop_at_step)
   keys = step_lib.keys_per_step(config)
-  meta = {"queue_shards": mesh.shape[parallel.DATA_AXIS], "keys_per_step": keys}
-  manager = checkpoint.make_manager(workdir, config.train.keep_checkpoints)
   data = pipeline.pretrain_dataset(
       source, batch_size=config.optim.batch_size, image_size=config.data.image_size,
       crop_scale=tuple(config.data.crop_scale), seed=config.seed,
       process_index=jax.process_index(), process_count=jax.process_count())
-  it = pipeline.make_iterator(data, config.data.workers)
-  restored = checkpoint.restore(manager, jax.eval_shape(make_state), data_iterator=it)
+  make_iterator = functools.partial(pipeline.make_iterator, data, config.data.workers)
+  state, it, norm0, damaged = _restore_or_init(workdir, make_state, make_iterator, mesh, keys)
+  start = int(state.step)
+  progress = Progress(total, start, enabled=lead)
+  for step, reason, path in damaged:
+    report_warning(f"checkpoint {step} in {workdir} cannot be read ({reason}); moved to {path} "
+                   "(not deleted); resuming from the newest intact checkpoint"
+                   + (f" (step {start})" if start else ": none, starting from step 0"),
+                   workdir, progress)
+  manager = checkpoint.make_manager(workdir, config.train.keep_checkpoints)
+  if lead:
+    run_config.save_start(config, workdir, start)
+  writer = MetricWriter(workdir, start_step=start)
+  writer.write_text("config", f"```\n{config.to_json(indent=2)}\n```", start)
+  progress.write(summary.startup(config, workdir=workdir, mesh=mesh, start=start,
+                                 steps_per_epoch=spe, total=total, params=state.params,
+                                 pretrain_size=len(source), changes=changes))
+  train_step = step_lib.jit_train_step(
+      step_lib.make_train_step(config, encoder, tx, schedule, mesh, spe),
+      parallel.state_sharding(state, mesh), parallel.batch_sharding(mesh))
+  meta = {"queue_shards": mesh.shape[parallel.DATA_AXIS], "keys_per_step": keys,
+          "param_norm_init": norm0}
+  done = start
+  with _interruptible() as interrupted:
+    try:
+      t_last = time.perf_counter()
+      step_last, collapsed_logs = start, 0
+      for step in range(start, end):
+        state, metrics = train_step(state, parallel.global_batch(next(it), mesh))
+        done = step + 1
+        progress.step()
+        if step == start:   # the first step compiles: keep it out of img/s
+          jax.block_until_ready(metrics["loss"])
+          now = time.perf_counter()
+          progress.write(f"first step (with compilation): {now - t_last:.1f} s")
+          t_last, step_last = now, done
+        logged = done % config.train.log_every == 0 or done == end
+        saved = done % config.train.checkpoint_every == 0 or done == end or bool(interrupted)
+        if not (logged or saved):
+          continue
+        finite, norm = (float(x) for x in jax.device_get(_state_check(metrics["loss"], state)))
+        _stop_if_diverged(bool(finite), norm / norm0, done, manager, config)
+        if logged:
+          scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          scalars["param_norm"] = norm
+          now = time.perf_counter()
+          if done > step_last:
+            scalars["img_per_s"] = (done - step_last) * config.optim.batch_size / (now - t_last)
+          t_last, step_last = now, done
+          warning = health.collapse_warning(scalars, config.health.min_std_sqrt_d,
+                                            config.health.min_rank)
+          scalars["health/collapsed"] = float(warning is not None)
+          writer.write(done, scalars)
+          notice, collapsed_logs = collapse_notice(warning, collapsed_logs, scalars)
+          if lead and notice is not None:
+            report_warning(f"step {done}: {notice}", workdir, progress)
+          progress.log(done, scalars)
+        if saved:
+          checkpoint.save(manager, state, it, {**meta, "param_norm": norm,
+                                               "loss": float(metrics["loss"])})
+        if interrupted:
+          break
+    finally:
+      progress.close()
+      writer.close()
+      manager.wait_until_finished()
+      it.close()   # stops the input workers and frees their shared memory
+  if interrupted:
+    raise Interrupted(done)
+  return max(start, end), total
+
+
+def _restore_or_init(workdir: str, make_state, make_iterator, mesh, keys: int):
+  """(state, data iterator, initial parameter norm, [(step, reason, moved to)] of the
+  damaged checkpoints set aside) of the newest intact checkpoint, or of a new run."""
+  damaged = []
+  restored = None
+  if checkpoint.steps_on_disk(workdir):
+    restored, unreadable = checkpoint.restore_intact(
+        checkpoint.make_manager(workdir, read_only=True), jax.eval_shape(make_state),
+        make_iterator)
+    for step, reason in unreadable:
+      path = (checkpoint.set_aside(workdir, step) if jax.process_index() == 0
+              else f"{workdir}/{checkpoint.DAMAGED_DIR}")
+      damaged.append((step, reason, path))
+    if unreadable and jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("cl_jax: damaged checkpoints set aside")
   if restored is None:
     state = make_state()
-  else:
-    state = relayout_queue(*restored, mesh, keys)
-  start = int(state.step)
-  if lead and start:
-    print(f"resuming from the checkpoint at step {start} in {workdir}")
-
-  train_step = step_lib.jit_train_step(
-      step_lib.make_train_step(config, encoder, tx, schedule, mesh,
-                               steps_per_epoch(len(source), config.optim.batch_size)),
-      parallel.state_sharding(state, mesh), parallel.batch_sharding(mesh))
-  writer = MetricWriter(workdir)
-  bar = tqdm.tqdm(total=total, initial=start, desc="pretrain", disable=not lead,
-                  dynamic_ncols=True)
-  t_last, step_last = time.perf_counter(), start
-  collapsed_logs = 0
-  try:
-    for step in range(start, end):
-      state, metrics = train_step(state, parallel.global_batch(next(it), mesh))
-      done = step + 1
-      bar.update(1)
-      if done % config.train.log_every == 0 or done == end:
-        scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        now = time.perf_counter()
-        scalars["img_per_s"] = (done - step_last) * config.optim.batch_size / (now - t_last)
-        t_last, step_last = now, done
-        _stop_if_diverged(bool(np.isfinite(scalars["loss"])), done, manager)
-        warning = health.collapse_warning(scalars, config.health.min_std_sqrt_d,
-                                          config.health.min_rank)
-        scalars["health/collapsed"] = float(warning is not None)
-        writer.write(done, scalars)
-        notice, collapsed_logs = collapse_notice(warning, collapsed_logs, scalars)
-        if lead and notice is not None:
-          report_warning(f"step {done}: {notice}", workdir)
-        bar.set_postfix(loss=f"{scalars['loss']:.4f}", lr=f"{scalars['lr']:.3g}")
-      if done % config.train.checkpoint_every == 0 or done == end:
-        finite = _all_finite((metrics["loss"], state.params, state.target_params, state.queue))
-        _stop_if_diverged(bool(finite), done, manager)
-        checkpoint.save(manager, state, it, meta)
-  finally:
-    bar.close()
-    writer.close()
-    manager.wait_until_finished()
-  return max(start, end)
+    return state, make_iterator(), float(optax.global_norm(state.params)), damaged
+  state = relayout_queue(restored.state, restored.meta, mesh, keys)
+  norm0 = restored.meta.get("param_norm_init")
+  if norm0 is None:   # a checkpoint of an earlier version: recompute from the seed
+    norm0 = float(optax.global_norm(make_state().params))
+  return state, restored.data_iterator, norm0, damaged
 
 
 def collapse_notice(warning: str | None, collapsed_logs: int,
@@ -194,28 +287,36 @@ def collapse_notice(warning: str | None, collapsed_logs: int,
   return f"representation recovered after {collapsed_logs} collapsed logging steps: {signals}", 0
 
 
-def report_warning(line: str, workdir: str) -> None:
-  """Print `line` above the progress bar, log it as a warning and append it to
-  workdir/warnings.log (object stores cannot append: the file is read and rewritten)."""
-  tqdm.tqdm.write(line)
-  logging.warning(line)
+def report_warning(line: str, workdir: str, progress: Progress) -> None:
+  """Print `line` (above the progress bar) and append it to workdir/warnings.log
+  (object stores cannot append: the file is read and rewritten)."""
+  progress.write(line)
   path = epath.Path(workdir) / "warnings.log"
   if "://" in str(workdir):
     path.write_text((path.read_text() if path.exists() else "") + line + "\n")
   else:
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as f:
       f.write(line + "\n")
 
 
-def _stop_if_diverged(finite: bool, step: int, manager) -> None:
-  """Raise TrainingDiverged (after pending saves finish) unless `finite`."""
-  if finite:
+def _stop_if_diverged(finite: bool, growth: float, step: int, manager,
+                      config: ml_collections.ConfigDict) -> None:
+  """Raise TrainingDiverged (after pending saves finish) unless the state at `step` is
+  finite with a parameter norm of at most train.max_param_growth times the initial one."""
+  limit = config.train.max_param_growth
+  if finite and growth <= limit:
     return
+  reason = ("the loss or the state is no longer finite" if not finite else
+            f"the parameter norm is {growth:.3g} times its initial value (limit "
+            f"train.max_param_growth = {limit:g})")
   manager.wait_until_finished()
   last = manager.latest_step()
-  kept = (f"the last good checkpoint (step {last}) is intact" if last is not None
-          else "no checkpoint had been written yet")
-  raise TrainingDiverged(
-      f"training diverged: the loss or the parameters became NaN or infinite by step {step}; "
-      f"{kept}. Lower optim.lr or check the data, then start again in the same workdir to "
-      "resume from that checkpoint.")
+  lr = f"this run's is {config.optim.lr:g}"
+  if last is None:
+    advice = f"No checkpoint was saved: start again with a lower --config.optim.lr ({lr})."
+  else:
+    advice = (f"The last checkpoint (step {last}) was saved before that, with its parameters "
+              f"in range, and is intact: run the same command with a lower --config.optim.lr "
+              f"({lr}) and --allow_config_change to resume from step {last}.")
+  raise TrainingDiverged(f"training diverged at step {step}: {reason}. {advice}")

@@ -112,6 +112,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 100
   c.train.keep_checkpoints = 2
   c.train.score_queries = 64        # score statistics over the first n queries (0 or > batch: all)
+  # Divergence: stop (without saving) once the parameter norm exceeds this multiple of its
+  # value at initialisation, or the loss or the state is no longer finite.
+  c.train.max_param_growth = 100.0
 
   c.health = ml_collections.ConfigDict()   # collapse warnings while training (cl_jax/health.py)
   # Warn below these (README, "Health signals"): embedding std x sqrt(d) is about 1 when

@@ -1,7 +1,8 @@
 """The main job end to end on a tiny Trifeature config, in subprocesses.
 
-Covers: pretraining + probe report; exact resume after SIGKILL; a diverging
-run stops with a message and leaves the last good checkpoint intact.
+Covers: pretraining + probe report, the start-up summary and the plain log
+lines of a run whose output is not a terminal; exact resume after SIGKILL; a
+diverging run stops before saving, and its advice resumes it.
 """
 import glob
 import json
@@ -14,7 +15,7 @@ import time
 import jax
 import numpy as np
 
-from cl_jax import checkpoint, metrics, parallel, train
+from cl_jax import checkpoint, metrics, parallel, run_config, train
 from tests import tiny_run
 from tests.conftest import ROOT
 
@@ -48,8 +49,11 @@ def test_pretrain_then_probe_report(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   records = metrics.read_jsonl(workdir / "metrics.jsonl")
   assert [r["step"] for r in records] == list(range(1, 17))     # 256 // 32 * 2 epochs
-  for key in ("loss", "lr", "pos_mean", "neg_mean", "neg_var", "ns_mean", "img_per_s"):
+  for key in ("loss", "lr", "pos_mean", "neg_mean", "neg_var", "ns_mean", "param_norm"):
     assert all(np.isfinite(r[key]) for r in records), key
+  # img/s leaves out the first step (compilation): from the second logged step on.
+  assert "img_per_s" not in records[0]
+  assert all(np.isfinite(r["img_per_s"]) and r["img_per_s"] > 0 for r in records[1:])
   assert records[0]["lr"] > records[-1]["lr"]                   # cosine decay
   # The health signals: logged every step, and the quick recipe's embeddings keep their
   # spread (the plain MoCo-v2 head of this tiny run falls to std x sqrt(d) 0.09, rank 2.1, by step 16).
@@ -69,6 +73,15 @@ def test_pretrain_then_probe_report(tmp_path):
     assert 0.0 <= acc["top1"] <= acc["top5"] <= 1.0
   assert len(glob.glob(os.path.join(os.environ["CL_JAX_CACHE"], "random_init", "*.json"))) >= 1
   assert "colour" in proc.stdout and "random init" in proc.stdout
+  # Not a terminal: no progress bar, one plain line per logging step, after the summary.
+  assert "\r" not in proc.stdout + proc.stderr
+  assert [line.split()[1] for line in proc.stdout.splitlines()
+          if line.startswith("step ")] == [f"{i}/16" for i in range(1, 17)]
+  for line in (f"workdir   {workdir} (new run)", "devices   1 process(es), 1 cpu device(s)",
+               "batch     32 global, 32 per device", "steps     8 per epoch x 2 epochs = 16",
+               "M parameters", "data      trifeature 16 px: pretrain 256, probe train 256, "
+               "test 128", "moco + non-semantic negatives (patch, 1 per query"):
+    assert line in proc.stdout, line
 
   paper = subprocess.run([sys.executable, "-m", "cl_jax.probe", f"--workdir={workdir}",
                           "--step=12", "--protocol=paper", "--baseline=false"], cwd=ROOT, capture_output=True,
@@ -79,51 +92,86 @@ def test_pretrain_then_probe_report(tmp_path):
   assert set(report["accuracy"]) == {"shape", "texture", "colour"}
 
 
-def test_sigkill_resume_reaches_the_same_loss(tmp_path):
-  extra = ("--config.optim.epochs=6", "--config.train.checkpoint_every=4", "--probe=false")
-  straight, killed = tmp_path / "straight", tmp_path / "killed"
-  proc = subprocess.Popen(_cmd(killed, *extra), cwd=ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+def _start_and_stop(workdir, extra, sig) -> subprocess.Popen:
+  """Start a run, send `sig` to its process group once it has saved step 8 or later."""
+  proc = subprocess.Popen(_cmd(workdir, *extra), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True)
   deadline = time.time() + 300
-  while time.time() < deadline and not any(s >= 8 for s in _steps(killed)):
+  while time.time() < deadline and not any(s >= 8 for s in _steps(workdir)):
     time.sleep(0.02)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  interrupted_at = max(_steps(killed))
-  assert 8 <= interrupted_at < 48, "the run was not killed during training"
+  os.killpg(proc.pid, sig)    # the whole group, as a terminal's Ctrl-C does
+  proc.communicate(timeout=300)
+  return proc
 
-  resumed = _run(killed, *extra)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert f"resuming from the checkpoint at step {interrupted_at}" in resumed.stdout
+
+def test_killed_and_interrupted_runs_resume_exactly(tmp_path):
+  extra = ("--config.optim.epochs=6", "--config.train.checkpoint_every=4", "--probe=false")
+  straight, killed, interrupted = tmp_path / "straight", tmp_path / "killed", tmp_path / "ctrl_c"
   done = _run(straight, *extra)
   assert done.returncode == 0, done.stderr[-3000:]
-  a, b = _losses(straight), _losses(killed)
-  assert len(a) == 48
-  for step in (interrupted_at + 1, 40, 48):
-    assert a[step] == b[step], (step, a[step], b[step])
+  reference = _losses(straight)
+  assert sorted(reference) == list(range(1, 49))
+
+  _start_and_stop(killed, extra, signal.SIGKILL)
+  killed_at = max(_steps(killed))
+  assert 8 <= killed_at < 48, "the run was not killed during training"
+
+  stopped = _start_and_stop(interrupted, extra, signal.SIGINT)
+  assert stopped.returncode == 130
+  lines = stopped.stderr.strip().splitlines()
+  assert len(lines) == 1 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+  saved = int(lines[0].split("saved a checkpoint at step ")[1].split(".")[0])
+  assert saved == max(_steps(interrupted)) and saved >= 8
+  assert lines[0].endswith("--probe=false") and "Resume with: python -m cl_jax.main" in lines[0]
+
+  for workdir, step in ((killed, killed_at), (interrupted, saved)):
+    resumed = _run(workdir, *extra)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from the checkpoint at step {step} of 48" in resumed.stdout
+    # One metrics row per step, every one equal to the uninterrupted run's.
+    steps = [r["step"] for r in metrics.read_jsonl(workdir / "metrics.jsonl")]
+    assert steps == list(range(1, 49))
+    assert _losses(workdir) == reference
 
 
-def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path):
+def test_diverging_run_stops_before_saving_and_its_advice_resumes(tmp_path):
   workdir = tmp_path / "run"
   first = _run(workdir, "--config.optim.epochs=1", "--config.train.checkpoint_every=4",
                "--probe=false")
   assert first.returncode == 0, first.stderr[-3000:]
   assert _steps(workdir) == [4, 8]
 
-  bad = _run(workdir, "--config.optim.epochs=3", "--config.train.checkpoint_every=4",
-             "--config.optim.lr=1e30", "--probe=false")
-  assert bad.returncode != 0
-  assert "diverged" in bad.stderr and "last good checkpoint (step 8) is intact" in bad.stderr
-  assert _steps(workdir) == [4, 8]
+  lr = ("--config.optim.epochs=3", "--config.train.checkpoint_every=4", "--allow_config_change",
+        "--probe=false")
+  bad = _run(workdir, *lr, "--config.optim.lr=1e30")
+  assert bad.returncode == 1
+  message = bad.stderr.strip().splitlines()[-1]
+  assert message.startswith("error: training diverged at step 9: the parameter norm is "), message
+  assert "resume from step 8" in message and "lower --config.optim.lr" in message
+  assert _steps(workdir) == [4, 8]           # nothing saved after the divergence
 
-  config = train.read_config(workdir)
+  config = run_config.read(workdir)
   mesh = parallel.make_mesh(jax.devices()[:1])
   _, _, _, make_state, _ = train.build(config, 256, mesh)
   state, meta = checkpoint.restore(checkpoint.make_manager(workdir, read_only=True),
                                    jax.eval_shape(make_state))
-  assert int(state.step) == 8 and meta == {"queue_shards": 1, "keys_per_step": 32}
+  assert int(state.step) == 8 and meta["queue_shards"] == 1 and meta["keys_per_step"] == 32
   leaves = [np.asarray(x) for x in jax.tree.leaves(state.params)]
   assert all(np.all(np.isfinite(x)) for x in leaves)
+  norm = np.sqrt(sum(float(np.sum(np.square(x, dtype=np.float64))) for x in leaves))
+  np.testing.assert_allclose(meta["param_norm"], norm, rtol=1e-5)
+  assert meta["param_norm"] < 2 * meta["param_norm_init"]
+
+  # The advice is true: a lower learning rate resumes from step 8 and finishes.
+  good = _run(workdir, *lr, "--config.optim.lr=0.06")
+  assert good.returncode == 0, good.stderr[-3000:]
+  assert "resuming from the checkpoint at step 8" in good.stdout
+  records = metrics.read_jsonl(workdir / "metrics.jsonl")
+  assert [r["step"] for r in records] == list(range(1, 25))
+  assert all(np.isfinite(r["loss"]) for r in records)
+  assert {"config.json", "config.step0.json", "config.step8.json"} <= set(os.listdir(workdir))
+  assert run_config.read(workdir).optim.lr == 0.06
+  assert json.loads((workdir / "config.step0.json").read_text())["optim"]["epochs"] == 1
 
 
 def test_training_path_does_not_import_tensorflow():

@@ -57,7 +57,7 @@ def test_two_processes_resume_and_match_one_process(tmp_path):
   # Every process saved its own input position; the queue layout names 4 shards.
   assert {"process_0-of-2.json", "process_1-of-2.json"} <= set(os.listdir(ckpt / "data"))
   meta = json.loads((ckpt / "meta" / "metadata").read_text())
-  assert meta == {"queue_shards": 4, "keys_per_step": 32}
+  assert meta["queue_shards"] == 4 and meta["keys_per_step"] == 32
   assert not (multi / "checkpoints" / "8").exists()
 
   second = _two_processes(multi)

@@ -12,7 +12,7 @@ import pytest
 from etils import epath
 from PIL import Image
 
-from cl_jax import suppression, train
+from cl_jax import run_config, suppression, train
 from cl_jax.viz import suppression_plot
 from configs import mocov2, simclr
 from tests import tiny_run
@@ -187,7 +187,7 @@ def test_study_loop_resumes_from_reports_and_goes_on_after_a_divergence(tmp_path
                   config.hcl.enabled, config.hcl.beta, config.seed))
     if config.simclr.temperature == 0.05 and not config.ifm.enabled:
       raise train.TrainingDiverged("loss became NaN")
-    train.write_config(config, str(workdir))
+    run_config.save_start(config, str(workdir), 0)
     report = _report(0.5 + 0.1 * config.seed, config.simclr.temperature, 0.25)
     (workdir / "probe_step4_fast.json").write_text(json.dumps(report))
     return report

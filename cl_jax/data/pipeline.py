@@ -12,6 +12,8 @@ run on P hosts sees exactly the global batches of a run on one host. Every
 random choice is a function of (seed, epoch, position in the stream), so the
 iterator state saved in a checkpoint resumes the exact same stream.
 """
+import signal
+
 import grain
 import numpy as np
 
@@ -56,11 +58,18 @@ def pretrain_dataset(source, *, batch_size: int, image_size: int,
   return ds[process_index::process_count]
 
 
+def _ignore_ctrl_c(worker_index: int, worker_count: int) -> None:
+  """Input workers leave Ctrl-C to the main process, which stops the run cleanly."""
+  del worker_index, worker_count
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def make_iterator(ds: grain.MapDataset, workers: int):
   """A checkpointable iterator (get_state / set_state) over `ds`."""
   it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=max(1, workers), prefetch_buffer_size=2))
   if workers > 0:
-    it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers),
+                              worker_init_fn=_ignore_ctrl_c)
   return iter(it_ds)
 
 

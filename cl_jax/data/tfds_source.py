@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+from cl_jax.errors import UsageError
+
 SPLIT_ROLES = ("pretrain", "probe_train", "test")
 UNLABELLED = -1
 INDEX_CACHE_FOLDER = "cl_jax_index"
@@ -96,11 +98,11 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetNotFoundError(UsageError, FileNotFoundError):
     """The dataset is not prepared in `data_dir`; the message holds the command that prepares it."""
 
 
-class DatasetFormatError(ValueError):
+class DatasetFormatError(UsageError, ValueError):
     """The dataset is prepared, but in a file format without random access (e.g. tfrecord)."""
 
 
@@ -349,9 +351,9 @@ def open_source(
     """
     spec = dataset_spec(name)
     if split_role not in SPLIT_ROLES:
-        raise ValueError(f"Unknown split role {split_role!r}; expected one of {SPLIT_ROLES}.")
+        raise UsageError(f"Unknown split role {split_role!r}; expected one of {SPLIT_ROLES}.")
     if not isinstance(data_dir, str) or not data_dir:
-        raise ValueError(f"data_dir must be a non-empty path string, got {data_dir!r}.")
+        raise UsageError(f"data_dir must be a non-empty path string, got {data_dir!r}.")
 
     import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 

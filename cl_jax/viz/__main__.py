@@ -44,12 +44,12 @@ def run_name(workdir: str) -> str:
 
 
 def read_records(workdir: str) -> list[dict]:
-  """The run's metrics.jsonl records; FileNotFoundError / ValueError if absent / empty."""
-  path = epath.Path(workdir) / "metrics.jsonl"
-  if not path.exists():
+  """The run's metrics records in step order; FileNotFoundError / ValueError if absent / empty."""
+  path = epath.Path(workdir) / metrics.METRICS_FILE
+  if not metrics.has_metrics(workdir):
     raise FileNotFoundError(f"{path} not found: {workdir} has no logged metrics (pretrain "
                             "with cl_jax.main first)")
-  records = metrics.read_jsonl(str(path))
+  records = metrics.read_metrics(workdir)
   if not records:
     raise ValueError(f"{path} is empty: the run has not logged a step yet")
   return records

@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 from matplotlib.figure import Figure
 
-from cl_jax import checkpoint, parallel, train
+from cl_jax import checkpoint, parallel, run_config, train
 from cl_jax import step as step_lib
 from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric, pipeline, sources
@@ -124,7 +124,7 @@ def collect(workdir: str, step: int | None, batches: int,
   if batches < 1 or num_bins < 1:
     raise ValueError(f"need at least one batch and one bin; got batches={batches}, "
                      f"num_bins={num_bins}")
-  config = train.read_config(workdir)
+  config = run_config.read(workdir)
   manager = checkpoint.make_manager(workdir, read_only=True)
   if not manager.all_steps():
     raise NoCheckpoint(f"{workdir} holds no checkpoint")

@@ -1,0 +1,105 @@
+"""Command-line plumbing shared by the entry points: flag parsing and one-line errors.
+
+`parse_flags` is the flags parser of `absl.app.run`: it resolves a relative
+`--config=configs/NAME.py` against the installed repository when the current
+directory has no such file (so the commands work from any directory), and turns
+every flag error (a missing config file, an unknown config field, a value of the
+wrong type) into one line on stderr, with a "did you mean" hint for misspelt
+fields. `report` turns the exceptions of bad input into one line each.
+"""
+import contextlib
+import importlib.util
+import os
+import sys
+
+from absl import flags
+
+from cl_jax import run_config
+from cl_jax.errors import UsageError
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config_arg(argv: list[str]) -> tuple[int, str] | None:
+  """(index in argv, value) of the --config flag's value, or None."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return i, arg[len("--config="):]
+    if arg == "--config" and i + 1 < len(argv):
+      return i + 1, argv[i + 1]
+  return None
+
+
+def resolve_config_path(value: str) -> str:
+  """`value` (PATH[:preset]) with PATH made absolute: relative to the current directory
+  if the file is there, else to the repository root; UsageError if neither has it."""
+  path, colon, preset = value.partition(":")
+  candidates = [path] if os.path.isabs(path) else [path, os.path.join(REPO_ROOT, path)]
+  for candidate in candidates:
+    if os.path.isfile(candidate):
+      return os.path.abspath(candidate) + colon + preset
+  where = " or ".join(os.path.abspath(c) for c in candidates)
+  raise UsageError(f"config file {path} not found (looked for {where}); configs are "
+                   f"Python files such as configs/mocov2_patchns.py")
+
+
+def _load_config(value: str):
+  """The ConfigDict of --config=PATH[:preset] (the file's get_config)."""
+  path, _, preset = value.partition(":")
+  spec = importlib.util.spec_from_file_location("cl_jax_config_file", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(preset) if preset else module.get_config()
+
+
+def _unknown_field(argv: list[str], config_value: str) -> str | None:
+  """A one-line error for the first --config.FIELD override that the config lacks."""
+  try:
+    config = _load_config(config_value)
+  except Exception:   # the config file itself fails: absl's message says how
+    return None
+  fields = run_config.flatten(config)
+  for arg in argv:
+    if arg.startswith("--config."):
+      field = arg[len("--config."):].partition("=")[0]
+      if field not in fields and not any(k.startswith(field + ".") for k in fields):
+        return (f"unknown config field {field} (in {arg})"
+                f"{run_config.suggest(field, config)}")
+  return None
+
+
+def _one_line(message: str) -> str:
+  """The informative line of an absl flag error (its last non-empty line when the
+  message carries a traceback)."""
+  lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+  if any(line.startswith("Traceback") for line in lines):
+    return f"{lines[0].rstrip(':')} {lines[-1]}"
+  return " ".join(lines)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flags parser: parse `argv`, or print one error line and exit with status 2."""
+  argv = list(argv)
+  found = _config_arg(argv)
+  try:
+    if found is not None:
+      i, value = found
+      resolved = resolve_config_path(value)
+      argv[i] = f"--config={resolved}" if argv[i].startswith("--config=") else resolved
+    return flags.FLAGS(argv)
+  except UsageError as e:
+    sys.exit(f"error: {e}")
+  except Exception as e:   # absl and ml_collections raise several types for bad flags
+    hint = _unknown_field(argv, _config_arg(argv)[1]) if found is not None else None
+    if hint is None and not isinstance(e, flags.Error):
+      raise
+    sys.exit(f"error: {hint or _one_line(e)}")
+
+
+@contextlib.contextmanager
+def report(*expected: type[BaseException]):
+  """Turn UsageError (and the `expected` exception types) into one error line and exit 1."""
+  try:
+    yield
+  except (UsageError, *expected) as e:
+    sys.exit(f"error: {e}")

@@ -1,0 +1,59 @@
+"""Progress of a run on the console: a bar on a terminal, plain lines in a log.
+
+On a terminal (stderr is a TTY) a tqdm bar shows every step, with the loss and
+lr of the last logging step. When the output goes to a file (nohup, SLURM,
+a CI log) the bar's carriage-return updates would flood it, so one plain line
+is printed per logging step instead. Warnings are printed above the bar.
+"""
+import sys
+import time
+
+import tqdm
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(seconds)
+  h, m, s = seconds // 3600, seconds // 60 % 60, seconds % 60
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class Progress:
+  """Steps `initial` .. `total` of a run; silent when not `enabled` (processes > 0)."""
+
+  def __init__(self, total: int, initial: int, enabled: bool, interactive: bool | None = None):
+    self._enabled = enabled
+    self._interactive = sys.stderr.isatty() if interactive is None else interactive
+    self._total, self._t0, self._initial = total, time.perf_counter(), initial
+    self._bar = (tqdm.tqdm(total=total, initial=initial, desc="pretrain", dynamic_ncols=True)
+                 if enabled and self._interactive else None)
+
+  def step(self) -> None:
+    """One step taken."""
+    if self._bar is not None:
+      self._bar.update(1)
+
+  def log(self, step: int, scalars: dict[str, float]) -> None:
+    """The scalars of a logging step: on the bar, or one plain line."""
+    if not self._enabled:
+      return
+    if self._bar is not None:
+      self._bar.set_postfix(loss=f"{scalars['loss']:.4f}", lr=f"{scalars['lr']:.3g}")
+      return
+    elapsed = time.perf_counter() - self._t0
+    left = elapsed / max(step - self._initial, 1) * (self._total - step)
+    speed = f" {scalars['img_per_s']:.1f} img/s" if "img_per_s" in scalars else ""
+    print(f"step {step}/{self._total} loss {scalars['loss']:.4f} lr {scalars['lr']:.3g}"
+          f"{speed} elapsed {_duration(elapsed)} left ~{_duration(left)}", flush=True)
+
+  def write(self, line: str) -> None:
+    """Print `line` (above the bar when there is one)."""
+    if not self._enabled:
+      return
+    if self._bar is not None:
+      tqdm.tqdm.write(line)
+    else:
+      print(line, flush=True)
+
+  def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()

@@ -1,0 +1,112 @@
+"""A run's stored configs and the rule for changing them on resume.
+
+A workdir keeps the config of its latest start in `config.json` (what the probe
+and the plots read) and the config of every start in `config.step<N>.json`, N
+the step that start resumed from (0 for the first). Both are written only once a
+start has succeeded: the data opened and the checkpoint (if any) restored.
+
+On resume the new config is compared with the stored one before anything in
+the workdir is touched. Fields that define the run (method, model, data,
+augmentation, loss, seed, batch) may not change: a different value there is a
+different run and needs its own workdir. The fields of CHANGEABLE (logging,
+checkpoint cadence, probe settings, health thresholds, input workers, data
+location, run length and learning rate) may change with --allow_config_change.
+"""
+import difflib
+import json
+
+import ml_collections
+from etils import epath
+
+from cl_jax.errors import UsageError
+
+# Fields (or blocks, ending in ".") a resumed run may change with --allow_config_change.
+CHANGEABLE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
+              "train.score_queries", "probe.", "health.", "data.workers", "data.data_dir",
+              "data.cache_dir", "optim.epochs", "optim.lr", "optim.lr_recipe",
+              "train.max_param_growth")
+# Fields stored as JSON lists that the config holds as tuples.
+_TUPLES = (("data", "crop_scale"), ("aug", "blur_sigma"), ("probe", "decay_epochs"))
+
+
+class ConfigChangeError(UsageError):
+  """A resume was asked with a config that differs from the run's."""
+
+
+def _write_json(path: epath.Path, text: str) -> None:
+  tmp = path.parent / (path.name + ".tmp")
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
+def save_start(config: ml_collections.ConfigDict, workdir: str, step: int) -> None:
+  """Write workdir/config.json and workdir/config.step<step>.json (workdir may be a URL)."""
+  root = epath.Path(workdir)
+  root.mkdir(parents=True, exist_ok=True)
+  text = config.to_json(indent=2)
+  _write_json(root / f"config.step{step}.json", text)
+  _write_json(root / "config.json", text)
+
+
+def read(workdir: str) -> ml_collections.ConfigDict:
+  """The config of the latest start of the run in `workdir`."""
+  path = epath.Path(workdir) / "config.json"
+  if not path.exists():
+    raise UsageError(f"{path} not found: {workdir} holds no cl_jax pretraining run")
+  c = ml_collections.ConfigDict(json.loads(path.read_text()))
+  for block, field in _TUPLES:
+    if block in c and field in c[block]:
+      c[block][field] = tuple(c[block][field])
+  return c
+
+
+def flatten(config) -> dict:
+  """{"block.field": value} of a (nested) config; lists become tuples."""
+  out = {}
+  for key, value in (config.items() if hasattr(config, "items") else ()):
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      out.update({f"{key}.{k}": v for k, v in flatten(value).items()})
+    else:
+      out[key] = tuple(value) if isinstance(value, list) else value
+  return out
+
+
+def differences(stored, new) -> list[tuple[str, object, object]]:
+  """(field, stored value, new value) for every field that differs; a field that one
+  side lacks shows as "<absent>"."""
+  a, b = flatten(stored), flatten(new)
+  absent = "<absent>"
+  return [(k, a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b))
+          if a.get(k, absent) != b.get(k, absent)]
+
+
+def changeable(field: str) -> bool:
+  """Whether `field` may change when a run resumes (with --allow_config_change)."""
+  return any(field == c or (c.endswith(".") and field.startswith(c)) for c in CHANGEABLE)
+
+
+def check_resume(stored, new, *, step: int, workdir: str, allow_change: bool) -> list[str]:
+  """Raise ConfigChangeError unless config `new` may resume the run of config `stored`
+  (its checkpoint at `step`); return the accepted changes as "field: old -> new" lines."""
+  diffs = differences(stored, new)
+  fixed = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if not changeable(k)]
+  free = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if changeable(k)]
+  if fixed:
+    allowed = (f" (the other changes, {'; '.join(free)}, are allowed with "
+               "--allow_config_change)" if free else "")
+    raise ConfigChangeError(
+        f"{workdir} holds a run (checkpoint at step {step}) with another config: "
+        f"{'; '.join(fixed)}. These fields define the run: start a new run with another "
+        f"--workdir, or resume this one with its own values{allowed}.")
+  if free and not allow_change:
+    raise ConfigChangeError(
+        f"{workdir} holds a run (checkpoint at step {step}) started with other values of "
+        f"{'; '.join(free)}. Pass --allow_config_change to resume with the new values "
+        "(each start's config is kept in config.step<N>.json), or drop the overrides.")
+  return free
+
+
+def suggest(field: str, config) -> str:
+  """' (did you mean X?)' for the closest existing dotted field of `config`, or ''."""
+  close = difflib.get_close_matches(field, list(flatten(config)), n=1)
+  return f" (did you mean {close[0]}?)" if close else ""

@@ -1,0 +1,217 @@
+"""Runs that are safe to resume and to read: the resume rule for configs, the fall-back
+from damaged checkpoints, the config written only by a start that succeeded, chunks
+that do not probe, and one-line errors for bad input (in subprocesses, as a user runs
+them)."""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from cl_jax import cli, linear_probe, metrics, run_config, train
+from cl_jax.data import tfds_source
+from cl_jax.errors import UsageError
+from configs import mocov2_patchns
+from tests import tiny_run
+from tests.conftest import ROOT
+
+EXTRA = ("--config.optim.epochs=2", "--config.train.checkpoint_every=4", "--probe=false")
+
+
+def _run(workdir, *extra, cwd=ROOT):
+  return subprocess.run([sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}",
+                         *tiny_run.FLAGS, *extra], cwd=cwd, capture_output=True, text=True,
+                        timeout=600, env=tiny_run.env())
+
+
+def _error_line(proc) -> str:
+  """The process's only stderr line (asserting there is exactly one and no traceback)."""
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+  return lines[0]
+
+
+def _snapshot(workdir) -> dict[str, bytes]:
+  """Every file of a run directory (path -> bytes)."""
+  out = {}
+  for path in glob.glob(os.path.join(workdir, "**", "*"), recursive=True):
+    if os.path.isfile(path):
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, workdir)] = f.read()
+  return out
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+  """A finished tiny run: 16 steps, checkpoints at 12 and 16, one metrics row per step."""
+  workdir = tmp_path_factory.mktemp("runs") / "base"
+  proc = _run(workdir, *EXTRA)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return workdir
+
+
+# The resume rule, on configs (no training).
+
+def _config(**fields) -> ml_collections.ConfigDict:
+  c = mocov2_patchns.get_config()
+  for path, value in fields.items():
+    block, field = path.split("__")
+    c[block][field] = value
+  return c
+
+
+def test_resume_rule_names_every_differing_field():
+  stored = _config()
+  assert run_config.check_resume(stored, _config(), step=8, workdir="w",
+                                 allow_change=False) == []
+  with pytest.raises(run_config.ConfigChangeError) as e:
+    run_config.check_resume(stored, _config(moco__temperature=0.5, model__head_out_dim=32,
+                                            optim__epochs=40),
+                            step=8, workdir="w", allow_change=True)
+  message = str(e.value)
+  assert "moco.temperature: 0.2 -> 0.5" in message and "model.head_out_dim: 64 -> 32" in message
+  assert "another --workdir" in message and "optim.epochs: 16 -> 40" in message
+  with pytest.raises(run_config.ConfigChangeError, match="--allow_config_change"):
+    run_config.check_resume(stored, _config(optim__epochs=40), step=8, workdir="w",
+                            allow_change=False)
+  accepted = run_config.check_resume(
+      stored, _config(optim__epochs=40, train__log_every=5, probe__epochs=3,
+                      data__workers=2, optim__lr=0.01),
+      step=8, workdir="w", allow_change=True)
+  assert accepted == ["data.workers: 0 -> 2", "optim.epochs: 16 -> 40", "optim.lr: 0.06 -> 0.01",
+                      "probe.epochs: 100 -> 3", "train.log_every: 10 -> 5"]
+
+
+def test_stored_config_reads_back_equal(tmp_path):
+  config = _config(optim__epochs=3)
+  run_config.save_start(config, str(tmp_path), 0)
+  run_config.save_start(_config(optim__epochs=5), str(tmp_path), 12)
+  assert run_config.differences(run_config.read(str(tmp_path)), _config(optim__epochs=5)) == []
+  first = json.loads((tmp_path / "config.step0.json").read_text())
+  assert first["optim"]["epochs"] == 3
+  assert json.loads((tmp_path / "config.step12.json").read_text())["optim"]["epochs"] == 5
+
+
+def test_resume_refuses_a_changed_config_and_touches_nothing(finished_run, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  before = _snapshot(workdir)
+  refused = _run(workdir, *EXTRA, "--config.moco.temperature=0.5",
+                 "--config.model.width_multiplier=0.25")
+  line = _error_line(refused)
+  assert "moco.temperature: 0.2 -> 0.5" in line and "model.width_multiplier: 0.125 -> 0.25" in line
+  assert "another --workdir" in line
+  longer = ("--config.optim.epochs=3", "--config.train.checkpoint_every=4", "--probe=false")
+  line = _error_line(_run(workdir, *longer))
+  assert "optim.epochs: 2 -> 3" in line and "--allow_config_change" in line
+  assert _snapshot(workdir) == before       # neither attempt changed a byte
+
+  accepted = _run(workdir, *longer, "--allow_config_change")
+  assert accepted.returncode == 0, accepted.stderr[-3000:]
+  assert "changed   optim.epochs: 2 -> 3" in accepted.stdout
+  assert run_config.read(workdir).optim.epochs == 3
+  assert json.loads((workdir / "config.step0.json").read_text())["optim"]["epochs"] == 2
+  assert json.loads((workdir / "config.step16.json").read_text())["optim"]["epochs"] == 3
+  assert [r["step"] for r in metrics.read_jsonl(workdir / "metrics.jsonl")] == list(range(1, 25))
+
+
+def test_failed_start_leaves_the_stored_config(tmp_path):
+  workdir = str(tmp_path)
+  good = _config()
+  run_config.save_start(good, workdir, 0)
+  before = _snapshot(workdir)
+  bad = _config(data__name="cifar10", data__data_dir=str(tmp_path / "no_tfds_here"))
+  with pytest.raises(tfds_source.DatasetNotFoundError):
+    train.pretrain(bad, workdir)
+  assert _snapshot(workdir) == before
+
+
+# Damaged checkpoints.
+
+def _truncate_largest_array(step_dir):
+  files = sorted(glob.glob(os.path.join(step_dir, "state", "ocdbt.process_0", "d", "*")),
+                 key=os.path.getsize)
+  with open(files[-1], "r+b") as f:
+    f.truncate(os.path.getsize(files[-1]) // 2)
+
+
+def _empty(step_dir):
+  shutil.rmtree(step_dir)
+  os.makedirs(step_dir)
+
+
+DAMAGE = {
+    "truncated array file": _truncate_largest_array,
+    "missing _METADATA": lambda d: os.remove(os.path.join(d, "state", "_METADATA")),
+    "missing input position": lambda d: os.remove(os.path.join(d, "data", "process_0-of-1.json")),
+    "empty step folder": _empty,
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished_run, tmp_path, damage):
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  DAMAGE[damage](str(workdir / "checkpoints" / "16"))
+  proc = _run(workdir, *EXTRA)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr and "Event loop is closed" not in proc.stderr
+  warning = f"checkpoint 16 in {workdir} cannot be read"
+  assert warning in proc.stdout and "moved to" in proc.stdout
+  assert "resuming from the checkpoint at step 12 of 16" in proc.stdout
+  assert warning in (workdir / "warnings.log").read_text()
+  assert (workdir / "checkpoints_damaged" / "16").is_dir()      # set aside, not deleted
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["12", "16"]
+  # Steps 13-16 ran again from step 12: one row each, equal to the first run's.
+  rows = metrics.read_jsonl(workdir / "metrics.jsonl")
+  first = {r["step"]: r["loss"] for r in metrics.read_jsonl(finished_run / "metrics.jsonl")}
+  assert [r["step"] for r in rows] == list(range(1, 17))
+  assert {r["step"]: r["loss"] for r in rows} == first
+
+
+# What a user sees.
+
+def test_stop_at_step_chunk_does_not_probe(tmp_path):
+  proc = _run(tmp_path / "run", "--config.optim.epochs=2", "--config.train.checkpoint_every=4",
+              "--stop_at_step=4", "--probe=true")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "stopped at step 4 of 16" in proc.stdout and "linear probe" not in proc.stdout
+  assert not glob.glob(str(tmp_path / "run" / "probe_step*.json"))
+
+
+def test_bad_inputs_get_one_line(tmp_path):
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  line = _error_line(_run(a_file))
+  assert f"--workdir={a_file} is a file" in line
+  missing = subprocess.run([sys.executable, "-m", "cl_jax.main", "--config=configs/nope.py"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=tiny_run.env())
+  assert "config file configs/nope.py not found" in _error_line(missing)
+  line = _error_line(_run(tmp_path / "w", "--config.moco.temprature=0.3"))
+  assert "unknown config field moco.temprature" in line
+  assert "did you mean moco.temperature?" in line
+
+
+def test_commands_work_from_another_directory(tmp_path):
+  proc = _run(tmp_path / "run", "--config.optim.epochs=1", "--stop_at_step=1", cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (tmp_path / "run" / "checkpoints" / "1").is_dir()
+
+
+def test_only_bad_input_becomes_one_line():
+  with pytest.raises(SystemExit) as e:
+    with cli.report():
+      raise UsageError("bad value")
+  assert str(e.value) == "error: bad value"
+  with pytest.raises(ValueError, match="an internal bug"):   # keeps its traceback
+    with cli.report():
+      raise ValueError("an internal bug")
+  assert issubclass(tfds_source.DatasetNotFoundError, UsageError)
+  with pytest.raises(UsageError, match="holds no cl_jax pretraining run"):
+    linear_probe.run("/nonexistent/run")
