@@ -24,7 +24,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from cl_jax import cli, parallel, train
+from cl_jax import cli, startup, train
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally with a preset: configs/NAME.py[:preset].",
@@ -70,7 +70,7 @@ def main(argv):
   explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   with cli.report(train.TrainingDiverged):
     if _MULTIHOST.value or any(v is not None for v in explicit):
-      parallel.initialize_distributed(*explicit, timeout_s=_STARTUP_TIMEOUT.value)
+      startup.initialize_distributed(*explicit, timeout_s=_STARTUP_TIMEOUT.value)
     config = _CONFIG.value
     workdir = _WORKDIR.value or default_workdir(
         config_flags.get_config_filename(flags.FLAGS["config"]))

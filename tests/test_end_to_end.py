@@ -92,16 +92,17 @@ def test_pretrain_then_probe_report(tmp_path):
   assert set(report["accuracy"]) == {"shape", "texture", "colour"}
 
 
-def _start_and_stop(workdir, extra, sig) -> subprocess.Popen:
-  """Start a run, send `sig` to its process group once it has saved step 8 or later."""
+def _start_and_stop(workdir, extra, sig) -> tuple[int, str]:
+  """Start a run, send `sig` to its process group once it has saved step 8 or later;
+  (exit status, stderr)."""
   proc = subprocess.Popen(_cmd(workdir, *extra), cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, start_new_session=True)
   deadline = time.time() + 300
   while time.time() < deadline and not any(s >= 8 for s in _steps(workdir)):
     time.sleep(0.02)
   os.killpg(proc.pid, sig)    # the whole group, as a terminal's Ctrl-C does
-  proc.communicate(timeout=300)
-  return proc
+  _, err = proc.communicate(timeout=300)
+  return proc.returncode, err
 
 
 def test_killed_and_interrupted_runs_resume_exactly(tmp_path):
@@ -116,10 +117,10 @@ def test_killed_and_interrupted_runs_resume_exactly(tmp_path):
   killed_at = max(_steps(killed))
   assert 8 <= killed_at < 48, "the run was not killed during training"
 
-  stopped = _start_and_stop(interrupted, extra, signal.SIGINT)
-  assert stopped.returncode == 130
-  lines = stopped.stderr.strip().splitlines()
-  assert len(lines) == 1 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+  status, err = _start_and_stop(interrupted, extra, signal.SIGINT)
+  assert status == 130
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
   saved = int(lines[0].split("saved a checkpoint at step ")[1].split(".")[0])
   assert saved == max(_steps(interrupted)) and saved >= 8
   assert lines[0].endswith("--probe=false") and "Resume with: python -m cl_jax.main" in lines[0]

@@ -17,6 +17,7 @@ import pytest
 
 from cl_jax import health, parallel, step as step_lib, train
 from cl_jax.data import photometric
+from cl_jax.progress import Progress
 from configs import default, mocov2, simsiam
 
 HEALTH_KEYS = {"health/std", "health/std_sqrt_d", "health/rank", "health/align",
@@ -157,7 +158,8 @@ def test_collapse_notice_reports_entry_every_tenth_log_and_recovery(tmp_path):
     notice, count = train.collapse_notice(warning, count, healthy)
     if notice is not None:
       reported.append(i)
-      train.report_warning(f"step {i}: {notice}", str(tmp_path))
+      train.report_warning(f"step {i}: {notice}", str(tmp_path),
+                           Progress(total=26, initial=0, enabled=False))
   assert reported == [0, 10, 20, 25] and count == 0
   lines = (tmp_path / "warnings.log").read_text().splitlines()
   assert lines[:3] == [f"step {i}: representation collapse: x" for i in (0, 10, 20)]

@@ -15,7 +15,7 @@ CLUSTER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "TPU_", "MEGASCALE_", "KUBERNETES
 CHILD = """
 import sys
 import jax
-from cl_jax import parallel
+from cl_jax import startup
 from cl_jax.errors import UsageError
 
 if {forbid_jax}:
@@ -23,7 +23,7 @@ if {forbid_jax}:
     raise AssertionError("jax.distributed.initialize was called")
   jax.distributed.initialize = forbidden
 try:
-  parallel.initialize_distributed({args})
+  startup.initialize_distributed({args})
 except UsageError as e:
   sys.exit(f"error: {{e}}")
 """

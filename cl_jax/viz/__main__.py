@@ -16,14 +16,14 @@ Writes to --out (default: <first WORKDIR>/viz):
 <run> is the WORKDIR's basename. Each path is printed, one a line, once written.
 """
 import os
-import sys
 
 from absl import app, flags, logging
 from etils import epath
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from cl_jax import metrics, train
+from cl_jax import cli, metrics, run_config, train
+from cl_jax.errors import UsageError
 from cl_jax.data import sources
 from cl_jax.viz import curves, histograms, landscape
 
@@ -39,19 +39,19 @@ def run_name(workdir: str) -> str:
   workdir = str(workdir)
   name = epath.Path(workdir if "://" in workdir else os.path.abspath(workdir)).name
   if not name:
-    raise ValueError(f"cannot name the run in {workdir!r}: give its directory, not a root")
+    raise UsageError(f"cannot name the run in {workdir!r}: give its directory, not a root")
   return name
 
 
 def read_records(workdir: str) -> list[dict]:
-  """The run's metrics records in step order; FileNotFoundError / ValueError if absent / empty."""
+  """The run's metrics records in step order; UsageError if absent or empty."""
   path = epath.Path(workdir) / metrics.METRICS_FILE
   if not metrics.has_metrics(workdir):
-    raise FileNotFoundError(f"{path} not found: {workdir} has no logged metrics (pretrain "
+    raise UsageError(f"{path} not found: {workdir} has no logged metrics (pretrain "
                             "with cl_jax.main first)")
   records = metrics.read_metrics(workdir)
   if not records:
-    raise ValueError(f"{path} is empty: the run has not logged a step yet")
+    raise UsageError(f"{path} is empty: the run has not logged a step yet")
   return records
 
 
@@ -69,9 +69,9 @@ def render(workdirs: list[str], out: epath.Path, step: int | None, batches: int)
   names = [run_name(w) for w in workdirs]
   repeated = sorted({n for n in names if names.count(n) > 1})
   if repeated:
-    raise ValueError(f"several workdirs are named {repeated}: their plots would overwrite "
+    raise UsageError(f"several workdirs are named {repeated}: their plots would overwrite "
                      "each other; give the runs distinct directory names")
-  configs = [train.read_config(w) for w in workdirs]
+  configs = [run_config.read(w) for w in workdirs]
   runs = [read_records(w) for w in workdirs]
   out.mkdir(parents=True, exist_ok=True)
   labels = curves.run_labels(names, [c.to_dict() for c in configs])
@@ -110,11 +110,9 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)   # orbax logs every restore at INFO
   out = epath.Path(_OUT.value) if _OUT.value else epath.Path(workdirs[0]) / "viz"
-  try:
+  with cli.report():
     render(workdirs, out, _STEP.value, _BATCHES.value)
-  except (FileNotFoundError, ValueError) as e:
-    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)
