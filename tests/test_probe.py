@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cl_jax import linear_probe
+from cl_jax.errors import UsageError
 from configs import mocov2, simclr
 
 
@@ -114,7 +115,7 @@ def test_validation_split_holds_out_the_first_fifth():
   np.testing.assert_array_equal(y_val["a"], [0, 1])
   np.testing.assert_array_equal(y_fit["a"], np.arange(2, 10))
   np.testing.assert_array_equal(np.concatenate([x_val, x_fit]), x)
-  with pytest.raises(ValueError, match="at least 5"):
+  with pytest.raises(UsageError, match="at least 5"):
     linear_probe.validation_split(x[:4], {"a": y["a"][:4]})
   c = mocov2.get_config()
   assert linear_probe.baseline_key(c, "fast", True) != linear_probe.baseline_key(c, "fast")

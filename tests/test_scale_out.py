@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cl_jax import parallel, queue as queue_lib, step as step_lib, train
+from cl_jax.errors import UsageError
 from cl_jax.steps import forward
 from configs import mocov2_patchns
 
@@ -180,5 +181,5 @@ def test_a_run_resumed_on_fewer_devices_keeps_every_key_in_its_slot():
   np.testing.assert_array_equal(queue_lib.to_ring_order(moved.queue, 2, p),
                                 queue_lib.to_ring_order(state.queue, 8, p))
   assert [s.data.shape[0] for s in moved.queue.addressable_shards] == [K // 2, K // 2]
-  with pytest.raises(ValueError, match="keys per step"):
+  with pytest.raises(UsageError, match="keys per step"):
     train.relayout_queue(restored, {"queue_shards": 8, "keys_per_step": 2 * p}, mesh2, p)

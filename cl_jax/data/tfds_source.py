@@ -351,7 +351,7 @@ def open_source(
     """
     spec = dataset_spec(name)
     if split_role not in SPLIT_ROLES:
-        raise UsageError(f"Unknown split role {split_role!r}; expected one of {SPLIT_ROLES}.")
+        raise ValueError(f"Unknown split role {split_role!r}; expected one of {SPLIT_ROLES}.")
     if not isinstance(data_dir, str) or not data_dir:
         raise UsageError(f"data_dir must be a non-empty path string, got {data_dir!r}.")
 
