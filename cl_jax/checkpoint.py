@@ -13,7 +13,6 @@ input-position file, an empty step folder) is skipped on resume: `restore_intact
 falls back to the newest one that restores, and `set_aside` moves the damaged
 ones out of the way (never deleting them).
 """
-import contextlib
 import dataclasses
 import os
 import sys
@@ -22,9 +21,9 @@ import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from absl import logging
 from etils import epath
 
+from cl_jax import logs
 from cl_jax.errors import UsageError
 
 DAMAGED_DIR = "checkpoints_damaged"
@@ -33,18 +32,6 @@ DAMAGED_DIR = "checkpoints_damaged"
 def _directory(workdir: str) -> epath.Path:
   root = str(workdir)
   return epath.Path(root if "://" in root else os.path.abspath(root)) / "checkpoints"
-
-
-@contextlib.contextmanager
-def _quiet():
-  """absl logging at ERROR level inside (orbax warns about read-only managers and about
-  the checkpoints restore_intact finds unreadable, which it reports itself)."""
-  level = logging.get_verbosity()
-  logging.set_verbosity(min(level, logging.ERROR))   # absl: lower is quieter
-  try:
-    yield
-  finally:
-    logging.set_verbosity(level)
 
 
 def make_manager(workdir: str, keep: int = 2, *, read_only: bool = False) -> ocp.CheckpointManager:
@@ -59,7 +46,7 @@ def make_manager(workdir: str, keep: int = 2, *, read_only: bool = False) -> ocp
                                            save_interval_steps=0, cleanup_tmp_directories=False)
   else:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True)
-  with _quiet():
+  with logs.quiet():
     return ocp.CheckpointManager(_directory(workdir), options=options,
                                  item_names=("state", "data", "meta"))
 
@@ -146,7 +133,7 @@ def restore_intact(manager: ocp.CheckpointManager, template,
     iterator = make_iterator()
     sys.unraisablehook = _quiet_aborted_reads
     try:
-      with _quiet():
+      with logs.quiet():
         state, meta = restore(manager, template, step, data_iterator=iterator)
       error = None
     except Exception as e:   # any failure to read means this checkpoint is not usable

@@ -34,7 +34,8 @@ def resolve_config_path(value: str) -> str:
   """`value` (PATH[:preset]) with PATH made absolute: relative to the current directory
   if the file is there, else to the repository root; UsageError if neither has it."""
   path, colon, preset = value.partition(":")
-  candidates = [path] if os.path.isabs(path) else [path, os.path.join(REPO_ROOT, path)]
+  candidates = [path] if os.path.isabs(path) else list(dict.fromkeys(
+      [os.path.abspath(path), os.path.join(REPO_ROOT, path)]))
   for candidate in candidates:
     if os.path.isfile(candidate):
       return os.path.abspath(candidate) + colon + preset

@@ -52,8 +52,9 @@ from absl import app, flags, logging
 from etils import epath
 from ml_collections import config_flags
 
-from cl_jax import linear_probe, train
+from cl_jax import cli, linear_probe, train
 from cl_jax.data import sources
+from cl_jax.errors import UsageError
 from cl_jax.viz import suppression_plot
 from cl_jax.viz.curves import flatten_config
 
@@ -118,26 +119,26 @@ def select(specs: Sequence[RunSpec], only: Sequence[str] | None) -> list[RunSpec
   names = [s.name for s in specs]
   unknown = [n for n in only if n not in names]
   if unknown or not only:
-    raise ValueError(f"--only names {unknown or 'no run'}; the grid's runs are "
+    raise UsageError(f"--only names {unknown or 'no run'}; the grid's runs are "
                      f"{', '.join(names)}")
   return [s for s in specs if s.name in only]
 
 
 def check_overrides(overrides: Mapping[str, object]) -> None:
-  """ValueError if a command-line config override sets a field the grid sets per run."""
+  """UsageError if a command-line config override sets a field the grid sets per run."""
   clash = sorted(k for k in overrides if k in GRID_FIELDS)
   if clash:
-    raise ValueError(f"--config.{clash[0]} is set by the study for each run (its grid fields: "
+    raise UsageError(f"--config.{clash[0]} is set by the study for each run (its grid fields: "
                      f"{', '.join(GRID_FIELDS)}); drop the override")
 
 
 def check_base(config: ml_collections.ConfigDict) -> None:
-  """ValueError unless `config` is a SimCLR config on Trifeature (colour/shape/texture)."""
+  """UsageError unless `config` is a SimCLR config on Trifeature (colour/shape/texture)."""
   if config.method != "simclr":
-    raise ValueError(f"the study trains SimCLR, but the config's method is "
+    raise UsageError(f"the study trains SimCLR, but the config's method is "
                      f"{config.method!r}; use --config=configs/simclr.py")
   if config.data.name != "trifeature":
-    raise ValueError(f"the study reads out Trifeature's colour, shape and texture, but "
+    raise UsageError(f"the study reads out Trifeature's colour, shape and texture, but "
                      f"data.name = {config.data.name!r}; use the Trifeature preset")
 
 
@@ -169,7 +170,7 @@ def final_step(config: ml_collections.ConfigDict) -> int:
 
 
 def check_run_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> None:
-  """ValueError if workdir/config.json holds a field whose value differs from `config`'s.
+  """UsageError if workdir/config.json holds a field whose value differs from `config`'s.
 
   Fields present in only one of them (a newer config schema) are not compared.
   """
@@ -181,7 +182,7 @@ def check_run_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> 
   differ = sorted(k for k in stored.keys() & wanted.keys() if stored[k] != wanted[k])
   if differ:
     shown = ", ".join(f"{k}: {stored[k]!r} there, {wanted[k]!r} now" for k in differ[:4])
-    raise ValueError(f"{workdir} holds a run with another config ({shown}"
+    raise UsageError(f"{workdir} holds a run with another config ({shown}"
                      f"{', ...' if len(differ) > 4 else ''}); use a fresh --workdir for a "
                      "study at other settings, or delete that run directory")
 
@@ -221,7 +222,7 @@ def accuracies(report: Mapping) -> dict[str, float]:
   acc = report.get("accuracy", {})
   missing = [f for f in FEATURES if f not in acc]
   if missing:
-    raise ValueError(f"the probe report {report.get('path', report.get('workdir'))} has no "
+    raise UsageError(f"the probe report {report.get('path', report.get('workdir'))} has no "
                      f"accuracy for {missing}: it is not a Trifeature report")
   out = {f: 100.0 * float(acc[f]["top1"]) for f in FEATURES}
   out["mean"] = float(np.mean([out[f] for f in FEATURES]))
@@ -344,14 +345,12 @@ def main(argv):
   overrides = config_flags.get_override_values(flags.FLAGS["config"])
   root, seeds = flags.FLAGS.workdir, flags.FLAGS.seeds
   start = time.perf_counter()
-  try:
+  with cli.report():
     check_overrides(overrides)
     check_base(config)
     specs = select(grid(), flags.FLAGS.only)
     header = describe(config_flags.get_config_filename(flags.FLAGS["config"]), overrides, seeds)
     rows, failures = run_study(config, root, specs, seeds, header)
-  except (ValueError, FileNotFoundError) as e:   # config_check.ConfigError is a ValueError
-    sys.exit(f"error: {e}")
   if rows:
     print("\n" + markdown_table(rows, header))
     for name in ("suppression.md", "suppression.csv", "suppression.png"):
@@ -378,4 +377,4 @@ def _define_flags() -> None:
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -10,11 +10,12 @@ checkpoint, where a diverged state (non-finite, or a parameter norm beyond
 is saved, so the last checkpoint is always one to resume from. At each logging
 step the embeddings' health signals (cl_jax.health) are checked against the
 `health` thresholds: a collapse is reported on the console and in
-workdir/warnings.log, and logged as the scalar health/collapsed. Ctrl-C lets a
-pending save finish and raises Interrupted.
+workdir/warnings.log, and logged as the scalar health/collapsed. The first Ctrl-C
+stops the run at the end of its step with a checkpoint and raises Interrupted.
 """
 import contextlib
 import functools
+import math
 import signal
 import threading
 import time
@@ -41,8 +42,9 @@ class TrainingDiverged(RuntimeError):
   """The loss or the state became non-finite, or the parameters grew out of range."""
 
 
-class Interrupted(Exception):
-  """Ctrl-C stopped the run after step `step`, saved as a checkpoint."""
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C stopped the run after step `step`, saved as a checkpoint (a KeyboardInterrupt,
+  so callers that do not report it still stop as on Ctrl-C)."""
 
   def __init__(self, step: int):
     super().__init__(step)
@@ -307,8 +309,9 @@ def _stop_if_diverged(finite: bool, growth: float, step: int, manager,
   limit = config.train.max_param_growth
   if finite and growth <= limit:
     return
+  times = f"{growth:.3g} times" if math.isfinite(growth) else "beyond float32 range,"
   reason = ("the loss or the state is no longer finite" if not finite else
-            f"the parameter norm is {growth:.3g} times its initial value (limit "
+            f"the parameter norm is {times} its initial value (limit "
             f"train.max_param_growth = {limit:g})")
   manager.wait_until_finished()
   last = manager.latest_step()

@@ -13,6 +13,7 @@ from etils import epath
 from PIL import Image
 
 from cl_jax import run_config, suppression, train
+from cl_jax.errors import UsageError
 from cl_jax.viz import suppression_plot
 from configs import mocov2, simclr
 from tests import tiny_run
@@ -61,15 +62,15 @@ def test_bad_selections_overrides_and_configs_are_refused():
   specs = suppression.grid()
   assert [s.name for s in suppression.select(specs, ["hcl_t0.5_b1", "simclr_t0.2"])] == [
       "simclr_t0.2", "hcl_t0.5_b1"]                      # grid order
-  with pytest.raises(ValueError, match=r"\['simclr_t0.3'\].*simclr_t0.05, simclr_t0.05_ifm"):
+  with pytest.raises(UsageError, match=r"\['simclr_t0.3'\].*simclr_t0.05, simclr_t0.05_ifm"):
     suppression.select(specs, ["simclr_t0.2", "simclr_t0.3"])
   suppression.check_overrides({"optim.epochs": 2, "data.image_size": 16})
-  with pytest.raises(ValueError, match="--config.simclr.temperature is set by the study"):
+  with pytest.raises(UsageError, match="--config.simclr.temperature is set by the study"):
     suppression.check_overrides({"optim.epochs": 2, "simclr.temperature": 0.1})
   suppression.check_base(simclr.get_config())
-  with pytest.raises(ValueError, match="method is 'moco'"):
+  with pytest.raises(UsageError, match="method is 'moco'"):
     suppression.check_base(mocov2.get_config())
-  with pytest.raises(ValueError, match="no accuracy for \\['texture'\\]"):
+  with pytest.raises(UsageError, match="no accuracy for \\['texture'\\]"):
     suppression.accuracies({"accuracy": {"colour": {"top1": 1.0}, "shape": {"top1": 1.0}}})
 
 
@@ -224,7 +225,7 @@ def test_study_loop_resumes_from_reports_and_goes_on_after_a_divergence(tmp_path
   # A run directory trained at other settings is refused, not mixed in.
   other = _tiny_base()
   other.optim.lr = 0.5
-  with pytest.raises(ValueError, match="optim.lr: 0.06 there, 0.5 now"):
+  with pytest.raises(UsageError, match="optim.lr: 0.06 there, 0.5 now"):
     suppression.run_study(other, root, some, 1, "## h", fake_train, log=lambda s: None)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+from cl_jax import logs
 from cl_jax.errors import UsageError
 
 SPLIT_ROLES = ("pretrain", "probe_train", "test")
@@ -357,8 +358,10 @@ def open_source(
 
     import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
-    builder = tfds.builder(spec.tfds_name, data_dir=data_dir)
-    if not builder.is_prepared():
+    with logs.quiet():   # TFDS warns about an unprepared folder; the error below says more
+        builder = tfds.builder(spec.tfds_name, data_dir=data_dir)
+        prepared = builder.is_prepared()
+    if not prepared:
         raise DatasetNotFoundError(
             f"Dataset {name!r} (TFDS {spec.tfds_name} {builder.version}) is not prepared in "
             f"data_dir {data_dir!r} and is never downloaded at run time.\n"
