@@ -23,7 +23,8 @@ class Progress:
   def __init__(self, total: int, initial: int, enabled: bool, interactive: bool | None = None):
     self._enabled = enabled
     self._interactive = sys.stderr.isatty() if interactive is None else interactive
-    self._total, self._t0, self._initial = total, time.perf_counter(), initial
+    self._total, self._initial = total, initial
+    self._started = self._t0 = time.perf_counter()
     self._bar = (tqdm.tqdm(total=total, initial=initial, desc="pretrain", dynamic_ncols=True)
                  if enabled and self._interactive else None)
 
@@ -32,6 +33,12 @@ class Progress:
     if self._bar is not None:
       self._bar.update(1)
 
+  def compiled(self, step: int, seconds: float) -> None:
+    """The first step (`step`) took `seconds` with compilation: report it, and estimate
+    the time left from the steps after it."""
+    self.write(f"first step (with compilation): {seconds:.1f} s")
+    self._t0, self._initial = time.perf_counter(), step
+
   def log(self, step: int, scalars: dict[str, float]) -> None:
     """The scalars of a logging step: on the bar, or one plain line."""
     if not self._enabled:
@@ -39,8 +46,9 @@ class Progress:
     if self._bar is not None:
       self._bar.set_postfix(loss=f"{scalars['loss']:.4f}", lr=f"{scalars['lr']:.3g}")
       return
-    elapsed = time.perf_counter() - self._t0
-    left = elapsed / max(step - self._initial, 1) * (self._total - step)
+    now = time.perf_counter()
+    left = (now - self._t0) / max(step - self._initial, 1) * (self._total - step)
+    elapsed = now - self._started
     speed = f" {scalars['img_per_s']:.1f} img/s" if "img_per_s" in scalars else ""
     print(f"step {step}/{self._total} loss {scalars['loss']:.4f} lr {scalars['lr']:.3g}"
           f"{speed} elapsed {_duration(elapsed)} left ~{_duration(left)}", flush=True)

@@ -207,7 +207,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str, stop_at_step: int 
         if step == start:   # the first step compiles: keep it out of img/s
           jax.block_until_ready(metrics["loss"])
           now = time.perf_counter()
-          progress.write(f"first step (with compilation): {now - t_last:.1f} s")
+          progress.compiled(done, now - t_last)
           t_last, step_last = now, done
         logged = done % config.train.log_every == 0 or done == end
         saved = done % config.train.checkpoint_every == 0 or done == end or bool(interrupted)
