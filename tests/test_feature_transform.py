@@ -311,3 +311,17 @@ def test_sample_coefficient_shapes_and_errors():
     ft.sample_coefficient(jax.random.key(1), 0.0, 2.0, ())
   with pytest.raises(ValueError, match="Beta"):
     ft.sample_coefficient(jax.random.key(1), 2.0, -1.0, ())
+
+
+def test_negative_coefficient_follows_eq5_and_eq7():
+  """Interpolation mu ~ Beta(a_in, a_in) (Eq. 5); extrapolation mu ~ 1 + Beta(a_ex, a_ex)
+  (App. G.1, Eq. 7). a_in = 0.05 puts the Beta mass near 0 and 1; a_ex = 500 near 0.5."""
+  rng = jax.random.key(0)
+  interp = np.asarray(ft.negative_coefficient(rng, "interpolate", 0.05, 500.0,
+                                                             (4000,)))
+  extrap = np.asarray(ft.negative_coefficient(rng, "extrapolate", 0.05, 500.0,
+                                                             (4000,)))
+  assert np.all((interp >= 0) & (interp <= 1)) and np.mean((interp < 0.1) | (interp > 0.9)) > 0.8
+  assert np.all((extrap > 1.42) & (extrap < 1.58)) and abs(extrap.mean() - 1.5) < 0.002
+  with pytest.raises(ValueError, match="interpolate"):
+    ft.negative_coefficient(rng, "hard", 1.0, 1.0, ())

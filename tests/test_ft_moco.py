@@ -57,7 +57,9 @@ def _coefficients(rng, ft, dim):
   r_pos, r_neg, r_perm = jax.random.split(rng, 3)
   shape = (dim,) if ft.per_dimension else ()
   lam = 1 + np.asarray(feature_transform.sample_coefficient(r_pos, 2.0, 2.0, shape), np.float64)
-  mu = np.asarray(feature_transform.sample_coefficient(r_neg, 1.6, 1.6, shape), np.float64)
+  # Eq. 5: mu ~ Beta(a_in, a_in); App. G.1, Eq. 7: mu ~ 1 + Beta(a_ex, a_ex).
+  a = ft.alpha_ex if ft.negative == "extrapolate" else ft.alpha_in
+  mu = np.asarray(jax.random.beta(r_neg, a, a, shape, jnp.float32), np.float64)
   mu = mu + 1 if ft.negative == "extrapolate" else mu
   order = np.asarray(jax.random.permutation(r_perm, K // P))
   return lam, mu, order
@@ -96,6 +98,29 @@ def test_ft_loss_matches_numpy_on_any_device_count(ft_key, devices):
   np.testing.assert_allclose(stats["neg_mean"], s.mean(), rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(stats["neg_var"], s.var(axis=1).mean(), rtol=1e-4)
   assert np.all(np.isfinite(grad)) and np.abs(grad).max() > 0
+
+
+def test_negative_extrapolation_draws_its_coefficient_from_alpha_ex():
+  """App. G.1, Eq. 7: the extrapolated queue is mu n + (1 - mu) n' with mu ~ 1 + Beta(a_ex,
+  a_ex). With a_ex = 500, mu = 1.5 +- 0.08 (5 sd), so each mixed key is 1.5 n - 0.5 n' and the
+  negative scores' variance is about (1.5^2 + 0.5^2) = 2.5 times the plain queue's; with
+  mu drawn from a_in = 0.05 instead it would sit near 1 or 5 times."""
+  rng = np.random.default_rng(3)
+  q, k, queue = _unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM)
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  ft = _ft("extrapolate", positive=False)
+  ft.alpha_ex, ft.alpha_in = 500.0, 0.05
+  cfg = ml_collections.ConfigDict({"temperature": T})
+  ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
+  off = ml_collections.ConfigDict({"enabled": False})
+  args = [jnp.asarray(x, jnp.float32) for x in (q, k, queue_lib.to_sharded_layout(queue, 1, P))]
+  _, stats = moco.moco_loss(args[0], args[1], args[2], None, cfg, ns, off, mesh, ft_cfg=ft,
+                            ft_rng=jax.random.key(5), ft_active=True, keys_per_step=P)
+  order = np.asarray(jax.random.permutation(jax.random.split(jax.random.key(5), 3)[2], K // P))
+  partner = (order[:, None] * P + np.arange(P)[None]).reshape(-1)
+  mixed = 1.5 * queue + (1 - 1.5) * queue[partner]      # Eq. 7 at mu = E[1 + Beta(a, a)]
+  want = (q @ mixed.T).var(axis=1).mean()
+  np.testing.assert_allclose(stats["neg_var"], want, rtol=0.2)
 
 
 def test_positive_extrapolation_lowers_the_positive_score():

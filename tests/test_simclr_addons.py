@@ -80,7 +80,9 @@ def _coefficients(key, ft, dim, n):
   r_pos, r_neg, r_perm = jax.random.split(key, 3)
   shape = (dim,) if ft.per_dimension else ()
   lam = 1 + np.asarray(jax.random.beta(r_pos, ft.alpha_ex, ft.alpha_ex, shape), np.float64)
-  mu = np.asarray(jax.random.beta(r_neg, ft.alpha_in, ft.alpha_in, shape), np.float64)
+  # Eq. 5: mu ~ Beta(a_in, a_in); App. G.1, Eq. 7: mu ~ 1 + Beta(a_ex, a_ex).
+  a = ft.alpha_ex if ft.negative == "extrapolate" else ft.alpha_in
+  mu = np.asarray(jax.random.beta(r_neg, a, a, shape), np.float64)
   mu = mu + 1 if ft.negative == "extrapolate" else mu
   perm = np.asarray(jax.random.permutation(r_perm, n))
   return (lam if ft.positive_extrapolation else 1.0), mu, perm

@@ -36,6 +36,20 @@ def sample_coefficient(rng: jax.Array, a: float, b: float, shape: tuple[int, ...
   return jax.random.beta(rng, a, b, shape, jnp.float32)
 
 
+def negative_coefficient(rng: jax.Array, negative: str, alpha_in: float, alpha_ex: float,
+                         shape: tuple[int, ...]) -> jax.Array:
+  """mu of the negative transform mu n + (1 - mu) n', float32 of `shape`:
+
+    "interpolate"   mu = Beta(a_in, a_in)        in (0, 1)   (Eq. 5, Sec. 4.2)
+    "extrapolate"   mu = 1 + Beta(a_ex, a_ex)    in (1, 2)   (App. G.1, Eq. 7)
+  """
+  if negative == "interpolate":
+    return sample_coefficient(rng, alpha_in, alpha_in, shape)
+  if negative == "extrapolate":
+    return 1.0 + sample_coefficient(rng, alpha_ex, alpha_ex, shape)
+  raise ValueError(f"negative must be 'interpolate' or 'extrapolate', got {negative!r}")
+
+
 def _coefficient(coef, dim: int, name: str, dtype) -> jax.Array:
   """coef as an array of `dtype`, after checking it is a scalar or a (dim,) vector."""
   shape = jnp.shape(coef)

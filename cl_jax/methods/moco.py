@@ -75,8 +75,8 @@ def _transform(q, k, queue, ft, rng, active, mesh, keys_per_step):
     unit_queries = ft.renormalize or not ft.positive_extrapolation
     transformed = (queue, _hard_scores(lam, active, ft.renormalize, unit_queries))
   elif ft.negative in ("interpolate", "extrapolate"):
-    mu = feature_transform.sample_coefficient(r_neg, ft.alpha_in, ft.alpha_in, shape)
-    mu = mu + 1.0 if ft.negative == "extrapolate" else mu
+    mu = feature_transform.negative_coefficient(r_neg, ft.negative, ft.alpha_in, ft.alpha_ex,
+                                                shape)
     order = jax.random.permutation(r_perm, queue.shape[0] // keys_per_step)
     mixed = queue_lib.mix_slots(queue, order, mu, mesh, keys_per_step, ft.renormalize)
     transformed = (jnp.where(active, mixed, queue), None)

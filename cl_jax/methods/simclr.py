@@ -194,8 +194,7 @@ def _transformed_scores(z1: jax.Array, z2: jax.Array, ft: ml_collections.ConfigD
   mask = _negative_mask(bsz)
   if ft.negative == "none":
     return anchors, PairScores(_positives(z1, z2), anchors @ u.T, mask)
-  mu = feature_transform.sample_coefficient(r_neg, ft.alpha_in, ft.alpha_in, shape)
-  mu = mu + 1.0 if ft.negative == "extrapolate" else mu
+  mu = feature_transform.negative_coefficient(r_neg, ft.negative, ft.alpha_in, ft.alpha_ex, shape)
   perm = jax.random.permutation(r_perm, 2 * bsz)
   mixed = feature_transform.negative_interpolation(u, perm, mu, ft.renormalize)
   if not ft.union:
