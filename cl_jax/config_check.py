@@ -220,6 +220,11 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   if LR_RECIPES[recipe] is not None and (lr, batch) != LR_RECIPES[recipe]:
     _fail("optim.lr_recipe", recipe, f"recipe fixes (lr, batch_size) = {LR_RECIPES[recipe]} "
           f"but the config has ({lr}, {batch}); set optim.lr_recipe = 'custom' to change them")
+  if "base_lr" in _get(c, "optim"):
+    base = _float(c, "optim.base_lr", 0.0, None, lo_open=True)
+    if not math.isclose(lr, base * batch / 256, rel_tol=1e-9):
+      _fail("optim.lr", lr, f"this config scales the lr with the batch, optim.base_lr x "
+            f"optim.batch_size / 256 = {base * batch / 256:g}: set optim.base_lr instead")
   _float(c, "optim.momentum", 0.0, 1.0)
   _float(c, "optim.weight_decay", 0.0, 1.0)
   epochs = _int(c, "optim.epochs", 1)

@@ -23,7 +23,7 @@ from cl_jax.errors import UsageError
 # Fields (or blocks, ending in ".") a resumed run may change with --allow_config_change.
 CHANGEABLE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
               "train.score_queries", "probe.", "health.", "data.workers", "data.data_dir",
-              "data.cache_dir", "optim.epochs", "optim.lr", "optim.lr_recipe",
+              "data.cache_dir", "optim.epochs", "optim.lr", "optim.base_lr", "optim.lr_recipe",
               "train.max_param_growth")
 # Fields stored as JSON lists that the config holds as tuples.
 _TUPLES = (("data", "crop_scale"), ("aug", "blur_sigma"), ("probe", "decay_epochs"))

@@ -2,7 +2,8 @@
 
 Projector and predictor are Linear-BN-ReLU-Linear MLPs (4096 -> 256 at full
 size). The ImageNet-100 preset is the BYOL setting of Ge et al. 2021 (App. C.1):
-LARS, batch 1024, lr 4.8, weight decay 1e-6, cosine schedule, tau_base 0.996.
+LARS, batch 1024, lr 4.8, weight decay 1e-6, cosine schedule, tau_base 0.996
+(a fixed lr, as stated there; it does not scale with the batch).
 The quick Trifeature run uses SGD like the MoCo runs.
 
 python -m cl_jax.main --config=configs/byol.py[:imagenet100|:cifar10]

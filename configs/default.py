@@ -9,6 +9,15 @@ settings fix.
 import ml_collections
 
 
+def scale_lr_with_batch(optim: ml_collections.ConfigDict, base_lr: float) -> None:
+  """optim.lr = base_lr x optim.batch_size / 256, the linear scaling rule of the papers that
+  state their lr this way (SimCLR, SimSiam). optim.lr follows later changes of
+  optim.batch_size (a command-line override included); to change the lr, set
+  optim.base_lr."""
+  optim.base_lr = base_lr
+  optim.lr = optim.get_ref("base_lr") * optim.get_ref("batch_size") / 256
+
+
 def base_config() -> ml_collections.ConfigDict:
   """MoCo-v2 fields at the size of the quick 32 px Trifeature run (the papers' views and head)."""
   c = ml_collections.ConfigDict()

@@ -19,12 +19,14 @@ def get_config(arg: str | None = None):
   elif c.preset == "imagenet100":
     c.model.head_out_dim = 128
     c.simclr.temperature = 0.1
-    c.optim.update(optimizer="lars", lr_recipe="custom", lr=0.6, batch_size=512,
+    c.optim.update(optimizer="lars", lr_recipe="custom", batch_size=512,
                    weight_decay=1e-6, warmup_epochs=10, epochs=200)
+    default.scale_lr_with_batch(c.optim, 0.3)      # Sec. B.1: 0.3 x BatchSize / 256
   elif c.preset == "cifar10":
     c.simclr.temperature = 0.5
-    c.optim.update(optimizer="lars", lr_recipe="custom", lr=0.6, batch_size=512,
+    c.optim.update(optimizer="lars", lr_recipe="custom", batch_size=512,
                    weight_decay=1e-6, warmup_epochs=10, epochs=500)
+    default.scale_lr_with_batch(c.optim, 0.3)
   elif c.preset != "trifeature":
     raise ValueError(f"configs/simclr.py has presets imagenet100 and cifar10, not {c.preset!r}")
   return c

@@ -2,8 +2,9 @@
 
 Projector: Linear-BN-ReLU layers with BN after its output layer too (3 layers
 of 2048 at ImageNet size, 2 on CIFAR); predictor d -> d/4 -> d with BN in the
-hidden layer. SGD, lr 0.05 x batch / 256, momentum 0.9, weight decay 1e-4
-(5e-4 on CIFAR), cosine schedule (Sec. 4 and App. A, D).
+hidden layer. SGD, lr = base lr x batch / 256 with base lr 0.05 (0.03 on CIFAR),
+momentum 0.9, weight decay 1e-4 (5e-4 on CIFAR), cosine schedule (Sec. 4 and
+App. A, D).
 
 python -m cl_jax.main --config=configs/simsiam.py[:imagenet100|:cifar10]
 """
@@ -20,13 +21,13 @@ def get_config(arg: str | None = None):
   elif c.preset == "imagenet100":
     c.model.update(head_layers=3, head_hidden_dim=2048, head_out_dim=2048,
                    predictor_hidden_dim=512)
-    c.optim.update(lr_recipe="custom", lr=0.1, batch_size=512, weight_decay=1e-4,
-                   epochs=200)
+    c.optim.update(lr_recipe="custom", batch_size=512, weight_decay=1e-4, epochs=200)
+    default.scale_lr_with_batch(c.optim, 0.05)     # Sec. 4: lr x BatchSize / 256, base lr 0.05
   elif c.preset == "cifar10":
     c.model.update(head_layers=2, head_hidden_dim=2048, head_out_dim=2048,
                    predictor_hidden_dim=512)
-    c.optim.update(lr_recipe="custom", lr=0.03, batch_size=512, weight_decay=5e-4,
-                   epochs=800)
+    c.optim.update(lr_recipe="custom", batch_size=512, weight_decay=5e-4, epochs=800)
+    default.scale_lr_with_batch(c.optim, 0.03)     # App. D (CIFAR-10): base lr 0.03
   elif c.preset != "trifeature":
     raise ValueError(f"configs/simsiam.py has presets imagenet100 and cifar10, not {c.preset!r}")
   return c

@@ -166,6 +166,46 @@ def test_method_presets_carry_the_papers_settings():
     byol.get_config("stl10")
 
 
+# (config, preset) -> (base lr of the paper or None for a fixed lr, lr at the preset's batch).
+PAPER_LRS = {
+    ("simclr", "imagenet100"): (0.3, 0.6),    # Chen et al. 2020, Sec. B.1: 0.3 x BatchSize/256
+    ("simclr", "cifar10"): (0.3, 0.6),
+    ("simsiam", "imagenet100"): (0.05, 0.1),  # Chen & He 2021, Sec. 4: base lr 0.05
+    ("simsiam", "cifar10"): (0.03, 0.06),     # Chen & He 2021, App. D: base lr 0.03
+    ("byol", "imagenet100"): (None, 4.8),     # Ge et al. 2021, App. C.1: lr 4.8 at batch 1024
+}
+
+
+@pytest.mark.parametrize("name, preset", list(PAPER_LRS))
+def test_learning_rates_follow_the_papers_batch_rule(name, preset):
+  import importlib
+  from absl import flags
+  from ml_collections import config_flags
+  base, lr = PAPER_LRS[(name, preset)]
+  c = importlib.import_module(f"configs.{name}").get_config(preset)
+  assert c.optim.lr == pytest.approx(lr)
+  assert c.optim.get("base_lr") == base
+  # A command-line batch override scales the lr (or, for a fixed recipe, leaves it).
+  argv = ["prog", f"--config={ROOT}/configs/{name}.py:{preset}", "--config.optim.batch_size=1024"]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
+                                  sys_argv=argv)
+  fv(argv)
+  want = lr if base is None else base * 1024 / 256
+  assert fv.config.optim.lr == pytest.approx(want)
+  fv.config.data.data_dir = "/data/tfds"
+  config_check.validate(fv.config)
+
+
+def test_a_scaled_lr_set_by_hand_is_rejected():
+  from configs import simclr
+  c = simclr.get_config("imagenet100")
+  c.data.data_dir = "/data/tfds"
+  c.optim.lr = 1.0
+  with pytest.raises(config_check.ConfigError, match="set optim.base_lr instead"):
+    config_check.validate(c)
+
+
 @pytest.mark.parametrize("method, overrides, field", [
     ("byol", {"model.predictor_hidden_dim": 0}, "model.predictor_hidden_dim"),
     ("simclr", {"model.predictor_hidden_dim": 8}, "model.predictor_hidden_dim"),
