@@ -134,6 +134,23 @@ def test_byol_ns_gradient_matches_numpy_finite_differences():
   np.testing.assert_allclose(g_p, numeric, rtol=1e-4, atol=1e-6)
 
 
+def test_byol_ns_loss_measures_the_ns_term_from_the_anchor():
+  """With positive extrapolation the BYOL step passes the extrapolated pair as (p, z) and
+  the original prediction as the anchor of Eq. 2's NS term (Zhu et al. App. E.2)."""
+  z = _f32(np.array([[1.0, 0.0, 0.0], [0.0, 0.6, 0.8]]))[0]
+  t = -z[:, None]
+  # p = z: no positive term; the anchor decides the NS distance, 4 (opposite) or 0 (equal).
+  far, _ = byol.byol_ns_loss(z, z, t, 0.5, anchor=z)
+  near, stats = byol.byol_ns_loss(z, z, t, 0.5, anchor=-z)
+  np.testing.assert_allclose([far, near], [-2.0, 0.0], atol=1e-6)
+  np.testing.assert_allclose(stats["ns_mean"], 1.0, atol=1e-6)
+  # stop_gradient=False lets the gradient reach z (an extrapolated target built from p).
+  g = jax.grad(lambda zz: byol.byol_ns_loss(z[::-1], zz, t, 0.5, stop_gradient=False)[0])(z)
+  assert np.abs(np.asarray(g)).max() > 0
+  g0 = jax.grad(lambda zz: byol.byol_ns_loss(z[::-1], zz, t, 0.5)[0])(z)
+  np.testing.assert_array_equal(g0, np.zeros_like(z))
+
+
 def test_byol_ns_loss_hand_checked_and_alpha_zero():
   z = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
   # p along z, NS opposite: 0 - alpha * 4.

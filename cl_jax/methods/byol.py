@@ -48,8 +48,9 @@ def byol_loss(p: jax.Array, z: jax.Array, stop_gradient: bool = True) -> tuple[j
   return jnp.mean(2.0 - 2.0 * cos), {"pos_mean": jax.lax.stop_gradient(cos.mean())}
 
 
-def byol_ns_loss(p: jax.Array, z: jax.Array, t: jax.Array,
-                 alpha: float) -> tuple[jax.Array, dict]:
+def byol_ns_loss(p: jax.Array, z: jax.Array, t: jax.Array, alpha: float, *,
+                 stop_gradient: bool = True,
+                 anchor: jax.Array | None = None) -> tuple[jax.Array, dict]:
   """BYOL with non-semantic negatives (Ge et al. 2021, Eq. 2), one view order.
 
   On unit vectors Eq. 2 reads
@@ -68,16 +69,21 @@ def byol_ns_loss(p: jax.Array, z: jax.Array, t: jax.Array,
     z: (B, d) target projections of the other view (no gradient).
     t: (B, M, d) target projections of M NS images per query view (no gradient).
     alpha: >= 0, the NS penalty (about 0.05 in the paper); 0 gives byol_loss.
+    stop_gradient: as for byol_loss (False for an extrapolated pair).
+    anchor: (B, d) the prediction the NS distance is measured from, default p.
+      With positive extrapolation (Zhu et al. 2021, App. E.2) p and z are the
+      extrapolated pair and the anchor is the original prediction: the
+      extrapolation makes the positive harder and leaves Eq. 2's NS term alone.
 
   Returns:
     (loss, stats): () float32 loss; stats pos_mean = mean_i cos(p_i, z_i) and
-    ns_mean = mean over i, m of cos(p_i, t_im), no gradient.
+    ns_mean = mean over i, m of cos(anchor_i, t_im), no gradient.
   """
   _check_pair(p, z)
   if not alpha >= 0:
     raise ValueError(f"nonsemantic alpha must be >= 0; got {alpha}")
-  loss, stats = byol_loss(p, z)
-  penalty, ns_mean = ns_distance(p, t)
+  loss, stats = byol_loss(p, z, stop_gradient)
+  penalty, ns_mean = ns_distance(p if anchor is None else anchor, t)
   return loss - alpha * penalty, {**stats, "ns_mean": ns_mean}
 
 

@@ -55,10 +55,11 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
         pairs = extrapolate_pairs(pairs, ft, x.r_ft, state.step >= ft_start)
       loss, stats = 0.0, []
       for (p, target), pred, ns_t in zip(pairs, preds, t):
-        term, st = byol.byol_loss(p, target, stop_gradient=not extrapolate)
-        if ns_t is not None:
-          distance, st["ns_mean"] = byol.ns_distance(pred, ns_t)
-          term = term - ns.alpha * distance
+        if ns_t is None:
+          term, st = byol.byol_loss(p, target, stop_gradient=not extrapolate)
+        else:
+          term, st = byol.byol_ns_loss(p, target, ns_t, ns.alpha, stop_gradient=not extrapolate,
+                                       anchor=pred)
         loss = loss + term
         stats.append(st)
       health = embedding_health(out1["z"], out2["z"])
