@@ -13,6 +13,7 @@ BN_MODES = ("sync", "local", "shuffle")
 NS_KINDS = ("patch",)
 ALPHA_MODES = ("in", "out")
 FT_NEGATIVE = ("none", "interpolate", "extrapolate", "hard")
+FT_COEFFICIENTS = ("scalar", "dimension", "sample_dimension")
 OPTIMIZERS = ("sgd", "lars")
 PROBE_PROTOCOLS = ("fast", "logreg", "paper")
 DTYPES = ("float32", "bfloat16")
@@ -199,7 +200,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
       _fail("ft.negative", negative, "hard negatives (App. G.2) are built against the MoCo "
             "queue; for SimCLR use 'interpolate' or 'extrapolate'")
     union = _bool(c, "ft.union")
-    _bool(c, "ft.per_dimension")
+    _choice(c, "ft.coefficients", FT_COEFFICIENTS)
     _bool(c, "ft.renormalize")
     _int(c, "ft.start_epoch", 0, _int(c, "optim.epochs", 1) - 1)
     if union and negative == "none":

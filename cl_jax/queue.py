@@ -108,7 +108,9 @@ def mix_slots(queue: jax.Array, slot_order: jax.Array, mix, mesh: Mesh, keys_per
   Args:
     queue: (K, d) queue in the S-shard layout, rows sharded over `data`.
     slot_order: (K / P,) int permutation of the slots.
-    mix: scalar or (d,) coefficient mu.
+    mix: scalar, (d,) or (K, d) coefficient mu; a (K, d) mu is in ring order (row r
+      mixes the key at ring position r, so the mixed keys do not depend on the
+      number of devices) and is moved to the queue's layout here.
     mesh: the device mesh (S devices on `data`).
     keys_per_step: P.
     renormalize: project the mixed keys back to unit length.
@@ -124,5 +126,8 @@ def mix_slots(queue: jax.Array, slot_order: jax.Array, mix, mesh: Mesh, keys_per
   def per_shard(rows, partner, mix):
     return feature_transform.negative_interpolation(rows, partner, mix, renormalize)
 
-  return jax.shard_map(per_shard, mesh=mesh, in_specs=(P(DATA_AXIS), P(), P()),
+  mix_spec = P()
+  if jnp.ndim(mix) == 2:
+    mix, mix_spec = to_sharded_layout(mix, shards, keys_per_step), P(DATA_AXIS)
+  return jax.shard_map(per_shard, mesh=mesh, in_specs=(P(DATA_AXIS), P(), mix_spec),
                        out_specs=P(DATA_AXIS))(queue, partner, mix)

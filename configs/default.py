@@ -97,7 +97,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.ft.hard_a = 5.0                 # negative "hard": l q + (1-l) n with l ~ Beta(hard_a, hard_b) (App. G.2)
   c.ft.hard_b = 2.0
   c.ft.union = False                # negatives: original queue + transformed queue (2K)
-  c.ft.per_dimension = False        # one coefficient per feature dimension instead of a scalar
+  # Mixing coefficients: "scalar" (one per step, the paper's main runs), "dimension" (one
+  # (d,) vector per step) or "sample_dimension" (one (d,) vector per positive pair and per
+  # negative, the dimension-level mixing of Sec. 4.3 as the authors' code draws it).
+  c.ft.coefficients = "scalar"
   c.ft.renormalize = False          # project transformed features back to unit length
   c.ft.start_epoch = 0              # no transformation before this epoch
 

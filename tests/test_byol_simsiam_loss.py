@@ -250,3 +250,21 @@ def test_simsiam_bad_shapes_raise():
   c = jax.ShapeDtypeStruct((4,), jnp.float32)
   with pytest.raises(ValueError, match=r"\(B, d\)"):
     jax.eval_shape(simsiam.simsiam_loss, c, c, c, c)
+
+
+def test_siamese_extrapolation_draws_one_vector_per_pair():
+  """Eq. 3 on unit vectors with ft.coefficients = "sample_dimension": one (d,) lambda per
+  pair (Eq. 6, Sec. 4.3), lambda = 1 + Beta(a_ex, a_ex)."""
+  import ml_collections
+  from cl_jax.steps.siamese_ft import extrapolate_pairs
+  ft = ml_collections.ConfigDict(dict(enabled=True, positive_extrapolation=True, alpha_ex=2.0,
+                                      coefficients="sample_dimension", renormalize=False))
+  p, z = _inputs(40, (4, 3), (4, 3))
+  key = jax.random.key(3)
+  [(p2, z2)] = extrapolate_pairs([tuple(_f32(p, z))], ft, key, jnp.asarray(True))
+  lam = 1 + np.asarray(jax.random.beta(jax.random.fold_in(key, 0), 2.0, 2.0, (4, 3)),
+                       np.float64)
+  assert np.ptp(lam[:, 0]) > 0.05                      # the pairs' coefficients differ
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  np.testing.assert_allclose(p2, lam * unit(p) + (1 - lam) * unit(z), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(z2, lam * unit(z) + (1 - lam) * unit(p), rtol=1e-5, atol=1e-6)

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from cl_jax import parallel, queue as queue_lib, step as step_lib, train
-from cl_jax.addons import feature_transform
 from cl_jax.methods import moco
 from configs import mocov2_patchns_ft_ifm
 
@@ -30,12 +29,18 @@ def _unit(rng, *shape):
 HARD_A, HARD_B = 2.0, 1.0
 
 
-def _ft(negative="interpolate", union=False, per_dimension=False, renormalize=False,
+def _ft(negative="interpolate", union=False, coefficients="scalar", renormalize=False,
         positive=True):
   return ml_collections.ConfigDict(dict(
       enabled=True, positive_extrapolation=positive, alpha_ex=2.0, negative=negative,
-      alpha_in=1.6, hard_a=HARD_A, hard_b=HARD_B, union=union, per_dimension=per_dimension,
+      alpha_in=1.6, hard_a=HARD_A, hard_b=HARD_B, union=union, coefficients=coefficients,
       renormalize=renormalize))
+
+
+def _shape(ft, rows):
+  """Coefficient shape (Sec. 4.3, Eq. 6): one per step, one (d,) vector per step, or one
+  (d,) vector per row (positive pair, query, or queue key in ring order)."""
+  return {"scalar": (), "dimension": (DIM,), "sample_dimension": (rows, DIM)}[ft.coefficients]
 
 
 @functools.partial(jax.jit, static_argnames=("devices", "ft_key", "active"))
@@ -55,11 +60,10 @@ def _jax_loss(q, k, ring_queue, rng, devices, ft_key, active):
 
 def _coefficients(rng, ft, dim):
   r_pos, r_neg, r_perm = jax.random.split(rng, 3)
-  shape = (dim,) if ft.per_dimension else ()
-  lam = 1 + np.asarray(feature_transform.sample_coefficient(r_pos, 2.0, 2.0, shape), np.float64)
+  lam = 1 + np.asarray(jax.random.beta(r_pos, 2.0, 2.0, _shape(ft, B), jnp.float32), np.float64)
   # Eq. 5: mu ~ Beta(a_in, a_in); App. G.1, Eq. 7: mu ~ 1 + Beta(a_ex, a_ex).
   a = ft.alpha_ex if ft.negative == "extrapolate" else ft.alpha_in
-  mu = np.asarray(jax.random.beta(r_neg, a, a, shape, jnp.float32), np.float64)
+  mu = np.asarray(jax.random.beta(r_neg, a, a, _shape(ft, K), jnp.float32), np.float64)
   mu = mu + 1 if ft.negative == "extrapolate" else mu
   order = np.asarray(jax.random.permutation(r_perm, K // P))
   return lam, mu, order
@@ -81,9 +85,11 @@ def _np_loss(q, k, queue, rng, ft):
   return total / len(q), q2 @ negs.T, np.sum(q2 * k2, axis=1)
 
 
-@pytest.mark.parametrize("ft_key", [("interpolate", False, False, False),
-                                    ("extrapolate", False, False, True),
-                                    ("interpolate", True, True, False)])
+@pytest.mark.parametrize("ft_key", [("interpolate", False, "scalar", False),
+                                    ("extrapolate", False, "scalar", True),
+                                    ("interpolate", True, "dimension", False),
+                                    ("interpolate", False, "sample_dimension", True),
+                                    ("extrapolate", True, "sample_dimension", False)])
 @pytest.mark.parametrize("devices", [1, 4])
 def test_ft_loss_matches_numpy_on_any_device_count(ft_key, devices):
   rng = np.random.default_rng(0)
@@ -127,14 +133,14 @@ def test_positive_extrapolation_lowers_the_positive_score():
   rng = np.random.default_rng(1)
   q, k, queue = _unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM)
   args = [jnp.asarray(x, jnp.float32) for x in (q, k, queue)]
-  _, with_ft, _ = _jax_loss(*args, jax.random.key(0), 1, ("none", False, False, False), True)
+  _, with_ft, _ = _jax_loss(*args, jax.random.key(0), 1, ("none", False, "scalar", False), True)
   _, plain, _ = _jax_loss(*args, jax.random.key(0), 1, None, True)
   assert with_ft["pos_mean"] < plain["pos_mean"]
 
 
-@pytest.mark.parametrize("ft_key", [("interpolate", False, False, False),
-                                    ("extrapolate", True, True, True),
-                                    ("hard", True, True, True)])
+@pytest.mark.parametrize("ft_key", [("interpolate", False, "scalar", False),
+                                    ("extrapolate", True, "dimension", True),
+                                    ("hard", True, "sample_dimension", True)])
 def test_before_the_start_epoch_the_loss_is_bit_identical_to_ft_off(ft_key):
   rng = np.random.default_rng(2)
   args = [jnp.asarray(x, jnp.float32) for x in (_unit(rng, B, DIM), _unit(rng, B, DIM),
@@ -150,8 +156,7 @@ def test_before_the_start_epoch_the_loss_is_bit_identical_to_ft_off(ft_key):
 def _hard_coefficients(rng, ft, dim):
   """(lambda_ex or None, lambda of Eq. 8), drawn from the keys moco_loss uses."""
   r_pos, r_neg, _ = jax.random.split(rng, 3)
-  shape = (dim,) if ft.per_dimension else ()
-  draw = lambda r, a, b: np.asarray(feature_transform.sample_coefficient(r, a, b, shape),
+  draw = lambda r, a, b: np.asarray(jax.random.beta(r, a, b, _shape(ft, B), jnp.float32),
                                     np.float64)
   lam_ex = 1 + draw(r_pos, 2.0, 2.0) if ft.positive_extrapolation else None
   return lam_ex, draw(r_neg, HARD_A, HARD_B)
@@ -165,6 +170,7 @@ def _np_hard_loss(q, k, queue, lam_ex, lam, ft):
                                           lam_ex * k + (1 - lam_ex) * q)
   if ft.renormalize and lam_ex is not None:
     q2, k2 = unit(q2), unit(k2)
+  lam = lam[:, None, :] if np.ndim(lam) == 2 else lam                 # one per query
   hard = lam * q2[:, None, :] + (1 - lam) * queue[None, :, :]        # (B, K, d)
   if ft.renormalize:
     hard = unit(hard)
@@ -190,12 +196,13 @@ def _np_hard_grad(q, k, queue, lam_ex, lam, ft, step=1e-6):
   return grad
 
 
-# (negative, union, per_dimension, renormalize, positive extrapolation)
-HARD_KEYS = [("hard", False, False, False, False),   # scalar lam, scores from q.n
-             ("hard", False, False, False, True),    # scalar lam, q' off the unit sphere
-             ("hard", False, False, True, True),     # scalar lam, re-normalised
-             ("hard", False, True, True, False),     # per-dimension lam, re-normalised
-             ("hard", True, True, False, True)]      # union (2K negatives), per-dimension lam
+# (negative, union, coefficients, renormalize, positive extrapolation)
+HARD_KEYS = [("hard", False, "scalar", False, False),     # scalar lam, scores from q.n
+             ("hard", False, "scalar", False, True),      # scalar lam, q' off the unit sphere
+             ("hard", False, "scalar", True, True),       # scalar lam, re-normalised
+             ("hard", False, "dimension", True, False),   # per-dimension lam, re-normalised
+             ("hard", True, "dimension", False, True),    # union (2K negatives)
+             ("hard", False, "sample_dimension", True, True)]   # one lam vector per query
 
 
 @pytest.mark.parametrize("ft_key", HARD_KEYS)
@@ -216,7 +223,7 @@ def test_hard_negative_loss_and_grad_match_numpy_on_four_devices(ft_key):
   tangent = lambda g: g - np.sum(g * q, axis=1, keepdims=True) * q
   np.testing.assert_allclose(tangent(np.asarray(grad, np.float64)), tangent(want_grad),
                              rtol=1e-4, atol=1e-6)
-  if ft.per_dimension or (ft.positive_extrapolation and not ft.renormalize):
+  if ft.coefficients != "scalar" or (ft.positive_extrapolation and not ft.renormalize):
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)
   # Statistics on the transformed scores, all 2K for the union (Sec. 3).
   np.testing.assert_allclose(stats["pos_mean"], pos.mean(), rtol=1e-5)
@@ -224,7 +231,7 @@ def test_hard_negative_loss_and_grad_match_numpy_on_four_devices(ft_key):
   np.testing.assert_allclose(stats["neg_var"], neg.var(axis=1).mean(), rtol=1e-4)
 
 
-@pytest.mark.parametrize("ft_key", [HARD_KEYS[0], HARD_KEYS[4]])
+@pytest.mark.parametrize("ft_key", [HARD_KEYS[0], HARD_KEYS[4], HARD_KEYS[5]])
 def test_hard_negatives_give_the_same_loss_and_grad_on_one_and_four_devices(ft_key):
   rng = np.random.default_rng(4)
   args = [jnp.asarray(x, jnp.float32) for x in (_unit(rng, B, DIM), _unit(rng, B, DIM),

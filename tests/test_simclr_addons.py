@@ -37,16 +37,17 @@ def _cfg(**kw):
 
 OFF = _cfg(enabled=False)
 NS = _cfg(enabled=True, alpha=2.0, alpha_mode="in")
-# ft keys: (negative, union, per_dimension, renormalize, positive_extrapolation).
-FT_INTERPOLATE = ("interpolate", False, False, False, True)
-FT_NEGATIVE_ONLY = ("interpolate", False, False, False, False)
-FT_UNION = ("extrapolate", True, True, True, True)     # union, per dimension, renormalised
+# ft keys: (negative, union, coefficients, renormalize, positive_extrapolation).
+FT_INTERPOLATE = ("interpolate", False, "scalar", False, True)
+FT_NEGATIVE_ONLY = ("interpolate", False, "scalar", False, False)
+FT_UNION = ("extrapolate", True, "dimension", True, True)   # union, per dimension, renormalised
+FT_PER_SAMPLE = ("interpolate", False, "sample_dimension", False, True)
 
 
 def _ft(key):
-  negative, union, per_dimension, renormalize, positive_extrapolation = key
+  negative, union, coefficients, renormalize, positive_extrapolation = key
   return _cfg(enabled=True, positive_extrapolation=positive_extrapolation, alpha_ex=2.0,
-              negative=negative, alpha_in=1.6, union=union, per_dimension=per_dimension,
+              negative=negative, alpha_in=1.6, union=union, coefficients=coefficients,
               renormalize=renormalize)
 
 
@@ -78,11 +79,15 @@ def _run(z1, z2, t=None, ft_rng=None, active=True, ns_key=("in", 2.0), ifm_key=N
 def _coefficients(key, ft, dim, n):
   """(lambda, mu, perm) from the same draws as the loss; lambda 1 without extrapolation."""
   r_pos, r_neg, r_perm = jax.random.split(key, 3)
-  shape = (dim,) if ft.per_dimension else ()
-  lam = 1 + np.asarray(jax.random.beta(r_pos, ft.alpha_ex, ft.alpha_ex, shape), np.float64)
+  # Eq. 6 (Sec. 4.3): one coefficient per step, one (d,) vector per step, or one per row
+  # (each of the n / 2 positive pairs, each of the n negatives).
+  shape = lambda rows: {"scalar": (), "dimension": (dim,),
+                        "sample_dimension": (rows, dim)}[ft.coefficients]
+  lam = 1 + np.asarray(jax.random.beta(r_pos, ft.alpha_ex, ft.alpha_ex, shape(n // 2)),
+                       np.float64)
   # Eq. 5: mu ~ Beta(a_in, a_in); App. G.1, Eq. 7: mu ~ 1 + Beta(a_ex, a_ex).
   a = ft.alpha_ex if ft.negative == "extrapolate" else ft.alpha_in
-  mu = np.asarray(jax.random.beta(r_neg, a, a, shape), np.float64)
+  mu = np.asarray(jax.random.beta(r_neg, a, a, shape(n)), np.float64)
   mu = mu + 1 if ft.negative == "extrapolate" else mu
   perm = np.asarray(jax.random.permutation(r_perm, n))
   return (lam if ft.positive_extrapolation else 1.0), mu, perm
@@ -256,14 +261,16 @@ def test_ifm_matches_numpy(eps, alpha, with_ns):
 
 # --- feature transformation --------------------------------------------------------------
 
-def test_feature_transformation_matches_numpy():
-  # Positive extrapolation and negative interpolation; negative-only FT is in the
-  # sharded test, the union and extrapolation in test_all_add_ons_but_hcl_combine.
+@pytest.mark.parametrize("ft_key", [FT_INTERPOLATE, FT_PER_SAMPLE])
+def test_feature_transformation_matches_numpy(ft_key):
+  # Positive extrapolation and negative interpolation, with one coefficient per step or
+  # one (d,) vector per pair and per negative; negative-only FT is in the sharded test,
+  # the union and extrapolation in test_all_add_ons_but_hcl_combine.
   z1, z2 = _pair(5)
-  ft, key = _ft(FT_INTERPOLATE), jax.random.key(11)
+  ft, key = _ft(ft_key), jax.random.key(11)
   coef = _coefficients(key, ft, DIM, 2 * B)
   assert not np.array_equal(coef[2], np.arange(2 * B))     # a real permutation
-  loss, stats, grads = _run(*_f32(z1, z2), ft_rng=key, ft_key=FT_INTERPOLATE)
+  loss, stats, grads = _run(*_f32(z1, z2), ft_rng=key, ft_key=ft_key)
   ref = lambda a, b: _np_loss(a, b, ft=ft, coef=coef)
   want, want_stats = ref(z1, z2)
   _assert_close(loss, want, grads, central_differences(lambda a, b: ref(a, b)[0], z1, z2))

@@ -1,9 +1,11 @@
 """Feature transformation (Zhu et al. 2021, Sec. 4 and App. D, E.2, F, G).
 
-Mixing coefficients are sampled by the caller (`sample_coefficient`) and passed
-in, so every function here is deterministic. A coefficient is either a scalar
-(one value per step, the paper's default) or a (d,) vector (dimension-level
-mixing, Sec. 4.3). Features are float32 (..., d) arrays, normally unit-norm;
+Mixing coefficients are sampled by the caller (`sample_coefficient`, with the
+shape of `coefficient_shape`) and passed in, so every function here is
+deterministic. A coefficient is a scalar (one value per step, the paper's
+default), a (d,) vector (dimension-level mixing, Sec. 4.3, one vector per step)
+or an (n, d) array (dimension-level mixing with one vector per sample: per
+positive pair, per negative; the form of the authors' code). Features are float32 (..., d) arrays, normally unit-norm;
 `renormalize` projects the mixed features back onto the unit sphere, which the
 paper recommends offering (App. F.2) but does not use by default.
 
@@ -50,12 +52,28 @@ def negative_coefficient(rng: jax.Array, negative: str, alpha_in: float, alpha_e
   raise ValueError(f"negative must be 'interpolate' or 'extrapolate', got {negative!r}")
 
 
-def _coefficient(coef, dim: int, name: str, dtype) -> jax.Array:
-  """coef as an array of `dtype`, after checking it is a scalar or a (dim,) vector."""
+COEFFICIENTS = ("scalar", "dimension", "sample_dimension")
+
+
+def coefficient_shape(mode: str, rows: int, dim: int) -> tuple[int, ...]:
+  """Shape of the coefficients mixing `rows` features of dimension `dim`:
+
+    "scalar"             ()           one value per step (Sec. 4.1, 4.2)
+    "dimension"          (dim,)       one vector per step, shared by every row (Eq. 6)
+    "sample_dimension"   (rows, dim)  one vector per row (Eq. 6, as the authors' code draws it)
+  """
+  shapes = {"scalar": (), "dimension": (dim,), "sample_dimension": (rows, dim)}
+  if mode not in shapes:
+    raise ValueError(f"coefficient mode must be one of {COEFFICIENTS}, got {mode!r}")
+  return shapes[mode]
+
+
+def _coefficient(coef, rows: int, dim: int, name: str, dtype) -> jax.Array:
+  """coef as an array of `dtype`, after checking its shape is (), (dim,) or (rows, dim)."""
   shape = jnp.shape(coef)
-  if shape not in ((), (dim,)):
-    raise ValueError(f"{name} must be a scalar or a ({dim},) vector matching the feature "
-                     f"dimension, got shape {shape}")
+  if shape not in ((), (dim,), (rows, dim)):
+    raise ValueError(f"{name} must be a scalar, a ({dim},) vector or a ({rows}, {dim}) array "
+                     f"matching the features, got shape {shape}")
   return jnp.asarray(coef, dtype)
 
 
@@ -78,7 +96,7 @@ def positive_extrapolation(q: jax.Array, k: jax.Array, lam, renormalize: bool
   Args:
     q: (..., d) float32 query features (normally unit-norm).
     k: (..., d) float32 positive-key features, same shape as q.
-    lam: scalar, or (d,) for dimension-level mixing.
+    lam: scalar, (d,) or, for (B, d) features, (B, d) (coefficient_shape).
     renormalize: l2-normalise q' and k' after mixing (App. F.2).
 
   Returns:
@@ -86,7 +104,7 @@ def positive_extrapolation(q: jax.Array, k: jax.Array, lam, renormalize: bool
   """
   if q.shape != k.shape:
     raise ValueError(f"q and k must have the same shape, got {q.shape} and {k.shape}")
-  lam = _coefficient(lam, q.shape[-1], "lam", q.dtype)
+  lam = _coefficient(lam, q.shape[0] if q.ndim == 2 else -1, q.shape[-1], "lam", q.dtype)
   q_new, k_new = _mix(q, k, lam), _mix(k, q, lam)
   if renormalize:
     q_new, k_new = l2_normalize(q_new), l2_normalize(k_new)
@@ -138,7 +156,7 @@ def negative_interpolation(negatives: jax.Array, partner: jax.Array, mu, renorma
   Args:
     negatives: (K, d) float32 negative features (the memory queue or a shard of it).
     partner: (K,) integer indices into negatives' rows.
-    mu: scalar, or (d,) for dimension-level mixing.
+    mu: scalar, (d,) or (K, d), one vector per negative (coefficient_shape).
     renormalize: l2-normalise each mixed negative (App. F.2).
 
   Returns:
@@ -150,7 +168,7 @@ def negative_interpolation(negatives: jax.Array, partner: jax.Array, mu, renorma
   if partner.shape != negatives.shape[:1] or not jnp.issubdtype(partner.dtype, jnp.integer):
     raise ValueError(f"partner must be a ({negatives.shape[0]},) integer index array, got "
                      f"shape {partner.shape} and dtype {partner.dtype}")
-  mu = _coefficient(mu, negatives.shape[1], "mu", negatives.dtype)
+  mu = _coefficient(mu, negatives.shape[0], negatives.shape[1], "mu", negatives.dtype)
   mixed = _mix(negatives, negatives[partner], mu)
   return l2_normalize(mixed) if renormalize else mixed
 
@@ -190,17 +208,18 @@ def hard_negative_scores(q: jax.Array, negatives: jax.Array, lam, renormalize: b
                          ) -> jax.Array:
   """Scores q_i.h_ij of the hard negatives h_ij = lam q_i + (1 - lam) n_j (App. G.2, Eq. 8).
 
-  Exact for features of any norm and for a scalar or a (d,) lam, without the
-  (B, K, d) tensor of h_ij; with sums over the feature axis and lam broadcast:
-    q_i.h_ij  = sum(lam q_i^2) + ((1 - lam) q_i).n_j
-    |h_ij|^2  = sum(lam^2 q_i^2) + sum((1 - lam)^2 n_j^2) + 2 (lam (1 - lam) q_i).n_j
-  i.e. one (B, K) matrix product for the score and one more for the norm. The
+  Exact for features of any norm and for a scalar, (d,) or per-query (B, d) lam,
+  without the (B, K, d) tensor of h_ij; with sums over the feature axis and lam_i
+  the coefficient of query i:
+    q_i.h_ij  = sum(lam_i q_i^2) + ((1 - lam_i) q_i).n_j
+    |h_ij|^2  = sum(lam_i^2 q_i^2) + (1 - lam_i)^2.n_j^2 + 2 (lam_i (1 - lam_i) q_i).n_j
+  i.e. one (B, K) matrix product for the score and two more for the norm. The
   gradient flows through q_i in both the query and the hard negative.
 
   Args:
     q: (B, d) float32 queries.
     negatives: (K, d) float32 negatives (the memory queue or a shard of it).
-    lam: scalar, or (d,) for dimension-level mixing.
+    lam: scalar, (d,) or (B, d), one vector per query (coefficient_shape).
     renormalize: score against the l2-normalised h_ij.
 
   Returns:
@@ -209,12 +228,13 @@ def hard_negative_scores(q: jax.Array, negatives: jax.Array, lam, renormalize: b
   if q.ndim != 2 or negatives.ndim != 2 or q.shape[1] != negatives.shape[1]:
     raise ValueError(f"q must be (B, d) and negatives (K, d) with the same d, got "
                      f"{q.shape} and {negatives.shape}")
-  lam = _coefficient(lam, q.shape[1], "lam", q.dtype)
+  lam = _coefficient(lam, q.shape[0], q.shape[1], "lam", q.dtype)
   q_sq = jnp.square(q)
   score = jnp.sum(lam * q_sq, axis=1, keepdims=True) + ((1.0 - lam) * q) @ negatives.T
   if renormalize:
-    sq_norm = (jnp.sum(lam**2 * q_sq, axis=1, keepdims=True)
-               + jnp.sum((1.0 - lam)**2 * jnp.square(negatives), axis=1)[None, :]
+    # sum_k (1 - lam_ik)^2 n_jk^2: a (B, K) product when lam differs per query.
+    neg_sq = (jnp.broadcast_to((1.0 - lam)**2, q.shape) @ jnp.square(negatives).T)
+    sq_norm = (jnp.sum(lam**2 * q_sq, axis=1, keepdims=True) + neg_sq
                + 2.0 * (lam * (1.0 - lam) * q) @ negatives.T)
     score = score / jnp.sqrt(jnp.maximum(sq_norm, _NORM_EPS**2))
   return score
@@ -242,7 +262,7 @@ def siamese_positive_extrapolation(prediction: jax.Array, target: jax.Array, lam
   Args:
     prediction: (B, d) float32 online predictions p.
     target: (B, d) float32 target projections z.
-    lam: scalar, or (d,) for dimension-level mixing.
+    lam: scalar, (d,) or (B, d) (coefficient_shape).
     renormalize: l2-normalise p' and z' after mixing (App. F.2).
 
   Returns:

@@ -20,7 +20,8 @@ def _hard_scores(lam: jax.Array, active: jax.Array | bool, renormalize: bool,
 
     h_ij = lam q_i + (1 - lam) n_j,    s_ij = q_i . h_ij  (or q_i . h_ij / |h_ij|),   (Eq. 8)
 
-  lam = Beta(a, b), a scalar or a (d,) vector. Each score comes from the (B, K/S)
+  lam = Beta(a, b), a scalar, a (d,) vector or one (d,) vector per query. Each score
+  comes from the (B, K/S)
   score block of the gathered queries and the device's queue shard
   (cl_jax.addons.feature_transform), never from the (B, K/S, d) tensor of h_ij.
   The gradient flows through q_i in both the query and the hard negative.
@@ -32,7 +33,7 @@ def _hard_scores(lam: jax.Array, active: jax.Array | bool, renormalize: bool,
   the very values of the plain contrast.
 
   Args:
-    lam: scalar or (d,) float32 coefficient.
+    lam: scalar, (d,) or (B, d) float32 coefficient.
     active: bool scalar, False before the transformation's start epoch.
     renormalize: score against h_ij / |h_ij| (App. F.2).
     unit_queries: the queries are unit vectors (as are the queued keys).
@@ -62,21 +63,23 @@ def _transform(q, k, queue, ft, rng, active, mesh, keys_per_step):
   alone, the loss is then bit-identical to the loss without the transformation.
   """
   r_pos, r_neg, r_perm = jax.random.split(rng, 3)
-  shape = (q.shape[1],) if ft.per_dimension else ()
+  (rows, dim), keys = q.shape, queue.shape[0]
+  shape = lambda n: feature_transform.coefficient_shape(ft.coefficients, n, dim)
   if ft.positive_extrapolation:
-    lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex, shape)
+    lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex,
+                                                     shape(rows))
     q_ex, k_ex = feature_transform.positive_extrapolation(q, k, lam, ft.renormalize)
     q, k = jnp.where(active, q_ex, q), jnp.where(active, k_ex, k)
   plain = (queue, None)
   if ft.negative == "none":
     return q, k, [plain]
   if ft.negative == "hard":
-    lam = feature_transform.sample_coefficient(r_neg, ft.hard_a, ft.hard_b, shape)
+    lam = feature_transform.sample_coefficient(r_neg, ft.hard_a, ft.hard_b, shape(rows))
     unit_queries = ft.renormalize or not ft.positive_extrapolation
     transformed = (queue, _hard_scores(lam, active, ft.renormalize, unit_queries))
   elif ft.negative in ("interpolate", "extrapolate"):
     mu = feature_transform.negative_coefficient(r_neg, ft.negative, ft.alpha_in, ft.alpha_ex,
-                                                shape)
+                                                shape(keys))
     order = jax.random.permutation(r_perm, queue.shape[0] // keys_per_step)
     mixed = queue_lib.mix_slots(queue, order, mu, mesh, keys_per_step, ft.renormalize)
     transformed = (jnp.where(active, mixed, queue), None)

@@ -183,18 +183,20 @@ def _transformed_scores(z1: jax.Array, z2: jax.Array, ft: ml_collections.ConfigD
   r_pos, r_neg, r_perm = jax.random.split(rng, 3)
   z1, z2 = z1.astype(jnp.float32), z2.astype(jnp.float32)
   bsz, dim = z1.shape
-  shape = (dim,) if ft.per_dimension else ()
+  shape = lambda n: feature_transform.coefficient_shape(ft.coefficients, n, dim)
   keep = lambda new, old: jnp.where(active, new, old)
   u = jnp.concatenate([z1, z2], axis=0)
   if ft.positive_extrapolation:
-    lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex, shape)
+    lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex,
+                                                     shape(bsz))
     e1, e2 = feature_transform.positive_extrapolation(z1, z2, lam, ft.renormalize)
     z1, z2 = keep(e1, z1), keep(e2, z2)
   anchors = jnp.concatenate([z1, z2], axis=0)
   mask = _negative_mask(bsz)
   if ft.negative == "none":
     return anchors, PairScores(_positives(z1, z2), anchors @ u.T, mask)
-  mu = feature_transform.negative_coefficient(r_neg, ft.negative, ft.alpha_in, ft.alpha_ex, shape)
+  mu = feature_transform.negative_coefficient(r_neg, ft.negative, ft.alpha_in, ft.alpha_ex,
+                                              shape(2 * bsz))
   perm = jax.random.permutation(r_perm, 2 * bsz)
   mixed = feature_transform.negative_interpolation(u, perm, mu, ft.renormalize)
   if not ft.union:
@@ -257,7 +259,8 @@ def simclr_loss(z1: jax.Array, z2: jax.Array, t: jax.Array | None,
     in moco_loss). Anchor i's negatives are n_k at the positions k != i, p(i);
     a mixed n_k may contain u_i or u_p(i) through perm[k], as Eq. 5 mixes any
     two entries. union: both u_k and n_k at those positions, 2(2B - 2)
-    negatives (Table 5, Sec. 4.3). per_dimension: (d,) coefficients (Sec. 4.3);
+    negatives (Table 5, Sec. 4.3). coefficients: scalar, one (d,) vector per step, or one
+    per pair / per negative (Sec. 4.3, feature_transform.coefficient_shape);
     renormalize: l2-normalise the transformed features (App. F.2).
   - ft_active False (before ft.start_epoch): the transformed features are
     replaced by the originals (a select, not coefficients of 1, so that
@@ -282,7 +285,7 @@ def simclr_loss(z1: jax.Array, z2: jax.Array, t: jax.Array | None,
     ifm_cfg: the `ifm` config block (enabled, epsilon, alpha).
     hcl_cfg: the `hcl` config block (enabled, beta, tau_plus).
     ft_cfg: the `ft` config block (enabled, positive_extrapolation, alpha_ex,
-      negative, alpha_in, union, per_dimension, renormalize), or None (off).
+      negative, alpha_in, union, coefficients, renormalize), or None (off).
     ft_rng: PRNG key of the step's coefficients and permutation (FT on).
     ft_active: bool or () bool array; False before the transformation's start epoch.
     score_queries: n with 0 < n < B takes the statistics over the first n

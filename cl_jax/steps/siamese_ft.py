@@ -17,7 +17,7 @@ def extrapolate_pairs(pairs: list[tuple[jax.Array, jax.Array]], ft: ml_collectio
   """(p', z') of each (prediction, target) pair, Eq. 3 on the unit vectors.
 
   p' = l p^ + (1 - l) z^ and z' = l z^ + (1 - l) p^, l = 1 + Beta(a_ex, a_ex) drawn per
-  pair (a scalar, or (d,) with ft.per_dimension). The target z is stopped before the
+  pair (a scalar, a (d,) vector or one (d,) vector per sample: ft.coefficients). The target z is stopped before the
   mixing and z' is not stopped after it, so the gradient reaches p through both
   (the loss must be called with stop_gradient=False). While `active` is False
   (before ft.start_epoch) the pairs come back as (p, stop_gradient(z)), so the loss
@@ -30,7 +30,7 @@ def extrapolate_pairs(pairs: list[tuple[jax.Array, jax.Array]], ft: ml_collectio
     rng: PRNG key of the step's coefficients.
     active: () bool.
   """
-  shape = (pairs[0][0].shape[1],) if ft.per_dimension else ()
+  shape = feature_transform.coefficient_shape(ft.coefficients, *pairs[0][0].shape)
   out = []
   for i, (p, z) in enumerate(pairs):
     z = jax.lax.stop_gradient(z)
