@@ -9,6 +9,7 @@ devices are used. The step is the full jitted train step (on-device photometric
 augmentation, EMA, key and NS forwards, loss, update, enqueue) on a synthetic
 global batch of host-cropped uint8 views; the host input pipeline is not timed.
 """
+
 import json
 import os
 import subprocess
@@ -20,11 +21,15 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from cl_jax import config_check, parallel, step as step_lib, train
+from cl_jax import config_check, parallel, train
+from cl_jax import step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, optionally with a preset: configs/NAME.py[:preset].",
-    lock_config=True)
+    "config",
+    None,
+    "Config file, optionally with a preset: configs/NAME.py[:preset].",
+    lock_config=True,
+)
 _DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Device counts to measure.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per device count.", lower_bound=1)
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.", lower_bound=0)
@@ -45,13 +50,16 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
   batch = config.optim.batch_size
   encoder, tx, schedule, make_state, _ = train.build(config, batch, mesh)
   state = make_state()
-  step = step_lib.jit_train_step(step_lib.make_train_step(config, encoder, tx, schedule, mesh, 1),
-                                 parallel.state_sharding(state, mesh),
-                                 parallel.batch_sharding(mesh))
+  step = step_lib.jit_train_step(
+      step_lib.make_train_step(config, encoder, tx, schedule, mesh, 1),
+      parallel.state_sharding(state, mesh),
+      parallel.batch_sharding(mesh),
+  )
   size = config.data.image_size
   rng = np.random.default_rng(0)
-  host = {v: rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
-          for v in ("view1", "view2")}
+  host = {
+      v: rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8) for v in ("view1", "view2")
+  }
   data = jax.device_put(host, parallel.batch_sharding(mesh))
 
   start = time.perf_counter()
@@ -68,13 +76,18 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
 
   queue_bytes = 0 if state.queue is None else state.queue.nbytes
   shard_bytes = 0 if state.queue is None else state.queue.addressable_shards[0].data.nbytes
-  out = {"devices": devices, "backend": jax.default_backend(),
-         "device_kind": jax.devices()[0].device_kind, "global_batch": batch,
-         "compile_s": round(compile_s, 2), "step_ms": round(1e3 * step_s, 2),
-         "img_per_s": round(batch / step_s, 1),
-         "queue_mb_per_device": shard_bytes / 2**20,
-         "queue_mb_total": queue_bytes / 2**20,
-         "loss": float(metrics["loss"])}
+  out = {
+      "devices": devices,
+      "backend": jax.default_backend(),
+      "device_kind": jax.devices()[0].device_kind,
+      "global_batch": batch,
+      "compile_s": round(compile_s, 2),
+      "step_ms": round(1e3 * step_s, 2),
+      "img_per_s": round(batch / step_s, 1),
+      "queue_mb_per_device": shard_bytes / 2**20,
+      "queue_mb_total": queue_bytes / 2**20,
+      "loss": float(metrics["loss"]),
+  }
   stats = jax.devices()[0].memory_stats()
   if stats and "peak_bytes_in_use" in stats:
     out["peak_mb_per_device"] = round(stats["peak_bytes_in_use"] / 2**20, 1)
@@ -88,13 +101,17 @@ def _child_command(n: int) -> list[str]:
 
 
 def _table(rows: list[dict]) -> str:
-  head = (f"{'devices':>7} {'step ms':>9} {'img/s':>9} {'queue MiB/dev':>14} "
-          f"{'queue MiB':>10} {'compile s':>10}")
+  head = (
+      f"{'devices':>7} {'step ms':>9} {'img/s':>9} {'queue MiB/dev':>14} "
+      f"{'queue MiB':>10} {'compile s':>10}"
+  )
   lines = [head]
   for r in rows:
-    lines.append(f"{r['devices']:>7} {r['step_ms']:>9.2f} {r['img_per_s']:>9.1f} "
-                 f"{r['queue_mb_per_device']:>14.3f} {r['queue_mb_total']:>10.3f} "
-                 f"{r['compile_s']:>10.1f}")
+    lines.append(
+        f"{r['devices']:>7} {r['step_ms']:>9.2f} {r['img_per_s']:>9.1f} "
+        f"{r['queue_mb_per_device']:>14.3f} {r['queue_mb_total']:>10.3f} "
+        f"{r['compile_s']:>10.1f}"
+    )
   return "\n".join(lines)
 
 
@@ -124,11 +141,16 @@ def main(argv):
     print(json.dumps(rows[-1]), flush=True)
   kind = rows[0]["device_kind"] if rows else backend
   simulated = " (simulated CPU devices sharing the host's cores)" if backend == "cpu" else ""
-  queue = (f"queue {config.moco.queue_size} x {config.model.head_out_dim}, "
-           if config.method == "moco" else "no queue, ")
-  print(f"\n{config.method}: {config.model.depth}-layer ResNet, {config.data.image_size} px, "
-        f"{config.model.dtype}, global batch {config.optim.batch_size}, {queue}"
-        f"NS {'on' if config.nonsemantic.enabled else 'off'}; {kind}{simulated}")
+  queue = (
+      f"queue {config.moco.queue_size} x {config.model.head_out_dim}, "
+      if config.method == "moco"
+      else "no queue, "
+  )
+  print(
+      f"\n{config.method}: {config.model.depth}-layer ResNet, {config.data.image_size} px, "
+      f"{config.model.dtype}, global batch {config.optim.batch_size}, {queue}"
+      f"NS {'on' if config.nonsemantic.enabled else 'off'}; {kind}{simulated}"
+  )
   print(_table(rows))
 
 

@@ -10,6 +10,7 @@ python -m cl_jax.bench_augment [--size=224] [--batch=128]
   device colour  cl_jax.data.photometric.augment_batch, jitted and batched on
                  the default JAX backend
 """
+
 import time
 
 import jax

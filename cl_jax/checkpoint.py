@@ -13,6 +13,7 @@ input-position file, an empty step folder) is skipped on resume: `restore_intact
 falls back to the newest one that restores, and `set_aside` moves the damaged
 ones out of the way (never deleting them).
 """
+
 import dataclasses
 import os
 import sys
@@ -42,13 +43,19 @@ def make_manager(workdir: str, keep: int = 2, *, read_only: bool = False) -> ocp
   temporary folders of unfinished saves).
   """
   if read_only:
-    options = ocp.CheckpointManagerOptions(read_only=True, create=False, max_to_keep=None,
-                                           save_interval_steps=0, cleanup_tmp_directories=False)
+    options = ocp.CheckpointManagerOptions(
+        read_only=True,
+        create=False,
+        max_to_keep=None,
+        save_interval_steps=0,
+        cleanup_tmp_directories=False,
+    )
   else:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True)
   with logs.quiet():
-    return ocp.CheckpointManager(_directory(workdir), options=options,
-                                 item_names=("state", "data", "meta"))
+    return ocp.CheckpointManager(
+        _directory(workdir), options=options, item_names=("state", "data", "meta")
+    )
 
 
 def steps_on_disk(workdir: str) -> list[int]:
@@ -61,13 +68,17 @@ def steps_on_disk(workdir: str) -> list[int]:
 
 def save(manager: ocp.CheckpointManager, state, data_iterator, meta: dict) -> None:
   """Start saving `state`, the iterator's position and the JSON-able `meta` at state.step."""
-  manager.save(int(state.step), args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data_iterator),
-      meta=ocp.args.JsonSave(meta)))
+  manager.save(
+      int(state.step),
+      args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          data=grain.checkpoint.CheckpointSave(data_iterator),
+          meta=ocp.args.JsonSave(meta),
+      ),
+  )
 
 
-def restore(manager: ocp.CheckpointManager, template, step: int | None = None,
-            data_iterator=None):
+def restore(manager: ocp.CheckpointManager, template, step: int | None = None, data_iterator=None):
   """(state, meta) of `step` (default: the latest), or None if there is none.
 
   Args:
@@ -80,8 +91,10 @@ def restore(manager: ocp.CheckpointManager, template, step: int | None = None,
   if step is None:
     return None
   if step not in manager.all_steps():
-    raise UsageError(f"no checkpoint at step {step} in {manager.directory}; "
-                     f"available steps: {sorted(manager.all_steps())}")
+    raise UsageError(
+        f"no checkpoint at step {step} in {manager.directory}; "
+        f"available steps: {sorted(manager.all_steps())}"
+    )
   items = {"state": ocp.args.StandardRestore(template), "meta": ocp.args.JsonRestore()}
   if data_iterator is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
@@ -92,6 +105,7 @@ def restore(manager: ocp.CheckpointManager, template, step: int | None = None,
 @dataclasses.dataclass
 class Restored:
   """A checkpoint read back: its state, meta and the input iterator at its position."""
+
   state: object
   meta: dict
   data_iterator: object
@@ -102,6 +116,7 @@ def _all_processes(ok: bool) -> bool:
   if jax.process_count() == 1:
     return ok
   from jax.experimental import multihost_utils
+
   return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
 
 
@@ -111,14 +126,16 @@ def _quiet_aborted_reads(unraisable) -> None:
   array; restore_intact reports the failure itself), and reports the rest."""
   code = getattr(unraisable.object, "cr_code", None)
   from_orbax = code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
-  closed = (isinstance(unraisable.exc_value, RuntimeError)
-            and "Event loop is closed" in str(unraisable.exc_value))
+  closed = isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(
+      unraisable.exc_value
+  )
   if not (closed or from_orbax):
     sys.__unraisablehook__(unraisable)
 
 
-def restore_intact(manager: ocp.CheckpointManager, template,
-                   make_iterator) -> tuple[Restored | None, list[tuple[int, str]]]:
+def restore_intact(
+    manager: ocp.CheckpointManager, template, make_iterator
+) -> tuple[Restored | None, list[tuple[int, str]]]:
   """(the newest checkpoint that reads back whole or None, [(step, reason)] of the
   newer ones that could not be read).
 
@@ -136,11 +153,11 @@ def restore_intact(manager: ocp.CheckpointManager, template,
       with logs.quiet():
         state, meta = restore(manager, template, step, data_iterator=iterator)
       error = None
-    except Exception as e:   # any failure to read means this checkpoint is not usable
+    except Exception as e:  # any failure to read means this checkpoint is not usable
       first = str(e).splitlines()[0] if str(e) else ""
       error = f"{type(e).__name__}: {first.split('. See full')[0][:200]}"
     if _all_processes(error is None):
-      if not damaged:   # nothing failed: no aborted reads to silence
+      if not damaged:  # nothing failed: no aborted reads to silence
         sys.unraisablehook = hook
       return Restored(state, meta, iterator), damaged
     damaged.append((step, error or "unreadable on another process"))

@@ -7,6 +7,7 @@ every flag error (a missing config file, an unknown config field, a value of the
 wrong type) into one line on stderr, with a "did you mean" hint for misspelt
 fields. `report` turns the exceptions of bad input into one line each.
 """
+
 import contextlib
 import importlib.util
 import os
@@ -24,7 +25,7 @@ def _config_arg(argv: list[str]) -> tuple[int, str] | None:
   """(index in argv, value) of the --config flag's value, or None."""
   for i, arg in enumerate(argv):
     if arg.startswith("--config="):
-      return i, arg[len("--config="):]
+      return i, arg[len("--config=") :]
     if arg == "--config" and i + 1 < len(argv):
       return i + 1, argv[i + 1]
   return None
@@ -34,14 +35,19 @@ def resolve_config_path(value: str) -> str:
   """`value` (PATH[:preset]) with PATH made absolute: relative to the current directory
   if the file is there, else to the repository root; UsageError if neither has it."""
   path, colon, preset = value.partition(":")
-  candidates = [path] if os.path.isabs(path) else list(dict.fromkeys(
-      [os.path.abspath(path), os.path.join(REPO_ROOT, path)]))
+  candidates = (
+      [path]
+      if os.path.isabs(path)
+      else list(dict.fromkeys([os.path.abspath(path), os.path.join(REPO_ROOT, path)]))
+  )
   for candidate in candidates:
     if os.path.isfile(candidate):
       return os.path.abspath(candidate) + colon + preset
   where = " or ".join(os.path.abspath(c) for c in candidates)
-  raise UsageError(f"config file {path} not found (looked for {where}); configs are "
-                   f"Python files such as configs/mocov2_patchns.py")
+  raise UsageError(
+      f"config file {path} not found (looked for {where}); configs are "
+      f"Python files such as configs/mocov2_patchns.py"
+  )
 
 
 def _load_config(value: str):
@@ -57,15 +63,14 @@ def _unknown_field(argv: list[str], config_value: str) -> str | None:
   """A one-line error for the first --config.FIELD override that the config lacks."""
   try:
     config = _load_config(config_value)
-  except Exception:   # the config file itself fails: absl's message says how
+  except Exception:  # the config file itself fails: absl's message says how
     return None
   fields = run_config.flatten(config)
   for arg in argv:
     if arg.startswith("--config."):
-      field = arg[len("--config."):].partition("=")[0]
+      field = arg[len("--config.") :].partition("=")[0]
       if field not in fields and not any(k.startswith(field + ".") for k in fields):
-        return (f"unknown config field {field} (in {arg})"
-                f"{run_config.suggest(field, config)}")
+        return f"unknown config field {field} (in {arg})" f"{run_config.suggest(field, config)}"
   return None
 
 
@@ -90,7 +95,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except UsageError as e:
     sys.exit(f"error: {e}")
-  except Exception as e:   # absl and ml_collections raise several types for bad flags
+  except Exception as e:  # absl and ml_collections raise several types for bad flags
     hint = _unknown_field(argv, _config_arg(argv)[1]) if found is not None else None
     if hint is None and not isinstance(e, flags.Error):
       raise

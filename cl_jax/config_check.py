@@ -2,6 +2,7 @@
 
 Each error names the field, the value and the allowed range.
 """
+
 import math
 
 import ml_collections
@@ -19,8 +20,8 @@ PROBE_PROTOCOLS = ("fast", "logreg", "paper")
 DTYPES = ("float32", "bfloat16")
 # Named learning-rate recipes for MoCo-v2 on ImageNet-100 (lr, global batch).
 LR_RECIPES = {
-    "moco_0.03_b128": (0.03, 128),   # original MoCo lr, batch of Ge et al. App. C.1
-    "ifm_0.8_b512": (0.8, 512),      # Robinson et al. 2021 IN-100 runs
+    "moco_0.03_b128": (0.03, 128),  # original MoCo lr, batch of Ge et al. App. C.1
+    "ifm_0.8_b512": (0.8, 512),  # Robinson et al. 2021 IN-100 runs
     "custom": None,
 }
 
@@ -78,33 +79,50 @@ def _bool(c, path):
 
 def _range(c, path, lo, hi):
   v = _get(c, path)
-  if (not isinstance(v, (tuple, list)) or len(v) != 2
-      or not all(isinstance(x, (int, float)) for x in v) or not lo <= v[0] <= v[1] <= hi):
+  if (
+      not isinstance(v, (tuple, list))
+      or len(v) != 2
+      or not all(isinstance(x, (int, float)) for x in v)
+      or not lo <= v[0] <= v[1] <= hi
+  ):
     _fail(path, v, f"must be a pair (a, b) with {lo} <= a <= b <= {hi}")
   return tuple(v)
 
 
 def _dataset_names():
   from cl_jax.data import sources  # light: imports no TensorFlow
+
   return sources.DATASET_NAMES
 
 
 def _check_queue(c, queue: int, keys_per_step: int) -> None:
   """The MoCo queue holds whole steps of keys (cl_jax.queue's layout)."""
   if queue % keys_per_step:
-    _fail("moco.queue_size", queue, f"must be divisible by the keys enqueued per step "
-          f"({keys_per_step} = global batch"
-          f"{' x 2 views (symmetric)' if keys_per_step > _get(c, 'optim.batch_size') else ''})")
+    _fail(
+        "moco.queue_size",
+        queue,
+        f"must be divisible by the keys enqueued per step "
+        f"({keys_per_step} = global batch"
+        f"{' x 2 views (symmetric)' if keys_per_step > _get(c, 'optim.batch_size') else ''})",
+    )
   if queue < keys_per_step:
     _fail("moco.queue_size", queue, f"must be at least the keys per step ({keys_per_step})")
-  if (_get(c, "ft.enabled") and _get(c, "ft.negative") in ("interpolate", "extrapolate")
-      and queue < 2 * keys_per_step):
-    _fail("moco.queue_size", queue, f"negative transforms pair keys of different steps: the "
-          f"queue must hold at least 2 steps of keys ({2 * keys_per_step})")
+  if (
+      _get(c, "ft.enabled")
+      and _get(c, "ft.negative") in ("interpolate", "extrapolate")
+      and queue < 2 * keys_per_step
+  ):
+    _fail(
+        "moco.queue_size",
+        queue,
+        f"negative transforms pair keys of different steps: the "
+        f"queue must hold at least 2 steps of keys ({2 * keys_per_step})",
+    )
 
 
-def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
-             reads_data: bool = True) -> None:
+def validate(
+    c: ml_collections.ConfigDict, num_devices: int = 1, *, reads_data: bool = True
+) -> None:
   """Raise ConfigError for the first invalid field of config `c`.
 
   num_devices: devices on the `data` mesh axis. reads_data=False skips the
@@ -115,8 +133,12 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
 
   name = _choice(c, "data.name", _dataset_names())
   if reads_data and name != "trifeature" and not _get(c, "data.data_dir"):
-    _fail("data.data_dir", "", f"dataset {name} is read through TFDS: set data.data_dir "
-          "to the directory where it was prepared")
+    _fail(
+        "data.data_dir",
+        "",
+        f"dataset {name} is read through TFDS: set data.data_dir "
+        "to the directory where it was prepared",
+    )
   size = _int(c, "data.image_size", 16, 1024)
   _range(c, "data.crop_scale", 1e-3, 1.0)
   _float(c, "data.eval_crop_fraction", 0.0, 1.0, lo_open=True)
@@ -142,11 +164,13 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   _bool(c, "model.head_out_bn")
   predictor = _int(c, "model.predictor_hidden_dim", 0)
   if method in ("byol", "simsiam") and predictor == 0:
-    _fail("model.predictor_hidden_dim", predictor, f"method {method!r} needs a predictor: "
-          "set the width of its hidden layer (> 0)")
+    _fail(
+        "model.predictor_hidden_dim",
+        predictor,
+        f"method {method!r} needs a predictor: " "set the width of its hidden layer (> 0)",
+    )
   if method in ("moco", "simclr") and predictor:
-    _fail("model.predictor_hidden_dim", predictor, f"method {method!r} has no predictor; "
-          "set 0")
+    _fail("model.predictor_hidden_dim", predictor, f"method {method!r} has no predictor; " "set 0")
   _choice(c, "model.dtype", DTYPES)
   bn_mode = _choice(c, "model.bn_mode", BN_MODES)
   groups = _int(c, "model.bn_groups", 1)
@@ -159,21 +183,33 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   _float(c, "byol.base_momentum", 0.0, 1.0)
   if _bool(c, "hcl.enabled"):
     if method != "simclr":
-      _fail("hcl.enabled", True, f"hard-negative sampling is implemented for SimCLR's "
-            f"in-batch negatives; method is {method!r}")
+      _fail(
+          "hcl.enabled",
+          True,
+          f"hard-negative sampling is implemented for SimCLR's "
+          f"in-batch negatives; method is {method!r}",
+      )
     _float(c, "hcl.beta", 0.0, None)
     _float(c, "hcl.tau_plus", 0.0, 1.0)
     if _get(c, "hcl.tau_plus") >= 1.0:
       _fail("hcl.tau_plus", _get(c, "hcl.tau_plus"), "the class prior must be < 1")
     for addon in ("nonsemantic", "ifm", "ft"):
       if _get(c, f"{addon}.enabled"):
-        _fail("hcl.enabled", True, f"hard-negative sampling is a comparator of its own; "
-              f"switch off {addon}.enabled to use it")
+        _fail(
+            "hcl.enabled",
+            True,
+            f"hard-negative sampling is a comparator of its own; "
+            f"switch off {addon}.enabled to use it",
+        )
 
   if _bool(c, "nonsemantic.enabled"):
     if method == "simsiam":
-      _fail("nonsemantic.enabled", True, "non-semantic negatives are defined for MoCo, SimCLR "
-            "(Ge et al. 2021, Eq. 1) and BYOL (Eq. 2), not for SimSiam")
+      _fail(
+          "nonsemantic.enabled",
+          True,
+          "non-semantic negatives are defined for MoCo, SimCLR "
+          "(Ge et al. 2021, Eq. 1) and BYOL (Eq. 2), not for SimSiam",
+      )
     _choice(c, "nonsemantic.kind", NS_KINDS)
     _int(c, "nonsemantic.num_ns", 1, 64)
     _float(c, "nonsemantic.alpha", 0.0, None, lo_open=True)
@@ -181,8 +217,11 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
     d_min = _int(c, "nonsemantic.patch_min", 1)
     d_max = _int(c, "nonsemantic.patch_max", 1)
     if d_max > size:
-      _fail("nonsemantic.patch_max", d_max, f"the patch size must not exceed the view "
-            f"size data.image_size = {size}")
+      _fail(
+          "nonsemantic.patch_max",
+          d_max,
+          f"the patch size must not exceed the view " f"size data.image_size = {size}",
+      )
     if d_min > d_max:
       _fail("nonsemantic.patch_min", d_min, f"must be <= nonsemantic.patch_max = {d_max}")
 
@@ -194,23 +233,39 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
     _float(c, "ft.hard_a", 0.0, None, lo_open=True)
     _float(c, "ft.hard_b", 0.0, None, lo_open=True)
     if method in ("byol", "simsiam") and negative != "none":
-      _fail("ft.negative", negative, f"method {method!r} has no negatives: only positive "
-            "extrapolation applies (App. E.2); set ft.negative = 'none'")
+      _fail(
+          "ft.negative",
+          negative,
+          f"method {method!r} has no negatives: only positive "
+          "extrapolation applies (App. E.2); set ft.negative = 'none'",
+      )
     if method == "simclr" and negative == "hard":
-      _fail("ft.negative", negative, "hard negatives (App. G.2) are built against the MoCo "
-            "queue; for SimCLR use 'interpolate' or 'extrapolate'")
+      _fail(
+          "ft.negative",
+          negative,
+          "hard negatives (App. G.2) are built against the MoCo "
+          "queue; for SimCLR use 'interpolate' or 'extrapolate'",
+      )
     union = _bool(c, "ft.union")
     _choice(c, "ft.coefficients", FT_COEFFICIENTS)
     _bool(c, "ft.renormalize")
     _int(c, "ft.start_epoch", 0, _int(c, "optim.epochs", 1) - 1)
     if union and negative == "none":
-      _fail("ft.union", union, "the union needs transformed negatives: set ft.negative to "
-            "'interpolate' or 'extrapolate'")
+      _fail(
+          "ft.union",
+          union,
+          "the union needs transformed negatives: set ft.negative to "
+          "'interpolate' or 'extrapolate'",
+      )
 
   if _bool(c, "ifm.enabled"):
     if method in ("byol", "simsiam"):
-      _fail("ifm.enabled", True, f"IFM perturbs the logits of an InfoNCE loss; method "
-            f"{method!r} has none (use moco or simclr)")
+      _fail(
+          "ifm.enabled",
+          True,
+          f"IFM perturbs the logits of an InfoNCE loss; method "
+          f"{method!r} has none (use moco or simclr)",
+      )
     _float(c, "ifm.epsilon", 0.0, 2.0, lo_open=True)
     _float(c, "ifm.alpha", 0.0, None)
 
@@ -219,36 +274,59 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   lr = _float(c, "optim.lr", 0.0, None, lo_open=True)
   batch = _int(c, "optim.batch_size", 1)
   if LR_RECIPES[recipe] is not None and (lr, batch) != LR_RECIPES[recipe]:
-    _fail("optim.lr_recipe", recipe, f"recipe fixes (lr, batch_size) = {LR_RECIPES[recipe]} "
-          f"but the config has ({lr}, {batch}); set optim.lr_recipe = 'custom' to change them")
+    _fail(
+        "optim.lr_recipe",
+        recipe,
+        f"recipe fixes (lr, batch_size) = {LR_RECIPES[recipe]} "
+        f"but the config has ({lr}, {batch}); set optim.lr_recipe = 'custom' to change them",
+    )
   if "base_lr" in _get(c, "optim"):
     base = _float(c, "optim.base_lr", 0.0, None, lo_open=True)
     if not math.isclose(lr, base * batch / 256, rel_tol=1e-9):
-      _fail("optim.lr", lr, f"this config scales the lr with the batch, optim.base_lr x "
-            f"optim.batch_size / 256 = {base * batch / 256:g}: set optim.base_lr instead")
+      _fail(
+          "optim.lr",
+          lr,
+          f"this config scales the lr with the batch, optim.base_lr x "
+          f"optim.batch_size / 256 = {base * batch / 256:g}: set optim.base_lr instead",
+      )
   _float(c, "optim.momentum", 0.0, 1.0)
   _float(c, "optim.weight_decay", 0.0, 1.0)
   epochs = _int(c, "optim.epochs", 1)
   _int(c, "optim.warmup_epochs", 0, epochs - 1)
 
   if batch % num_devices:
-    _fail("optim.batch_size", batch, f"must be divisible by the number of devices "
-          f"({num_devices})")
+    _fail(
+        "optim.batch_size", batch, f"must be divisible by the number of devices " f"({num_devices})"
+    )
   if bn_mode == "sync" and groups != 1:
-    _fail("model.bn_groups", groups, "bn_mode 'sync' takes statistics over the whole global "
-          "batch; set model.bn_groups = 1 (or bn_mode 'local' for grouped statistics)")
+    _fail(
+        "model.bn_groups",
+        groups,
+        "bn_mode 'sync' takes statistics over the whole global "
+        "batch; set model.bn_groups = 1 (or bn_mode 'local' for grouped statistics)",
+    )
   if bn_mode != "sync" and groups < 2:
-    _fail("model.bn_groups", groups, f"bn_mode {bn_mode!r} needs at least 2 groups (one "
-          "group is bn_mode 'sync')")
+    _fail(
+        "model.bn_groups",
+        groups,
+        f"bn_mode {bn_mode!r} needs at least 2 groups (one " "group is bn_mode 'sync')",
+    )
   if batch % groups:
     _fail("model.bn_groups", groups, f"must divide optim.batch_size = {batch}")
   if groups % num_devices and num_devices % groups:
-    _fail("model.bn_groups", groups, f"must be a multiple or a divisor of the number of "
-          f"devices ({num_devices}), so that groups map onto devices")
+    _fail(
+        "model.bn_groups",
+        groups,
+        f"must be a multiple or a divisor of the number of "
+        f"devices ({num_devices}), so that groups map onto devices",
+    )
   if method != "moco":
     if bn_mode == "shuffle":
-      _fail("model.bn_mode", bn_mode, f"shuffle-BN belongs to MoCo's key encoder; method "
-            f"{method!r} uses 'sync' or 'local'")
+      _fail(
+          "model.bn_mode",
+          bn_mode,
+          f"shuffle-BN belongs to MoCo's key encoder; method " f"{method!r} uses 'sync' or 'local'",
+      )
   else:
     _check_queue(c, queue, batch * (2 if symmetric else 1))
 
@@ -259,7 +337,7 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   _float(c, "train.max_param_growth", 1.0, None, lo_open=True)
 
   _float(c, "health.min_std_sqrt_d", 0.0, 1.0)
-  _float(c, "health.min_rank", 0.0, None)     # 0: no rank warning
+  _float(c, "health.min_rank", 0.0, None)  # 0: no rank warning
 
   _bool(c, "probe.after_pretrain")
   _choice(c, "probe.protocol", PROBE_PROTOCOLS)
@@ -268,7 +346,13 @@ def validate(c: ml_collections.ConfigDict, num_devices: int = 1, *,
   _float(c, "probe.lr", 0.0, None, lo_open=True)
   _float(c, "probe.weight_decay", 0.0, 1.0)
   decay = _get(c, "probe.decay_epochs")
-  if (not isinstance(decay, (tuple, list)) or list(decay) != sorted(decay)
-      or not all(isinstance(e, int) and 0 < e < probe_epochs for e in decay)):
-    _fail("probe.decay_epochs", decay, f"must be increasing integers in (0, probe.epochs = "
-          f"{probe_epochs})")
+  if (
+      not isinstance(decay, (tuple, list))
+      or list(decay) != sorted(decay)
+      or not all(isinstance(e, int) and 0 < e < probe_epochs for e in decay)
+  ):
+    _fail(
+        "probe.decay_epochs",
+        decay,
+        f"must be increasing integers in (0, probe.epochs = " f"{probe_epochs})",
+    )

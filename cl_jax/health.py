@@ -13,6 +13,7 @@ A collapsed encoder maps every image to one point: std 0, effective rank 1,
 alignment 0 and uniformity 0 (its largest value). collapse_warning turns the
 first two into a message for the training log.
 """
+
 import math
 
 import jax
@@ -121,15 +122,18 @@ def embedding_health(z_a: jax.Array, z_b: jax.Array) -> dict[str, jax.Array]:
   """
   z_a, z_b = jax.lax.stop_gradient(z_a), jax.lax.stop_gradient(z_b)
   std = embedding_std(z_a)
-  return {"health/std": std,
-          "health/std_sqrt_d": std * math.sqrt(z_a.shape[-1]),
-          "health/rank": effective_rank(z_a),
-          "health/align": alignment(z_a, z_b),
-          "health/uniform": uniformity(z_a)}
+  return {
+      "health/std": std,
+      "health/std_sqrt_d": std * math.sqrt(z_a.shape[-1]),
+      "health/rank": effective_rank(z_a),
+      "health/align": alignment(z_a, z_b),
+      "health/uniform": uniformity(z_a),
+  }
 
 
-def collapse_warning(scalars: dict[str, float], min_std_sqrt_d: float,
-                     min_rank: float) -> str | None:
+def collapse_warning(
+    scalars: dict[str, float], min_std_sqrt_d: float, min_rank: float
+) -> str | None:
   """A one-line message when a logged health signal is below its threshold, else None.
 
   Args:
@@ -144,10 +148,13 @@ def collapse_warning(scalars: dict[str, float], min_std_sqrt_d: float,
   problems = []
   std = scalars.get("health/std_sqrt_d")
   if std is not None and std < min_std_sqrt_d:
-    problems.append(f"embedding std x sqrt(d) = {std:.3g} < {min_std_sqrt_d:g} "
-                    "(healthy is about 1)")
+    problems.append(
+        f"embedding std x sqrt(d) = {std:.3g} < {min_std_sqrt_d:g} " "(healthy is about 1)"
+    )
   rank = scalars.get("health/rank")
   if rank is not None and rank < min_rank:
-    problems.append(f"effective rank of the batch's embeddings = {rank:.3g} < {min_rank:g} "
-                    "(1 is a single point)")
+    problems.append(
+        f"effective rank of the batch's embeddings = {rank:.3g} < {min_rank:g} "
+        "(1 is a single point)"
+    )
   return "representation collapse: " + "; ".join(problems) if problems else None

@@ -21,6 +21,7 @@ held-out fifth, for tuning a recipe without looking at the test split.
 The report is written next to the checkpoints:
 <workdir>/probe_step<N>_<protocol>[_val].json.
 """
+
 import hashlib
 import json
 import os
@@ -51,6 +52,7 @@ def _features_fn(encoder, mean, std):
   def features(variables, images):
     x = photometric.normalize(photometric.to_float(images), spec)
     return encoder.apply(variables, x, train=False)["pooled"]
+
   return features
 
 
@@ -77,12 +79,12 @@ def standardise(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np
   return (x_train - mu) / sigma, (x_test - mu) / sigma
 
 
-def _linear_trainer(num_classes: dict[str, int], dim: int, schedule, momentum: float,
-                    weight_decay: float):
+def _linear_trainer(
+    num_classes: dict[str, int], dim: int, schedule, momentum: float, weight_decay: float
+):
   """(params, update) for independent linear classifiers, one per label."""
   params = {k: {"w": jnp.zeros((dim, c)), "b": jnp.zeros((c,))} for k, c in num_classes.items()}
-  tx = optax.chain(optax.add_decayed_weights(weight_decay),
-                   optax.sgd(schedule, momentum=momentum))
+  tx = optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(schedule, momentum=momentum))
 
   def loss_fn(p, x, y):
     total = 0.0
@@ -103,18 +105,22 @@ def _linear_trainer(num_classes: dict[str, int], dim: int, schedule, momentum: f
 def _lr_schedule(probe: ml_collections.ConfigDict, steps_per_epoch: int) -> optax.Schedule:
   """probe.lr, x0.1 at each of probe.decay_epochs."""
   return optax.piecewise_constant_schedule(
-      probe.lr, {e * steps_per_epoch: 0.1 for e in probe.decay_epochs})
+      probe.lr, {e * steps_per_epoch: 0.1 for e in probe.decay_epochs}
+  )
 
 
 def _accuracy(logits: dict[str, np.ndarray], y: dict) -> dict:
-  return {k: {"top1": topk_accuracy(v, y[k], 1), "top5": topk_accuracy(v, y[k], 5)}
-          for k, v in logits.items()}
+  return {
+      k: {"top1": topk_accuracy(v, y[k], 1), "top5": topk_accuracy(v, y[k], 5)}
+      for k, v in logits.items()
+  }
 
 
 def _steps_per_epoch(num_images: int, batch_size: int) -> int:
   if num_images < batch_size:
-    raise UsageError(f"probe.batch_size = {batch_size} exceeds the probe training set "
-                     f"({num_images} images)")
+    raise UsageError(
+        f"probe.batch_size = {batch_size} exceeds the probe training set " f"({num_images} images)"
+    )
   return num_images // batch_size
 
 
@@ -123,9 +129,15 @@ def _linear_accuracy(params: dict, x: np.ndarray, y: dict) -> dict:
   return _accuracy({k: x @ np.asarray(q["w"]) + np.asarray(q["b"]) for k, q in params.items()}, y)
 
 
-def fast_probe(x_train: np.ndarray, y_train: dict, x_test: np.ndarray, y_test: dict,
-               num_classes: dict[str, int], probe: ml_collections.ConfigDict,
-               seed: int) -> dict:
+def fast_probe(
+    x_train: np.ndarray,
+    y_train: dict,
+    x_test: np.ndarray,
+    y_test: dict,
+    num_classes: dict[str, int],
+    probe: ml_collections.ConfigDict,
+    seed: int,
+) -> dict:
   """SGD linear classifiers on standardised cached features.
 
   Args:
@@ -139,27 +151,36 @@ def fast_probe(x_train: np.ndarray, y_train: dict, x_test: np.ndarray, y_test: d
   x_train, x_test = standardise(x_train, x_test)
   steps_per_epoch = _steps_per_epoch(len(x_train), probe.batch_size)
   params, opt_state, update = _linear_trainer(
-      num_classes, x_train.shape[1], _lr_schedule(probe, steps_per_epoch), 0.9,
-      probe.weight_decay)
+      num_classes, x_train.shape[1], _lr_schedule(probe, steps_per_epoch), 0.9, probe.weight_decay
+  )
   rng = np.random.default_rng(seed)
-  for _ in tqdm.trange(probe.epochs, desc="probe (fast)", leave=False,
-                       disable=jax.process_index() != 0):
+  for _ in tqdm.trange(
+      probe.epochs, desc="probe (fast)", leave=False, disable=jax.process_index() != 0
+  ):
     order = rng.permutation(len(x_train))
     for i in range(steps_per_epoch):
-      idx = order[i * probe.batch_size:(i + 1) * probe.batch_size]
-      params, opt_state = update(params, opt_state, x_train[idx],
-                                 {k: y_train[k][idx] for k in num_classes})
+      idx = order[i * probe.batch_size : (i + 1) * probe.batch_size]
+      params, opt_state = update(
+          params, opt_state, x_train[idx], {k: y_train[k][idx] for k in num_classes}
+      )
   return _linear_accuracy(params, x_test, y_test)
 
 
-def logreg_probe(x_train: np.ndarray, y_train: dict, x_test: np.ndarray, y_test: dict,
-                 num_classes: dict[str, int], max_iter: int = 1000) -> dict:
+def logreg_probe(
+    x_train: np.ndarray,
+    y_train: dict,
+    x_test: np.ndarray,
+    y_test: dict,
+    num_classes: dict[str, int],
+    max_iter: int = 1000,
+) -> dict:
   """scikit-learn's multinomial logistic regression (L-BFGS, C = 1) on standardised features.
 
   The arguments and result are those of fast_probe; the optimum of this
   convex problem does not depend on a learning rate or schedule.
   """
   from sklearn.linear_model import LogisticRegression
+
   x_train, x_test = standardise(x_train, x_test)
   logits = {}
   for k in num_classes:
@@ -172,6 +193,7 @@ def logreg_probe(x_train: np.ndarray, y_train: dict, x_test: np.ndarray, y_test:
 
 class _Probe(NamedTuple):
   """What probing any variables of a run needs: its data, encoder and feature function."""
+
   config: ml_collections.ConfigDict
   train_src: object
   test_src: object
@@ -186,8 +208,7 @@ def _setup(config: ml_collections.ConfigDict) -> _Probe:
   pre_len = len(sources.open_source(config.data, "pretrain"))
   encoder, _, _, make_state, _ = train.build(config, pre_len, mesh)
   spec = photometric.PhotometricSpec()
-  return _Probe(config, train_src, test_src, make_state,
-                _features_fn(encoder, spec.mean, spec.std))
+  return _Probe(config, train_src, test_src, make_state, _features_fn(encoder, spec.mean, spec.std))
 
 
 def validation_split(x: np.ndarray, y: dict) -> tuple:
@@ -199,8 +220,7 @@ def validation_split(x: np.ndarray, y: dict) -> tuple:
   return x[n:], {k: v[n:] for k, v in y.items()}, x[:n], {k: v[:n] for k, v in y.items()}
 
 
-def probe_variables(ctx: _Probe, variables: dict, protocol: str,
-                    validation: bool = False) -> dict:
+def probe_variables(ctx: _Probe, variables: dict, protocol: str, validation: bool = False) -> dict:
   """Accuracy (label -> {top1, top5}) of the `protocol` probe on the encoder `variables`,
   on the test split, or with `validation` on the held-out fifth of the training split
   (validation_split; fast and logreg protocols)."""
@@ -209,48 +229,72 @@ def probe_variables(ctx: _Probe, variables: dict, protocol: str,
   d, p = ctx.config.data, ctx.config.probe
 
   def eval_ds(src):
-    return pipeline.probe_dataset(src, labels, image_size=d.image_size,
-                                  eval_crop_fraction=d.eval_crop_fraction,
-                                  batch_size=p.batch_size, train_views=False)
+    return pipeline.probe_dataset(
+        src,
+        labels,
+        image_size=d.image_size,
+        eval_crop_fraction=d.eval_crop_fraction,
+        batch_size=p.batch_size,
+        train_views=False,
+    )
 
   if validation:
     if protocol == "paper":
       raise UsageError("the validation split is for the fast and logreg protocols")
-    x_train, y_train, x_test, y_test = validation_split(*extract(
-        ctx.features, variables, eval_ds(ctx.train_src), labels, "train features"))
+    x_train, y_train, x_test, y_test = validation_split(
+        *extract(ctx.features, variables, eval_ds(ctx.train_src), labels, "train features")
+    )
   else:
-    x_test, y_test = extract(ctx.features, variables, eval_ds(ctx.test_src), labels,
-                             "test features")
+    x_test, y_test = extract(
+        ctx.features, variables, eval_ds(ctx.test_src), labels, "test features"
+    )
   if protocol in ("fast", "logreg"):
     if not validation:
-      x_train, y_train = extract(ctx.features, variables, eval_ds(ctx.train_src), labels,
-                                 "train features")
+      x_train, y_train = extract(
+          ctx.features, variables, eval_ds(ctx.train_src), labels, "train features"
+      )
     if protocol == "fast":
       return fast_probe(x_train, y_train, x_test, y_test, num_classes, p, ctx.config.seed)
     return logreg_probe(x_train, y_train, x_test, y_test, num_classes)
   steps_per_epoch = _steps_per_epoch(len(ctx.train_src), p.batch_size)
   params, opt_state, update = _linear_trainer(
-      num_classes, x_test.shape[1], _lr_schedule(p, steps_per_epoch), 0.9, p.weight_decay)
-  train_ds = pipeline.probe_dataset(ctx.train_src, labels, image_size=d.image_size,
-                                    eval_crop_fraction=d.eval_crop_fraction,
-                                    batch_size=p.batch_size, train_views=True,
-                                    seed=ctx.config.seed, epochs=p.epochs)
-  for batch in tqdm.tqdm(train_ds, total=p.epochs * steps_per_epoch, desc="probe (paper)",
-                         leave=False, disable=jax.process_index() != 0):
+      num_classes, x_test.shape[1], _lr_schedule(p, steps_per_epoch), 0.9, p.weight_decay
+  )
+  train_ds = pipeline.probe_dataset(
+      ctx.train_src,
+      labels,
+      image_size=d.image_size,
+      eval_crop_fraction=d.eval_crop_fraction,
+      batch_size=p.batch_size,
+      train_views=True,
+      seed=ctx.config.seed,
+      epochs=p.epochs,
+  )
+  for batch in tqdm.tqdm(
+      train_ds,
+      total=p.epochs * steps_per_epoch,
+      desc="probe (paper)",
+      leave=False,
+      disable=jax.process_index() != 0,
+  ):
     x = ctx.features(variables, batch["image"])
     params, opt_state = update(params, opt_state, x, {k: batch[k] for k in labels})
   return _linear_accuracy(params, x_test, y_test)
 
 
-def baseline_key(config: ml_collections.ConfigDict, protocol: str,
-                 validation: bool = False) -> str:
+def baseline_key(config: ml_collections.ConfigDict, protocol: str, validation: bool = False) -> str:
   """Hash of everything the random-init probe depends on: the model, the seed, the
   data and the probe settings (not the method, its add-ons or the optimizer)."""
   data = {k: v for k, v in config.data.to_dict().items() if k not in ("workers", "cache_dir")}
-  fields = {"version": BASELINE_CACHE_VERSION, "protocol": protocol, "seed": config.seed,
-            "validation": validation,
-            "model": config.model.to_dict(), "data": data,
-            "probe": {k: v for k, v in config.probe.to_dict().items() if k != "after_pretrain"}}
+  fields = {
+      "version": BASELINE_CACHE_VERSION,
+      "protocol": protocol,
+      "seed": config.seed,
+      "validation": validation,
+      "model": config.model.to_dict(),
+      "data": data,
+      "probe": {k: v for k, v in config.probe.to_dict().items() if k != "after_pretrain"},
+  }
   return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -269,8 +313,9 @@ def random_init_accuracy(ctx: _Probe, protocol: str, validation: bool = False) -
   if path.exists():
     return json.loads(path.read_text())["accuracy"]
   state = ctx.make_state()
-  accuracy = probe_variables(ctx, {"params": state.params, "batch_stats": state.batch_stats},
-                             protocol, validation)
+  accuracy = probe_variables(
+      ctx, {"params": state.params, "batch_stats": state.batch_stats}, protocol, validation
+  )
   if jax.process_index() == 0:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{path.name}.{os.getpid()}.tmp"
@@ -279,31 +324,43 @@ def random_init_accuracy(ctx: _Probe, protocol: str, validation: bool = False) -
   return accuracy
 
 
-def run(workdir: str, step: int | None = None, protocol: str | None = None,
-        baseline: bool = True, validation: bool = False) -> dict:
+def run(
+    workdir: str,
+    step: int | None = None,
+    protocol: str | None = None,
+    baseline: bool = True,
+    validation: bool = False,
+) -> dict:
   """Probe the checkpoint of `step` (default: latest) of the run in `workdir`, and
   (with `baseline`) the same network at random initialisation; with `validation`
   on the held-out fifth of the training split instead of the test split."""
   config = run_config.read(workdir)
   protocol = protocol or config.probe.protocol
   if protocol not in config_check.PROBE_PROTOCOLS:
-    raise UsageError(f"probe protocol must be one of {config_check.PROBE_PROTOCOLS}, "
-                     f"got {protocol!r}")
+    raise UsageError(
+        f"probe protocol must be one of {config_check.PROBE_PROTOCOLS}, " f"got {protocol!r}"
+    )
   ctx = _setup(config)
   manager = checkpoint.make_manager(workdir, read_only=True)
   restored = checkpoint.restore(manager, jax.eval_shape(ctx.make_state), step)
   if restored is None:
     raise UsageError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
   state = restored[0]
-  accuracy = probe_variables(ctx, {"params": state.params, "batch_stats": state.batch_stats},
-                             protocol, validation)
+  accuracy = probe_variables(
+      ctx, {"params": state.params, "batch_stats": state.batch_stats}, protocol, validation
+  )
   where = workdir if "://" in workdir else os.path.abspath(workdir)
-  report = {"workdir": where, "step": int(state.step), "protocol": protocol,
-            "dataset": config.data.name,
-            "feature_dim": resnet_feature_dim(config.model.depth, config.model.width_multiplier),
-            "num_train": len(ctx.train_src),
-            "num_test": len(ctx.test_src), "split": "validation" if validation else "test",
-            "accuracy": accuracy}
+  report = {
+      "workdir": where,
+      "step": int(state.step),
+      "protocol": protocol,
+      "dataset": config.data.name,
+      "feature_dim": resnet_feature_dim(config.model.depth, config.model.width_multiplier),
+      "num_train": len(ctx.train_src),
+      "num_test": len(ctx.test_src),
+      "split": "validation" if validation else "test",
+      "accuracy": accuracy,
+  }
   if baseline:
     report["random_init"] = random_init_accuracy(ctx, protocol, validation)
   if jax.process_index() == 0:
@@ -318,8 +375,10 @@ def run(workdir: str, step: int | None = None, protocol: str | None = None,
 
 def _split_text(report: dict) -> str:
   if report.get("split") == "validation":
-    return (f"validation (the held-out fifth of the {report['num_train']} training images; "
-            "the probe fits the rest)")
+    return (
+        f"validation (the held-out fifth of the {report['num_train']} training images; "
+        "the probe fits the rest)"
+    )
   return f"test ({report['num_test']} images)"
 
 
@@ -328,8 +387,10 @@ def print_report(report: dict) -> None:
   if jax.process_index() != 0:
     return
   base = report.get("random_init")
-  print(f"\nlinear probe ({report['protocol']}) of {report['workdir']} at step {report['step']} "
-        f"on {report['dataset']} {_split_text(report)}:")
+  print(
+      f"\nlinear probe ({report['protocol']}) of {report['workdir']} at step {report['step']} "
+      f"on {report['dataset']} {_split_text(report)}:"
+  )
   if base is None:
     print(f"  {'label':<10} {'top-1':>7} {'top-5':>7}")
   else:

@@ -1,4 +1,5 @@
 """Quieting the libraries' absl warnings where cl_jax reports the condition itself."""
+
 import contextlib
 
 from absl import logging
@@ -9,7 +10,7 @@ def quiet():
   """absl logging at ERROR level inside (e.g. orbax's notes on read-only managers and on
   unreadable checkpoints, TFDS's on unprepared datasets, which cl_jax reports itself)."""
   level = logging.get_verbosity()
-  logging.set_verbosity(min(level, logging.ERROR))   # absl: lower is quieter
+  logging.set_verbosity(min(level, logging.ERROR))  # absl: lower is quieter
   try:
     yield
   finally:

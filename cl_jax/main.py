@@ -15,6 +15,7 @@ VMs, under SLURM and Open MPI, or from JAX_COORDINATOR_ADDRESS; elsewhere give
 them with --coordinator_address, --num_processes and --process_id (any of
 these implies --multihost). The workdir must then be storage every host sees.
 """
+
 import multiprocessing
 import os
 import shlex
@@ -27,27 +28,49 @@ from ml_collections import config_flags
 from cl_jax import cli, startup, train
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, optionally with a preset: configs/NAME.py[:preset].",
-    lock_config=True)
+    "config",
+    None,
+    "Config file, optionally with a preset: configs/NAME.py[:preset].",
+    lock_config=True,
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default ./runs/<config>).")
-_PROBE = flags.DEFINE_bool("probe", None, "Run the linear probe after pretraining "
-                           "(default: the config's probe.after_pretrain).")
-_STOP_AT = flags.DEFINE_integer("stop_at_step", None, "Stop this invocation once the run has "
-                                "reached this step (with a checkpoint); run again to continue.",
-                                lower_bound=1)
-_ALLOW_CHANGE = flags.DEFINE_bool("allow_config_change", False, "On resume, accept changes of "
-                                  "the fields in cl_jax.run_config.CHANGEABLE (logging, "
-                                  "checkpoints, probe, workers, epochs, lr).")
-_MULTIHOST = flags.DEFINE_bool("multihost", False, "Join a multi-process run "
-                               "(jax.distributed.initialize).")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
-                                   "host:port of process 0's coordinator (multi-host).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.",
-                                      lower_bound=1)
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's id in [0, "
-                                   "num_processes) (multi-host).", lower_bound=0)
-_STARTUP_TIMEOUT = flags.DEFINE_integer("startup_timeout", 300, "Seconds a multi-host process "
-                                        "waits for all processes to join.", lower_bound=1)
+_PROBE = flags.DEFINE_bool(
+    "probe",
+    None,
+    "Run the linear probe after pretraining " "(default: the config's probe.after_pretrain).",
+)
+_STOP_AT = flags.DEFINE_integer(
+    "stop_at_step",
+    None,
+    "Stop this invocation once the run has "
+    "reached this step (with a checkpoint); run again to continue.",
+    lower_bound=1,
+)
+_ALLOW_CHANGE = flags.DEFINE_bool(
+    "allow_config_change",
+    False,
+    "On resume, accept changes of "
+    "the fields in cl_jax.run_config.CHANGEABLE (logging, "
+    "checkpoints, probe, workers, epochs, lr).",
+)
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "Join a multi-process run " "(jax.distributed.initialize)."
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0's coordinator (multi-host)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Processes in a multi-host run.", lower_bound=1
+)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "This process's id in [0, " "num_processes) (multi-host).", lower_bound=0
+)
+_STARTUP_TIMEOUT = flags.DEFINE_integer(
+    "startup_timeout",
+    300,
+    "Seconds a multi-host process " "waits for all processes to join.",
+    lower_bound=1,
+)
 flags.mark_flag_as_required("config")
 
 
@@ -66,34 +89,41 @@ def _interrupted(e: train.Interrupted) -> str:
 def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)   # orbax logs every save at INFO
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   with cli.report(train.TrainingDiverged):
     if _MULTIHOST.value or any(v is not None for v in explicit):
       startup.initialize_distributed(*explicit, timeout_s=_STARTUP_TIMEOUT.value)
     config = _CONFIG.value
     workdir = _WORKDIR.value or default_workdir(
-        config_flags.get_config_filename(flags.FLAGS["config"]))
+        config_flags.get_config_filename(flags.FLAGS["config"])
+    )
     try:
-      last, total = train.pretrain(config, workdir, stop_at_step=_STOP_AT.value,
-                                   allow_config_change=_ALLOW_CHANGE.value)
+      last, total = train.pretrain(
+          config, workdir, stop_at_step=_STOP_AT.value, allow_config_change=_ALLOW_CHANGE.value
+      )
     except train.Interrupted as e:
       print(_interrupted(e), file=sys.stderr, flush=True)
       sys.exit(130)
   lead = jax.process_index() == 0
   if last < total:
     if lead:
-      print(f"stopped at step {last} of {total} (--stop_at_step); run the same command "
-            "again to continue. The probe runs when the run is finished.")
+      print(
+          f"stopped at step {last} of {total} (--stop_at_step); run the same command "
+          "again to continue. The probe runs when the run is finished."
+      )
     return
   run_probe = config.probe.after_pretrain if _PROBE.value is None else _PROBE.value
   if run_probe and jax.process_count() > 1:
     if lead:
-      print(f"pretraining done; the linear probe runs as its own single-host job: "
-            f"python -m cl_jax.probe --workdir={workdir}")
+      print(
+          f"pretraining done; the linear probe runs as its own single-host job: "
+          f"python -m cl_jax.probe --workdir={workdir}"
+      )
     return
   if run_probe:
     from cl_jax import linear_probe
+
     with cli.report():
       linear_probe.print_report(linear_probe.run(workdir))
 
@@ -103,12 +133,16 @@ def run() -> None:
   try:
     app.run(main, flags_parser=cli.parse_flags)
   except KeyboardInterrupt:
-    print("interrupted; every checkpoint that finished saving is intact: run the same "
-          "command again to resume from the latest", file=sys.stderr, flush=True)
-    for child in multiprocessing.active_children():   # input workers
+    print(
+        "interrupted; every checkpoint that finished saving is intact: run the same "
+        "command again to resume from the latest",
+        file=sys.stderr,
+        flush=True,
+    )
+    for child in multiprocessing.active_children():  # input workers
       child.kill()
     sys.stdout.flush()
-    os._exit(130)   # without waiting for an abandoned save
+    os._exit(130)  # without waiting for an abandoned save
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ read_metrics reads either (or both). A run resumed from the checkpoint at step S
 re-runs the steps after S, so the writer first drops the rows and TensorBoard
 events logged after S, and each step keeps exactly one row.
 """
+
 import json
 import os
 
@@ -44,6 +45,7 @@ class MetricWriter:
     if not self._active:
       return
     from tensorboardX import SummaryWriter
+
     root = epath.Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
     _drop_rows_after(root, start_step)
@@ -134,7 +136,7 @@ def _drop_rows_after(root: epath.Path, step: int) -> None:
   """
   segments = _segment_paths(root)
   kept = [s for s in segments if int(s.stem) <= step]
-  for segment in reversed(segments[len(kept):]):
+  for segment in reversed(segments[len(kept) :]):
     segment.unlink()
   for path in [root / METRICS_FILE] + kept[-1:]:
     if path.exists():

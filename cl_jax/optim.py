@@ -1,4 +1,5 @@
 """Optimizer and learning-rate schedule from the `optim` config block."""
+
 import jax
 import ml_collections
 import optax
@@ -22,8 +23,9 @@ def _is_matrix(params):
   return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
-def make_optimizer(optim: ml_collections.ConfigDict,
-                   schedule: optax.Schedule) -> optax.GradientTransformation:
+def make_optimizer(
+    optim: ml_collections.ConfigDict, schedule: optax.Schedule
+) -> optax.GradientTransformation:
   """The optimizer named by optim.optimizer.
 
   sgd:  SGD with momentum and coupled weight decay on all parameters,
@@ -33,10 +35,15 @@ def make_optimizer(optim: ml_collections.ConfigDict,
         and batch-norm parameters excluded (Grill et al. 2020, App. C).
   """
   if optim.optimizer == "lars":
-    return optax.lars(schedule, weight_decay=optim.weight_decay, weight_decay_mask=_is_matrix,
-                      trust_ratio_mask=_is_matrix, momentum=optim.momentum)
+    return optax.lars(
+        schedule,
+        weight_decay=optim.weight_decay,
+        weight_decay_mask=_is_matrix,
+        trust_ratio_mask=_is_matrix,
+        momentum=optim.momentum,
+    )
   if optim.optimizer != "sgd":
     raise ValueError(f"optim.optimizer must be 'sgd' or 'lars', got {optim.optimizer!r}")
   return optax.chain(
-      optax.add_decayed_weights(optim.weight_decay),
-      optax.sgd(schedule, momentum=optim.momentum))
+      optax.add_decayed_weights(optim.weight_decay), optax.sgd(schedule, momentum=optim.momentum)
+  )

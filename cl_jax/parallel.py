@@ -3,9 +3,11 @@
 The global batch is split over a 1-D `data` mesh axis; the train state is
 replicated except the memory queue, whose rows are split over the same axis.
 """
+
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 DATA_AXIS = "data"
 
@@ -30,9 +32,14 @@ def state_sharding(state, mesh: Mesh):
   """Shardings of a TrainState (or its abstract shape): the queue's rows over
   `data` (when there is a queue), everything else replicated."""
   rep = replicated(mesh)
-  return state.replace(**{f: jax.tree.map(lambda _: rep, getattr(state, f))
-                          for f in state.__dataclass_fields__ if f != "queue"},
-                       queue=None if state.queue is None else batch_sharding(mesh))
+  return state.replace(
+      **{
+          f: jax.tree.map(lambda _: rep, getattr(state, f))
+          for f in state.__dataclass_fields__
+          if f != "queue"
+      },
+      queue=None if state.queue is None else batch_sharding(mesh),
+  )
 
 
 def global_batch(local: dict, mesh: Mesh) -> dict:

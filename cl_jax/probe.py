@@ -8,6 +8,7 @@ network at its random initialisation, computed once per configuration and cached
 With --validation the fast and logreg probes fit four fifths of the training
 split and report the held-out fifth (for tuning; the test split stays unseen).
 """
+
 import sys
 
 from absl import app, flags, logging
@@ -16,12 +17,20 @@ from cl_jax import cli, config_check, linear_probe
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
-_PROTOCOL = flags.DEFINE_enum("protocol", None, list(config_check.PROBE_PROTOCOLS),
-                              "Probe protocol (default: the run config's probe.protocol).")
-_BASELINE = flags.DEFINE_bool("baseline", True, "Also probe the randomly initialised network "
-                              "(cached per configuration).")
-_VALIDATION = flags.DEFINE_bool("validation", False, "Report the held-out fifth of the "
-                                "training split instead of the test split (fast, logreg).")
+_PROTOCOL = flags.DEFINE_enum(
+    "protocol",
+    None,
+    list(config_check.PROBE_PROTOCOLS),
+    "Probe protocol (default: the run config's probe.protocol).",
+)
+_BASELINE = flags.DEFINE_bool(
+    "baseline", True, "Also probe the randomly initialised network " "(cached per configuration)."
+)
+_VALIDATION = flags.DEFINE_bool(
+    "validation",
+    False,
+    "Report the held-out fifth of the " "training split instead of the test split (fast, logreg).",
+)
 
 
 def main(argv):
@@ -31,8 +40,11 @@ def main(argv):
   if not _WORKDIR.value:
     sys.exit("error: --workdir is required")
   with cli.report():
-    linear_probe.print_report(linear_probe.run(_WORKDIR.value, _STEP.value, _PROTOCOL.value,
-                                               _BASELINE.value, _VALIDATION.value))
+    linear_probe.print_report(
+        linear_probe.run(
+            _WORKDIR.value, _STEP.value, _PROTOCOL.value, _BASELINE.value, _VALIDATION.value
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ lr of the last logging step. When the output goes to a file (nohup, SLURM,
 a CI log) the bar's carriage-return updates would flood it, so one plain line
 is printed per logging step instead. Warnings are printed above the bar.
 """
+
 import sys
 import time
 
@@ -25,8 +26,11 @@ class Progress:
     self._interactive = sys.stderr.isatty() if interactive is None else interactive
     self._total, self._initial = total, initial
     self._started = self._t0 = time.perf_counter()
-    self._bar = (tqdm.tqdm(total=total, initial=initial, desc="pretrain", dynamic_ncols=True)
-                 if enabled and self._interactive else None)
+    self._bar = (
+        tqdm.tqdm(total=total, initial=initial, desc="pretrain", dynamic_ncols=True)
+        if enabled and self._interactive
+        else None
+    )
 
   def step(self) -> None:
     """One step taken."""
@@ -50,8 +54,11 @@ class Progress:
     left = (now - self._t0) / max(step - self._initial, 1) * (self._total - step)
     elapsed = now - self._started
     speed = f" {scalars['img_per_s']:.1f} img/s" if "img_per_s" in scalars else ""
-    print(f"step {step}/{self._total} loss {scalars['loss']:.4f} lr {scalars['lr']:.3g}"
-          f"{speed} elapsed {_duration(elapsed)} left ~{_duration(left)}", flush=True)
+    print(
+        f"step {step}/{self._total} loss {scalars['loss']:.4f} lr {scalars['lr']:.3g}"
+        f"{speed} elapsed {_duration(elapsed)} left ~{_duration(left)}",
+        flush=True,
+    )
 
   def write(self, line: str) -> None:
     """Print `line` (above the bar when there is one)."""

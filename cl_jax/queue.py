@@ -14,9 +14,11 @@ j = i div (P/S) and i' = i mod (P/S): the (n, S, P/S) index block is transposed
 to (S, n, P/S). Both layouts hold the same keys in the same slots, so a run on S
 devices and a run on one device hold the same queue up to this permutation.
 """
+
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from cl_jax.addons import feature_transform
 from cl_jax.parallel import DATA_AXIS
@@ -24,9 +26,11 @@ from cl_jax.parallel import DATA_AXIS
 
 def _check(queue_size: int, keys_per_step: int, num_shards: int) -> None:
   if queue_size % keys_per_step or keys_per_step % num_shards:
-    raise ValueError(f"the keys per step ({keys_per_step}) must divide the queue size "
-                     f"({queue_size}) and be divisible by the number of queue shards "
-                     f"({num_shards})")
+    raise ValueError(
+        f"the keys per step ({keys_per_step}) must divide the queue size "
+        f"({queue_size}) and be divisible by the number of queue shards "
+        f"({num_shards})"
+    )
 
 
 def to_sharded_layout(queue: jax.Array, num_shards: int, keys_per_step: int) -> jax.Array:
@@ -46,8 +50,9 @@ def to_ring_order(queue: jax.Array, num_shards: int, keys_per_step: int) -> jax.
   return blocks.transpose(1, 0, 2, 3).reshape(k, d)
 
 
-def write_offset(step: jax.Array, keys_per_step: int, queue_size: int,
-                 num_shards: int) -> jax.Array:
+def write_offset(
+    step: jax.Array, keys_per_step: int, queue_size: int, num_shards: int
+) -> jax.Array:
   """Local row offset at which step `step` writes into every shard.
 
   offset = (step * P / S) mod (K / S), P keys per step, K rows, S shards.
@@ -75,15 +80,18 @@ def enqueue(queue: jax.Array, keys: jax.Array, step: jax.Array, mesh: Mesh) -> j
   offset = write_offset(step, p, k, shards)
 
   def local(queue_shard, key_shard, offset):
-    return jax.lax.dynamic_update_slice(queue_shard, key_shard.astype(queue_shard.dtype),
-                                        (offset, 0))
+    return jax.lax.dynamic_update_slice(
+        queue_shard, key_shard.astype(queue_shard.dtype), (offset, 0)
+    )
 
-  return jax.shard_map(local, mesh=mesh, in_specs=(P(DATA_AXIS), P(DATA_AXIS), P()),
-                       out_specs=P(DATA_AXIS))(queue, keys, offset)
+  return jax.shard_map(
+      local, mesh=mesh, in_specs=(P(DATA_AXIS), P(DATA_AXIS), P()), out_specs=P(DATA_AXIS)
+  )(queue, keys, offset)
 
 
-def init_queue(rng: jax.Array, queue_size: int, dim: int, num_shards: int,
-               keys_per_step: int) -> jax.Array:
+def init_queue(
+    rng: jax.Array, queue_size: int, dim: int, num_shards: int, keys_per_step: int
+) -> jax.Array:
   """(K, d) random unit keys, the initial queue of MoCo, in the S-shard layout.
 
   The keys are drawn in ring order and then laid out, so the initial queue holds
@@ -94,8 +102,9 @@ def init_queue(rng: jax.Array, queue_size: int, dim: int, num_shards: int,
   return to_sharded_layout(q, num_shards, keys_per_step)
 
 
-def mix_slots(queue: jax.Array, slot_order: jax.Array, mix, mesh: Mesh, keys_per_step: int,
-              renormalize: bool) -> jax.Array:
+def mix_slots(
+    queue: jax.Array, slot_order: jax.Array, mix, mesh: Mesh, keys_per_step: int, renormalize: bool
+) -> jax.Array:
   """Feature-transformed copy of the queue: every key mixed with a partner key.
 
   Key i of ring slot t is mixed with key i of slot slot_order[t] by
@@ -129,5 +138,6 @@ def mix_slots(queue: jax.Array, slot_order: jax.Array, mix, mesh: Mesh, keys_per
   mix_spec = P()
   if jnp.ndim(mix) == 2:
     mix, mix_spec = to_sharded_layout(mix, shards, keys_per_step), P(DATA_AXIS)
-  return jax.shard_map(per_shard, mesh=mesh, in_specs=(P(DATA_AXIS), P(), mix_spec),
-                       out_specs=P(DATA_AXIS))(queue, partner, mix)
+  return jax.shard_map(
+      per_shard, mesh=mesh, in_specs=(P(DATA_AXIS), P(), mix_spec), out_specs=P(DATA_AXIS)
+  )(queue, partner, mix)

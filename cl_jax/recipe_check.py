@@ -19,6 +19,7 @@ whose report exists is read, not retrained. Results, rewritten after every run:
                                collapsed), and the wall time;
   <workdir>/recipe_check.json  the same numbers.
 """
+
 import json
 import os
 import subprocess
@@ -31,8 +32,15 @@ from absl import app, flags
 from cl_jax import health, metrics
 from configs import default
 
-QUICK_CONFIGS = ("mocov1", "mocov2", "mocov2_patchns", "mocov2_patchns_ft_ifm", "simclr", "byol",
-                 "simsiam")
+QUICK_CONFIGS = (
+    "mocov1",
+    "mocov2",
+    "mocov2_patchns",
+    "mocov2_patchns_ft_ifm",
+    "simclr",
+    "byol",
+    "simsiam",
+)
 LABELS = ("colour", "shape", "texture")
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/recipe_check", "Root of the runs and tables.")
@@ -43,29 +51,36 @@ _FLAG = flags.DEFINE_multi_string("flag", [], "Extra flag passed to every cl_jax
 
 def summarise_run(run_dir: str, wall_s: float | None) -> dict | None:
   """One table row from a finished run directory, or None before its probe report exists."""
-  reports = sorted((f for f in os.listdir(run_dir) if f.startswith("probe_step")
-                    and f.endswith("_fast.json")),
-                   key=lambda f: int(f[len("probe_step"):-len("_fast.json")]))
+  reports = sorted(
+      (f for f in os.listdir(run_dir) if f.startswith("probe_step") and f.endswith("_fast.json")),
+      key=lambda f: int(f[len("probe_step") : -len("_fast.json")]),
+  )
   if not reports:
     return None
   report = json.loads(open(os.path.join(run_dir, reports[-1])).read())
   if "random_init" not in report:
-    raise ValueError(f"{run_dir}/{reports[-1]} has no random-init baseline; delete it and "
-                     "probe again with python -m cl_jax.probe --workdir=" + run_dir)
+    raise ValueError(
+        f"{run_dir}/{reports[-1]} has no random-init baseline; delete it and "
+        "probe again with python -m cl_jax.probe --workdir=" + run_dir
+    )
   records = metrics.read_metrics(run_dir)
   h = default.base_config().health
   last = records[-1]
-  return {"step": report["step"],
-          "trained": {k: 100 * report["accuracy"][k]["top1"] for k in LABELS},
-          "random_init": {k: 100 * report["random_init"][k]["top1"] for k in LABELS},
-          "loss": last["loss"], "std_sqrt_d": last.get("health/std_sqrt_d"),
-          "flagged_steps": [r["step"] for r in records
-                            if health.collapse_warning(r, h.min_std_sqrt_d, h.min_rank)],
-          "wall_s": wall_s}
+  return {
+      "step": report["step"],
+      "trained": {k: 100 * report["accuracy"][k]["top1"] for k in LABELS},
+      "random_init": {k: 100 * report["random_init"][k]["top1"] for k in LABELS},
+      "loss": last["loss"],
+      "std_sqrt_d": last.get("health/std_sqrt_d"),
+      "flagged_steps": [
+          r["step"] for r in records if health.collapse_warning(r, h.min_std_sqrt_d, h.min_rank)
+      ],
+      "wall_s": wall_s,
+  }
 
 
 def _steps_text(steps: Sequence[int], last: int) -> str:
-  """"-" for none, else the first and last flagged logging step ("end" if it is the last)."""
+  """ "-" for none, else the first and last flagged logging step ("end" if it is the last)."""
   if not steps:
     return "-"
   end = "end" if steps[-1] == last else str(steps[-1])
@@ -74,22 +89,36 @@ def _steps_text(steps: Sequence[int], last: int) -> str:
 
 def markdown_table(rows: Sequence[tuple[str, int, dict]]) -> str:
   """Rows (config, seed, summarise_run's dict) as a markdown table."""
-  head = ("| config | seed | colour | shape | texture | final loss | std x sqrt(d) | collapse "
-          "flagged at | wall s |\n|---|---:|---:|---:|---:|---:|---:|---|---:|")
+  head = (
+      "| config | seed | colour | shape | texture | final loss | std x sqrt(d) | collapse "
+      "flagged at | wall s |\n|---|---:|---:|---:|---:|---:|---:|---|---:|"
+  )
   lines = [head]
   for name, seed, r in rows:
-    cells = [f"{r['random_init'][k]:.1f} -> {r['trained'][k]:.1f} "
-             f"({r['trained'][k] - r['random_init'][k]:+.1f})" for k in LABELS]
+    cells = [
+        f"{r['random_init'][k]:.1f} -> {r['trained'][k]:.1f} "
+        f"({r['trained'][k] - r['random_init'][k]:+.1f})"
+        for k in LABELS
+    ]
     std = "-" if r["std_sqrt_d"] is None else f"{r['std_sqrt_d']:.2f}"
     wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
-    lines.append(f"| {name} | {seed} | {' | '.join(cells)} | {r['loss']:.3f} | {std} | "
-                 f"{_steps_text(r['flagged_steps'], r['step'])} | {wall} |")
+    lines.append(
+        f"| {name} | {seed} | {' | '.join(cells)} | {r['loss']:.3f} | {std} | "
+        f"{_steps_text(r['flagged_steps'], r['step'])} | {wall} |"
+    )
   return "\n".join(lines) + "\n"
 
 
 def _train(name: str, run_dir: str, seed: int, extra: Sequence[str]) -> float:
-  cmd = [sys.executable, "-m", "cl_jax.main", f"--config=configs/{name}.py",
-         f"--workdir={run_dir}", f"--config.seed={seed}", *extra]
+  cmd = [
+      sys.executable,
+      "-m",
+      "cl_jax.main",
+      f"--config=configs/{name}.py",
+      f"--workdir={run_dir}",
+      f"--config.seed={seed}",
+      *extra,
+  ]
   start = time.perf_counter()
   subprocess.run(cmd, check=True)
   return time.perf_counter() - start

@@ -12,6 +12,7 @@ different run and needs its own workdir. The fields of CHANGEABLE (logging,
 checkpoint cadence, probe settings, health thresholds, input workers, data
 location, run length and learning rate) may change with --allow_config_change.
 """
+
 import difflib
 import json
 
@@ -21,10 +22,22 @@ from etils import epath
 from cl_jax.errors import UsageError
 
 # Fields (or blocks, ending in ".") a resumed run may change with --allow_config_change.
-CHANGEABLE = ("train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
-              "train.score_queries", "probe.", "health.", "data.workers", "data.data_dir",
-              "data.cache_dir", "optim.epochs", "optim.lr", "optim.base_lr", "optim.lr_recipe",
-              "train.max_param_growth")
+CHANGEABLE = (
+    "train.log_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.score_queries",
+    "probe.",
+    "health.",
+    "data.workers",
+    "data.data_dir",
+    "data.cache_dir",
+    "optim.epochs",
+    "optim.lr",
+    "optim.base_lr",
+    "optim.lr_recipe",
+    "train.max_param_growth",
+)
 # Fields stored as JSON lists that the config holds as tuples.
 _TUPLES = (("data", "crop_scale"), ("aug", "blur_sigma"), ("probe", "decay_epochs"))
 
@@ -76,8 +89,11 @@ def differences(stored, new) -> list[tuple[str, object, object]]:
   side lacks shows as "<absent>"."""
   a, b = flatten(stored), flatten(new)
   absent = "<absent>"
-  return [(k, a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b))
-          if a.get(k, absent) != b.get(k, absent)]
+  return [
+      (k, a.get(k, absent), b.get(k, absent))
+      for k in sorted(set(a) | set(b))
+      if a.get(k, absent) != b.get(k, absent)
+  ]
 
 
 def changeable(field: str) -> bool:
@@ -92,17 +108,22 @@ def check_resume(stored, new, *, step: int, workdir: str, allow_change: bool) ->
   fixed = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if not changeable(k)]
   free = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if changeable(k)]
   if fixed:
-    allowed = (f" (the other changes, {'; '.join(free)}, are allowed with "
-               "--allow_config_change)" if free else "")
+    allowed = (
+        f" (the other changes, {'; '.join(free)}, are allowed with " "--allow_config_change)"
+        if free
+        else ""
+    )
     raise ConfigChangeError(
         f"{workdir} holds a run (checkpoint at step {step}) with another config: "
         f"{'; '.join(fixed)}. These fields define the run: start a new run with another "
-        f"--workdir, or resume this one with its own values{allowed}.")
+        f"--workdir, or resume this one with its own values{allowed}."
+    )
   if free and not allow_change:
     raise ConfigChangeError(
         f"{workdir} holds a run (checkpoint at step {step}) started with other values of "
         f"{'; '.join(free)}. Pass --allow_config_change to resume with the new values "
-        "(each start's config is kept in config.step<N>.json), or drop the overrides.")
+        "(each start's config is kept in config.step<N>.json), or drop the overrides."
+    )
   return free
 
 

@@ -8,6 +8,7 @@ over a plain TCP connection on the coordinator port (standard library only);
 a process that does not join is then named in a `UsageError` on every process
 before jax starts its runtime.
 """
+
 import os
 import socket
 import time
@@ -20,22 +21,28 @@ _HELLO = "cl_jax-start"
 _RETRY_S = 0.25
 # jax's ValueErrors when the cluster environment left a value unset, and what to do.
 _NOT_DETECTED = {
-    "coordinator_address should be defined.":
+    "coordinator_address should be defined.": (
         "no coordinator address found (not a Cloud TPU VM, no SLURM or Open MPI "
         "environment, JAX_COORDINATOR_ADDRESS unset): give --coordinator_address, "
-        "--num_processes and --process_id",
-    "Number of processes must be defined.":
+        "--num_processes and --process_id"
+    ),
+    "Number of processes must be defined.": (
         "the number of processes was not found in the environment: give --num_processes "
-        "and --process_id",
-    "The process id of the current process must be defined.":
-        "this process's id was not found in the environment: give --process_id",
+        "and --process_id"
+    ),
+    "The process id of the current process must be defined.": (
+        "this process's id was not found in the environment: give --process_id"
+    ),
 }
 
 
-def initialize_distributed(coordinator_address: str | None = None,
-                           num_processes: int | None = None,
-                           process_id: int | None = None,
-                           *, timeout_s: int = 300) -> None:
+def initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    timeout_s: int = 300,
+) -> None:
   """Join a multi-process run (jax.distributed.initialize).
 
   Unset arguments are detected from the environment: Cloud TPU VM metadata,
@@ -54,17 +61,21 @@ def initialize_distributed(coordinator_address: str | None = None,
   if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in os.environ:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   try:
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id,
-                               initialization_timeout=timeout_s)
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=timeout_s,
+    )
   except ValueError as e:
     if str(e) not in _NOT_DETECTED:
       raise
     raise UsageError(_NOT_DETECTED[str(e)]) from None
 
 
-def _check_arguments(address: str | None, num_processes: int | None,
-                     process_id: int | None, timeout_s: int) -> None:
+def _check_arguments(
+    address: str | None, num_processes: int | None, process_id: int | None, timeout_s: int
+) -> None:
   """UsageError for what is wrong before any process is contacted."""
   if timeout_s < 1:
     raise UsageError(f"the multi-host start-up timeout must be at least 1 s, got {timeout_s}")
@@ -75,16 +86,20 @@ def _check_arguments(address: str | None, num_processes: int | None,
   if process_id is not None and process_id < 0:
     raise UsageError(f"--process_id must be at least 0, got {process_id}")
   if None not in (num_processes, process_id) and process_id >= num_processes:
-    raise UsageError(f"--process_id={process_id} is not in [0, {num_processes}): with "
-                     f"--num_processes={num_processes} the ids run from 0 to {num_processes - 1}")
+    raise UsageError(
+        f"--process_id={process_id} is not in [0, {num_processes}): with "
+        f"--num_processes={num_processes} the ids run from 0 to {num_processes - 1}"
+    )
 
 
 def _split_address(address: str) -> tuple[str, int]:
   """(host, port) of a HOST:PORT coordinator address; brackets of an IPv6 host dropped."""
   host, _, port = address.rpartition(":")
   if not host or not port.isdigit() or not 0 < int(port) < 65536:
-    raise UsageError(f"coordinator address {address!r} is not HOST:PORT "
-                     "(e.g. --coordinator_address=10.0.0.1:1234)")
+    raise UsageError(
+        f"coordinator address {address!r} is not HOST:PORT "
+        "(e.g. --coordinator_address=10.0.0.1:1234)"
+    )
   return host.strip("[]"), int(port)
 
 
@@ -105,9 +120,11 @@ def _rendezvous(address: str, num_processes: int, process_id: int, timeout_s: in
 
 def _what_to_check(num_processes: int, port: int) -> str:
   """The advice that ends every start-up error."""
-  return (f"check that all {num_processes} processes were started with the same "
-          f"--num_processes and --coordinator_address, each with its own --process_id "
-          f"in [0, {num_processes}), and that port {port} of the coordinator is reachable")
+  return (
+      f"check that all {num_processes} processes were started with the same "
+      f"--num_processes and --coordinator_address, each with its own --process_id "
+      f"in [0, {num_processes}), and that port {port} of the coordinator is reachable"
+  )
 
 
 def _listen(port: int) -> socket.socket:
@@ -117,9 +134,11 @@ def _listen(port: int) -> socket.socket:
       return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
     return socket.create_server(("", port))
   except OSError as e:
-    raise UsageError(f"process 0 cannot listen on the coordinator port {port} "
-                     f"({os.strerror(e.errno)}): is another process 0 or another program "
-                     "using it? choose a free port") from None
+    raise UsageError(
+        f"process 0 cannot listen on the coordinator port {port} "
+        f"({os.strerror(e.errno)}): is another process 0 or another program "
+        "using it? choose a free port"
+    ) from None
 
 
 def _read_line(conn: socket.socket, timeout_s: float) -> str:
@@ -149,21 +168,26 @@ def _hello_problem(hello: tuple[int, int], num_processes: int, joined: set[int])
   """Why a check-in from another process cannot join this run (None if it can)."""
   their_count, their_id = hello
   if their_count != num_processes:
-    return (f"process {their_id} was started with --num_processes={their_count}, "
-            f"process 0 with --num_processes={num_processes}")
+    return (
+        f"process {their_id} was started with --num_processes={their_count}, "
+        f"process 0 with --num_processes={num_processes}"
+    )
   if their_id in joined or their_id == 0:
     return f"two processes were started with --process_id={their_id}"
   return None
 
 
-def _missing_message(missing: list[int], num_processes: int, timeout_s: int,
-                     address: str, port: int) -> str:
+def _missing_message(
+    missing: list[int], num_processes: int, timeout_s: int, address: str, port: int
+) -> str:
   """The coordinator's timeout error, naming the processes that did not join."""
   names = ", ".join(map(str, missing))
   who = f"process {names} did" if len(missing) == 1 else f"processes {names} did"
-  return (f"multi-host start-up timed out: process 0 (the coordinator, at {address}) waited "
-          f"{timeout_s} s for {num_processes} processes, but {who} not join; "
-          f"{_what_to_check(num_processes, port)}")
+  return (
+      f"multi-host start-up timed out: process 0 (the coordinator, at {address}) waited "
+      f"{timeout_s} s for {num_processes} processes, but {who} not join; "
+      f"{_what_to_check(num_processes, port)}"
+  )
 
 
 def _gather(port: int, num_processes: int, timeout_s: int, address: str) -> None:
@@ -185,14 +209,15 @@ def _gather(port: int, num_processes: int, timeout_s: int, address: str) -> None
         except TimeoutError:
           continue
         hello = _parse_hello(_read_line(conn, deadline - time.monotonic()))
-        if hello is None:      # not one of ours, or gone before it said who it is
+        if hello is None:  # not one of ours, or gone before it said who it is
           conn.close()
           continue
         conns.append(conn)
         problem = _hello_problem(hello, num_processes, joined)
         if problem:
-          raise UsageError(f"multi-host start-up failed: {problem}; "
-                           f"{_what_to_check(num_processes, port)}")
+          raise UsageError(
+              f"multi-host start-up failed: {problem}; " f"{_what_to_check(num_processes, port)}"
+          )
         joined.add(hello[1])
       answer = "ok"
     except UsageError as e:
@@ -225,8 +250,9 @@ def _connect(host: str, port: int, deadline: float) -> socket.socket | None:
       time.sleep(_RETRY_S)
 
 
-def _check_in(host: str, port: int, num_processes: int, process_id: int, timeout_s: int,
-              address: str) -> None:
+def _check_in(
+    host: str, port: int, num_processes: int, process_id: int, timeout_s: int, address: str
+) -> None:
   """Processes 1..N-1: report to process 0 and wait for its answer.
 
   Once connected, the wait for the answer defers to process 0's own timeout
@@ -234,9 +260,11 @@ def _check_in(host: str, port: int, num_processes: int, process_id: int, timeout
   """
   conn = _connect(host, port, time.monotonic() + timeout_s)
   if conn is None:
-    raise UsageError(f"multi-host start-up timed out: process {process_id} of {num_processes} "
-                     f"waited {timeout_s} s, but the coordinator (process 0) at {address} did "
-                     f"not answer; {_what_to_check(num_processes, port)}")
+    raise UsageError(
+        f"multi-host start-up timed out: process {process_id} of {num_processes} "
+        f"waited {timeout_s} s, but the coordinator (process 0) at {address} did "
+        f"not answer; {_what_to_check(num_processes, port)}"
+    )
   with conn:
     try:
       conn.sendall(f"{_HELLO} {num_processes} {process_id}\n".encode())
@@ -246,8 +274,11 @@ def _check_in(host: str, port: int, num_processes: int, process_id: int, timeout
   if answer == "ok":
     return
   if answer.startswith("error: "):
-    raise UsageError(f"process {process_id} stopped because process 0 reported: "
-                     f"{answer[len('error: '):]}")
-  raise UsageError(f"multi-host start-up failed: process {process_id} got no answer from "
-                   f"the coordinator (process 0) at {address}: did process 0 stop, or is "
-                   f"another program listening on port {port}?")
+    raise UsageError(
+        f"process {process_id} stopped because process 0 reported: " f"{answer[len('error: '):]}"
+    )
+  raise UsageError(
+      f"multi-host start-up failed: process {process_id} got no answer from "
+      f"the coordinator (process 0) at {address}: did process 0 stop, or is "
+      f"another program listening on port {port}?"
+  )

@@ -1,4 +1,5 @@
 """The train state: one pytree holding everything a step reads and writes."""
+
 from typing import Any
 
 import flax
@@ -24,6 +25,7 @@ class TrainState:
       (every method but MoCo).
     rng: (2,) uint32 raw PRNG key; step t uses fold_in(rng, t).
   """
+
   step: jax.Array
   params: Any
   batch_stats: Any
@@ -34,9 +36,18 @@ class TrainState:
   rng: jax.Array
 
 
-def init_state(seed: int, encoder, tx: optax.GradientTransformation, *,
-               image_size: int, queue_size: int, embed_dim: int, queue_shards: int,
-               keys_per_step: int, target: bool = True) -> TrainState:
+def init_state(
+    seed: int,
+    encoder,
+    tx: optax.GradientTransformation,
+    *,
+    image_size: int,
+    queue_size: int,
+    embed_dim: int,
+    queue_shards: int,
+    keys_per_step: int,
+    target: bool = True,
+) -> TrainState:
   """Fresh state: random online encoder, target = online, random unit queue.
 
   Parameters are drawn with the "rbg" PRNG (XLA's RngBitGenerator), which
@@ -67,6 +78,10 @@ def init_state(seed: int, encoder, tx: optax.GradientTransformation, *,
       target_params=jax.tree.map(jnp.copy, params) if target else None,
       target_batch_stats=jax.tree.map(jnp.copy, batch_stats) if target else None,
       opt_state=tx.init(params),
-      queue=(queue_lib.init_queue(r_queue, queue_size, embed_dim, queue_shards, keys_per_step)
-             if queue_size else None),
-      rng=jax.random.key_data(r_run))
+      queue=(
+          queue_lib.init_queue(r_queue, queue_size, embed_dim, queue_shards, keys_per_step)
+          if queue_size
+          else None
+      ),
+      rng=jax.random.key_data(r_run),
+  )

@@ -16,6 +16,7 @@ jax.shard_map. Random numbers are drawn for the global batch with the
 sharding-independent threefry PRNG, so 1 device and N devices compute the same
 step.
 """
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -28,17 +29,29 @@ from cl_jax.steps import byol, moco, simclr, simsiam
 from cl_jax.steps.moco import keys_per_step
 from cl_jax.steps.views import Views
 
-__all__ = ["photometric_spec", "keys_per_step", "layer_grad_norms", "make_objective",
-           "make_train_step", "jit_train_step"]
+__all__ = [
+    "photometric_spec",
+    "keys_per_step",
+    "layer_grad_norms",
+    "make_objective",
+    "make_train_step",
+    "jit_train_step",
+]
 
 
 def photometric_spec(aug: ml_collections.ConfigDict) -> photometric.PhotometricSpec:
   """The PhotometricSpec of the `aug` config block."""
   return photometric.PhotometricSpec(
-      jitter_prob=aug.jitter_prob, brightness=aug.brightness, contrast=aug.contrast,
-      saturation=aug.saturation, hue=aug.hue, grayscale_prob=aug.grayscale_prob,
-      blur_prob=aug.blur_prob, blur_sigma=tuple(aug.blur_sigma),
-      solarize_prob=aug.solarize_prob)
+      jitter_prob=aug.jitter_prob,
+      brightness=aug.brightness,
+      contrast=aug.contrast,
+      saturation=aug.saturation,
+      hue=aug.hue,
+      grayscale_prob=aug.grayscale_prob,
+      blur_prob=aug.blur_prob,
+      blur_sigma=tuple(aug.blur_sigma),
+      solarize_prob=aug.solarize_prob,
+  )
 
 
 def layer_grad_norms(grads) -> dict[str, jax.Array]:
@@ -54,22 +67,29 @@ def layer_grad_norms(grads) -> dict[str, jax.Array]:
   return {f"grad_norm/{layer}": jnp.sqrt(total) for layer, total in sums.items()}
 
 
-def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh,
-                   steps_per_epoch: int):
+def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps_per_epoch: int):
   """The objective of config.method: objective(state, Views) -> (loss, grads,
   state updates, stats)."""
   if config.method == "moco":
     return moco.make_objective(config, encoder, mesh, steps_per_epoch)
-  makers = {"simclr": simclr.make_objective, "byol": byol.make_objective,
-            "simsiam": simsiam.make_objective}
+  makers = {
+      "simclr": simclr.make_objective,
+      "byol": byol.make_objective,
+      "simsiam": simsiam.make_objective,
+  }
   if config.method not in makers:
     raise ValueError(f"method must be one of moco, {', '.join(makers)}; got {config.method!r}")
   return makers[config.method](config, encoder, steps_per_epoch)
 
 
-def make_train_step(config: ml_collections.ConfigDict, encoder,
-                    tx: optax.GradientTransformation, schedule: optax.Schedule, mesh: Mesh,
-                    steps_per_epoch: int):
+def make_train_step(
+    config: ml_collections.ConfigDict,
+    encoder,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    mesh: Mesh,
+    steps_per_epoch: int,
+):
   """Build the jit-able train_step(state, batch) for `config` on `mesh`.
 
   steps_per_epoch places epoch-based switches (ft.start_epoch) and schedules
@@ -93,10 +113,13 @@ def make_train_step(config: ml_collections.ConfigDict, encoder,
     loss, grads, updates, stats = objective(state, Views(v1, v2, r_key, r_ns, r_ft))
     param_updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, param_updates)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              **updates)
-    metrics = {"loss": loss, "lr": jnp.asarray(schedule(state.step), jnp.float32), **stats,
-               **layer_grad_norms(grads)}
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, **updates)
+    metrics = {
+        "loss": loss,
+        "lr": jnp.asarray(schedule(state.step), jnp.float32),
+        **stats,
+        **layer_grad_norms(grads),
+    }
     return new_state, metrics
 
   return train_step
@@ -108,5 +131,9 @@ def jit_train_step(train_step, state_sharding, batch_sharding):
   state_sharding: cl_jax.parallel.state_sharding of the state; batch_sharding:
   the batch's rows over `data`. Metrics come back replicated.
   """
-  return jax.jit(train_step, in_shardings=(state_sharding, batch_sharding),
-                 out_shardings=(state_sharding, None), donate_argnums=(0,))
+  return jax.jit(
+      train_step,
+      in_shardings=(state_sharding, batch_sharding),
+      out_shardings=(state_sharding, None),
+      donate_argnums=(0,),
+  )

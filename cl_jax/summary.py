@@ -1,4 +1,5 @@
 """The start-up summary of a pretraining run: what runs where, printed before the first step."""
+
 import jax
 import ml_collections
 import numpy as np
@@ -12,11 +13,14 @@ def addons(config: ml_collections.ConfigDict) -> list[str]:
   out = []
   if config.nonsemantic.enabled:
     ns = config.nonsemantic
-    out.append(f"non-semantic negatives ({ns.kind}, {ns.num_ns} per query, alpha {ns.alpha} "
-               f"{ns.alpha_mode}, patch {ns.patch_min}-{ns.patch_max} px)")
+    out.append(
+        f"non-semantic negatives ({ns.kind}, {ns.num_ns} per query, alpha {ns.alpha} "
+        f"{ns.alpha_mode}, patch {ns.patch_min}-{ns.patch_max} px)"
+    )
   if config.ft.enabled:
     parts = (["positive extrapolation"] if config.ft.positive_extrapolation else []) + (
-        [f"negative {config.ft.negative}"] if config.ft.negative != "none" else [])
+        [f"negative {config.ft.negative}"] if config.ft.negative != "none" else []
+    )
     out.append(f"feature transformation ({', '.join(parts) or 'nothing transformed'})")
   if config.ifm.enabled:
     out.append(f"implicit feature modification (epsilon {config.ifm.epsilon})")
@@ -28,11 +32,13 @@ def addons(config: ml_collections.ConfigDict) -> list[str]:
 def split_sizes(config: ml_collections.ConfigDict, pretrain_size: int) -> str:
   """'pretrain N, probe train N, test N' of the run's dataset."""
   from cl_jax.data import sources
+
   sizes = {"pretrain": str(pretrain_size)}
   for role in ("probe_train", "test"):
     if config.data.name == "trifeature":
-      sizes[role] = str(config.data.trifeature_test if role == "test"
-                        else config.data.trifeature_train)
+      sizes[role] = str(
+          config.data.trifeature_test if role == "test" else config.data.trifeature_train
+      )
     else:
       try:
         sizes[role] = str(len(sources.open_source(config.data, role)))
@@ -41,18 +47,29 @@ def split_sizes(config: ml_collections.ConfigDict, pretrain_size: int) -> str:
   return ", ".join(f"{role.replace('_', ' ')} {n}" for role, n in sizes.items())
 
 
-def startup(config: ml_collections.ConfigDict, *, workdir: str, mesh: Mesh, start: int,
-            steps_per_epoch: int, total: int, params, pretrain_size: int,
-            changes: list[str]) -> str:
+def startup(
+    config: ml_collections.ConfigDict,
+    *,
+    workdir: str,
+    mesh: Mesh,
+    start: int,
+    steps_per_epoch: int,
+    total: int,
+    params,
+    pretrain_size: int,
+    changes: list[str],
+) -> str:
   """The lines printed when a run starts (or resumes at step `start`)."""
   devices = mesh.devices.size
   platform = mesh.devices.flat[0].platform
   batch = config.optim.batch_size
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   m = config.model
-  model = (f"ResNet-{m.depth} ({m.stem} stem, width x{m.width_multiplier}, {m.dtype}), "
-           f"{m.head_layers}-layer head -> {m.head_out_dim}"
-           + (f", predictor {m.predictor_hidden_dim}" if m.predictor_hidden_dim else ""))
+  model = (
+      f"ResNet-{m.depth} ({m.stem} stem, width x{m.width_multiplier}, {m.dtype}), "
+      f"{m.head_layers}-layer head -> {m.head_out_dim}"
+      + (f", predictor {m.predictor_hidden_dim}" if m.predictor_hidden_dim else "")
+  )
   run = f"resuming from the checkpoint at step {start} of {total}" if start else "new run"
   lines = [
       f"cl_jax pretraining: {config.method}" + "".join(f" + {a}" for a in addons(config)),

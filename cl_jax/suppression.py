@@ -21,12 +21,12 @@ overridden ml_collections-style, exactly as for cl_jax.main (e.g.
 be overridden. Seed i of a run (i = 0 .. --seeds - 1) trains with
 config.seed + i in <workdir>/<run name>/seed<config.seed + i>/.
 
-Runs happen one after another in this process: one JAX start-up for the grid
-(each run still compiles its own train step), and errors surface as Python
-exceptions rather than exit codes. A run whose final probe report (probe_step<last>_fast.json) exists is
-read, not retrained; a run with checkpoints but no report resumes from its latest
-checkpoint (cl_jax.train.pretrain). A run directory whose config.json disagrees
-with the grid's config in any field's value is refused rather than mixed in.
+Runs happen one after another in this process: one JAX start-up for the grid (each run
+still compiles its own train step), and errors surface as Python exceptions rather than
+exit codes. A run whose final probe report (probe_step<last>_fast.json) exists is read,
+not retrained; a run with checkpoints but no report resumes from its latest checkpoint
+(cl_jax.train.pretrain). A run directory whose config.json disagrees with the grid's
+config in any field's value is refused rather than mixed in.
 --only restricts which runs are trained; every grid run with a finished report
 enters the results. A run that diverges is reported and the rest go on; the
 command then exits with status 1.
@@ -38,6 +38,7 @@ Results, rewritten after every run, in <workdir>/:
   suppression.csv   the same numbers, one column per value and its std;
   suppression.png   cl_jax.viz.suppression_plot.
 """
+
 import csv
 import dataclasses
 import io
@@ -67,8 +68,15 @@ HCL_BETAS = (0.5, 1.0, 2.0)
 HCL_TAU_PLUS = 0.1
 PROTOCOL = "fast"
 # Config fields each run of the grid sets; overriding them would be silently undone.
-GRID_FIELDS = ("simclr.temperature", "ifm.enabled", "ifm.epsilon", "ifm.alpha",
-               "hcl.enabled", "hcl.beta", "hcl.tau_plus")
+GRID_FIELDS = (
+    "simclr.temperature",
+    "ifm.enabled",
+    "ifm.epsilon",
+    "ifm.alpha",
+    "hcl.enabled",
+    "hcl.beta",
+    "hcl.tau_plus",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +86,7 @@ class RunSpec:
   beta is None for runs without hard-negative sampling; ifm and beta are never
   both set.
   """
+
   name: str
   temperature: float
   ifm: bool
@@ -92,23 +101,27 @@ class Row:
   std: the same keys -> sample standard deviation over seeds (ddof 1); None
     for a single seed.
   """
+
   spec: RunSpec
   seeds: int
   mean: dict[str, float]
   std: dict[str, float] | None
 
 
-def grid(temperatures: Sequence[float] = TEMPERATURES,
-         hcl_betas: Sequence[float] = HCL_BETAS,
-         hcl_temperature: float = HCL_TEMPERATURE) -> list[RunSpec]:
+def grid(
+    temperatures: Sequence[float] = TEMPERATURES,
+    hcl_betas: Sequence[float] = HCL_BETAS,
+    hcl_temperature: float = HCL_TEMPERATURE,
+) -> list[RunSpec]:
   """The study's runs: per temperature IFM off then on, then hard negatives per beta."""
   specs = []
   for t in temperatures:
     specs.append(RunSpec(f"simclr_t{t:g}", float(t), False, None))
     specs.append(RunSpec(f"simclr_t{t:g}_ifm", float(t), True, None))
   for b in hcl_betas:
-    specs.append(RunSpec(f"hcl_t{hcl_temperature:g}_b{b:g}", float(hcl_temperature), False,
-                         float(b)))
+    specs.append(
+        RunSpec(f"hcl_t{hcl_temperature:g}_b{b:g}", float(hcl_temperature), False, float(b))
+    )
   return specs
 
 
@@ -119,8 +132,9 @@ def select(specs: Sequence[RunSpec], only: Sequence[str] | None) -> list[RunSpec
   names = [s.name for s in specs]
   unknown = [n for n in only if n not in names]
   if unknown or not only:
-    raise UsageError(f"--only names {unknown or 'no run'}; the grid's runs are "
-                     f"{', '.join(names)}")
+    raise UsageError(
+        f"--only names {unknown or 'no run'}; the grid's runs are " f"{', '.join(names)}"
+    )
   return [s for s in specs if s.name in only]
 
 
@@ -128,22 +142,29 @@ def check_overrides(overrides: Mapping[str, object]) -> None:
   """UsageError if a command-line config override sets a field the grid sets per run."""
   clash = sorted(k for k in overrides if k in GRID_FIELDS)
   if clash:
-    raise UsageError(f"--config.{clash[0]} is set by the study for each run (its grid fields: "
-                     f"{', '.join(GRID_FIELDS)}); drop the override")
+    raise UsageError(
+        f"--config.{clash[0]} is set by the study for each run (its grid fields: "
+        f"{', '.join(GRID_FIELDS)}); drop the override"
+    )
 
 
 def check_base(config: ml_collections.ConfigDict) -> None:
   """UsageError unless `config` is a SimCLR config on Trifeature (colour/shape/texture)."""
   if config.method != "simclr":
-    raise UsageError(f"the study trains SimCLR, but the config's method is "
-                     f"{config.method!r}; use --config=configs/simclr.py")
+    raise UsageError(
+        f"the study trains SimCLR, but the config's method is "
+        f"{config.method!r}; use --config=configs/simclr.py"
+    )
   if config.data.name != "trifeature":
-    raise UsageError(f"the study reads out Trifeature's colour, shape and texture, but "
-                     f"data.name = {config.data.name!r}; use the Trifeature preset")
+    raise UsageError(
+        f"the study reads out Trifeature's colour, shape and texture, but "
+        f"data.name = {config.data.name!r}; use the Trifeature preset"
+    )
 
 
-def run_config(base: ml_collections.ConfigDict, spec: RunSpec,
-               seed_index: int) -> ml_collections.ConfigDict:
+def run_config(
+    base: ml_collections.ConfigDict, spec: RunSpec, seed_index: int
+) -> ml_collections.ConfigDict:
   """`base` with the grid fields of `spec` set and seed = base.seed + seed_index."""
   c = base.copy_and_resolve_references()
   c.simclr.temperature = spec.temperature
@@ -182,21 +203,25 @@ def check_run_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> 
   differ = sorted(k for k in stored.keys() & wanted.keys() if stored[k] != wanted[k])
   if differ:
     shown = ", ".join(f"{k}: {stored[k]!r} there, {wanted[k]!r} now" for k in differ[:4])
-    raise UsageError(f"{workdir} holds a run with another config ({shown}"
-                     f"{', ...' if len(differ) > 4 else ''}); use a fresh --workdir for a "
-                     "study at other settings, or delete that run directory")
+    raise UsageError(
+        f"{workdir} holds a run with another config ({shown}"
+        f"{', ...' if len(differ) > 4 else ''}); use a fresh --workdir for a "
+        "study at other settings, or delete that run directory"
+    )
 
 
-def read_report(config: ml_collections.ConfigDict, workdir: epath.Path,
-                last_step: int) -> dict | None:
+def read_report(
+    config: ml_collections.ConfigDict, workdir: epath.Path, last_step: int
+) -> dict | None:
   """The run's fast-probe report at `last_step` (final_step), or None before it is written."""
   check_run_config(config, workdir)
   path = workdir / f"probe_step{last_step}_{PROTOCOL}.json"
   return json.loads(path.read_text()) if path.exists() else None
 
 
-def finished_rows(base: ml_collections.ConfigDict, root: str, seeds: int,
-                  last_step: int) -> list[Row]:
+def finished_rows(
+    base: ml_collections.ConfigDict, root: str, seeds: int, last_step: int
+) -> list[Row]:
   """A Row for every grid run (grid order) with a report for at least one of its seeds."""
   rows = []
   for spec in grid():
@@ -222,8 +247,10 @@ def accuracies(report: Mapping) -> dict[str, float]:
   acc = report.get("accuracy", {})
   missing = [f for f in FEATURES if f not in acc]
   if missing:
-    raise UsageError(f"the probe report {report.get('path', report.get('workdir'))} has no "
-                     f"accuracy for {missing}: it is not a Trifeature report")
+    raise UsageError(
+        f"the probe report {report.get('path', report.get('workdir'))} has no "
+        f"accuracy for {missing}: it is not a Trifeature report"
+    )
   out = {f: 100.0 * float(acc[f]["top1"]) for f in FEATURES}
   out["mean"] = float(np.mean([out[f] for f in FEATURES]))
   return out
@@ -252,8 +279,12 @@ def _beta_cell(spec: RunSpec) -> str:
 def markdown_table(rows: Sequence[Row], header: str) -> str:
   """`header`, then a markdown table of `rows`: percent with one decimal, "m ± s" over seeds."""
   cols = ["run", "T", "IFM", "beta", *FEATURES, "mean", "seeds"]
-  lines = [header, "", "| " + " | ".join(cols) + " |",
-           "|" + "|".join(["---"] * 4 + ["---:"] * 5) + "|"]
+  lines = [
+      header,
+      "",
+      "| " + " | ".join(cols) + " |",
+      "|" + "|".join(["---"] * 4 + ["---:"] * 5) + "|",
+  ]
   for r in rows:
     cells = [r.spec.name, f"{r.spec.temperature:g}", _ifm_cell(r.spec), _beta_cell(r.spec)]
     for k in (*FEATURES, "mean"):
@@ -271,10 +302,17 @@ def csv_table(rows: Sequence[Row]) -> str:
   w = csv.writer(out, lineterminator="\n")
   w.writerow(["run", "temperature", "ifm", "beta", *keys, *(f"{k}_std" for k in keys), "seeds"])
   for r in rows:
-    w.writerow([r.spec.name, f"{r.spec.temperature:g}", int(r.spec.ifm),
-                "" if r.spec.beta is None else f"{r.spec.beta:g}",
-                *(f"{r.mean[k]:.4f}" for k in keys),
-                *(f"{r.std[k]:.4f}" if r.std is not None else "" for k in keys), r.seeds])
+    w.writerow(
+        [
+            r.spec.name,
+            f"{r.spec.temperature:g}",
+            int(r.spec.ifm),
+            "" if r.spec.beta is None else f"{r.spec.beta:g}",
+            *(f"{r.mean[k]:.4f}" for k in keys),
+            *(f"{r.std[k]:.4f}" if r.std is not None else "" for k in keys),
+            r.seeds,
+        ]
+    )
   return out.getvalue()
 
 
@@ -292,17 +330,24 @@ def write_results(rows: Sequence[Row], root: str, header: str) -> list[str]:
 def describe(config_file: str, overrides: Mapping[str, object], seeds: int) -> str:
   """The markdown heading of the results: method, probe, grid constants, config."""
   given = ", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "none"
-  return (f"## Trifeature feature suppression (Robinson et al. 2021, Figs. 3 and 6)\n\n"
-          f"SimCLR; linear probe ({PROTOCOL} protocol) top-1 % on the test split"
-          f"{f', mean ± sample std over {seeds} seeds' if seeds > 1 else ', one seed'}. "
-          f"IFM: epsilon {IFM_EPSILON:g}, alpha {IFM_ALPHA:g}. Hard negatives: tau+ "
-          f"{HCL_TAU_PLUS:g}. Config {config_file}; overrides: {given}.")
+  return (
+      f"## Trifeature feature suppression (Robinson et al. 2021, Figs. 3 and 6)\n\n"
+      f"SimCLR; linear probe ({PROTOCOL} protocol) top-1 % on the test split"
+      f"{f', mean ± sample std over {seeds} seeds' if seeds > 1 else ', one seed'}. "
+      f"IFM: epsilon {IFM_EPSILON:g}, alpha {IFM_ALPHA:g}. Hard negatives: tau+ "
+      f"{HCL_TAU_PLUS:g}. Config {config_file}; overrides: {given}."
+  )
 
 
-def run_study(base: ml_collections.ConfigDict, root: str, train_specs: Sequence[RunSpec],
-              seeds: int, header: str,
-              train_fn: Callable[[ml_collections.ConfigDict, epath.Path], dict] = train_and_probe,
-              log: Callable[[str], None] = print) -> tuple[list[Row], list[str]]:
+def run_study(
+    base: ml_collections.ConfigDict,
+    root: str,
+    train_specs: Sequence[RunSpec],
+    seeds: int,
+    header: str,
+    train_fn: Callable[[ml_collections.ConfigDict, epath.Path], dict] = train_and_probe,
+    log: Callable[[str], None] = print,
+) -> tuple[list[Row], list[str]]:
   """Train `train_specs` (every seed) unless their reports exist; write results after each run.
 
   The grid does not change the data, batch or epochs, so every run ends at the
@@ -326,8 +371,11 @@ def run_study(base: ml_collections.ConfigDict, root: str, train_specs: Sequence[
         failures.append(f"{spec.name} seed {config.seed}: {e}")
         log(f"{tag}: {e}")
         continue
-      log(f"{tag}: " + ", ".join(f"{k} {acc[k]:.1f}%" for k in (*FEATURES, "mean"))
-          + f" ({time.perf_counter() - start:.0f} s)")
+      log(
+          f"{tag}: "
+          + ", ".join(f"{k} {acc[k]:.1f}%" for k in (*FEATURES, "mean"))
+          + f" ({time.perf_counter() - start:.0f} s)"
+      )
       write_results(finished_rows(base, root, seeds, last_step), root, header)
   rows = finished_rows(base, root, seeds, last_step)
   if rows:
@@ -340,7 +388,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; see --help")
   if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)   # orbax logs every save at INFO
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   config = flags.FLAGS.config
   overrides = config_flags.get_override_values(flags.FLAGS["config"])
   root, seeds = flags.FLAGS.workdir, flags.FLAGS.seeds
@@ -357,22 +405,33 @@ def main(argv):
       print(epath.Path(root) / name)
   print(f"study wall time {time.perf_counter() - start:.0f} s")
   if failures:
-    sys.exit("runs that diverged (rerun with another lr or drop them with --only):\n  "
-             + "\n  ".join(failures))
+    sys.exit(
+        "runs that diverged (rerun with another lr or drop them with --only):\n  "
+        + "\n  ".join(failures)
+    )
 
 
 def _define_flags() -> None:
   """The command's flags, defined only when it runs as a program (cl_jax.main also
   defines --config, and importing this module for its functions defines none)."""
   config_flags.DEFINE_config_file(
-      "config", "configs/simclr.py", "SimCLR config file (fields override as "
-      "--config.block.field=value).", lock_config=True)
-  flags.DEFINE_string("workdir", "runs/suppression", "Root directory of the study: one "
-                      "subdirectory per run and seed, and the results.")
-  flags.DEFINE_integer("seeds", 1, "Seeds per run (config.seed + 0 .. seeds - 1).",
-                       lower_bound=1)
-  flags.DEFINE_list("only", None, "Comma-separated run names to train (default: the whole "
-                    "grid: " + ", ".join(s.name for s in grid()) + ").")
+      "config",
+      "configs/simclr.py",
+      "SimCLR config file (fields override as " "--config.block.field=value).",
+      lock_config=True,
+  )
+  flags.DEFINE_string(
+      "workdir",
+      "runs/suppression",
+      "Root directory of the study: one " "subdirectory per run and seed, and the results.",
+  )
+  flags.DEFINE_integer("seeds", 1, "Seeds per run (config.seed + 0 .. seeds - 1).", lower_bound=1)
+  flags.DEFINE_list(
+      "only",
+      None,
+      "Comma-separated run names to train (default: the whole "
+      "grid: " + ", ".join(s.name for s in grid()) + ").",
+  )
 
 
 if __name__ == "__main__":

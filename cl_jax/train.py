@@ -13,6 +13,7 @@ step the embeddings' health signals (cl_jax.health) are checked against the
 workdir/warnings.log, and logged as the scalar health/collapsed. The first Ctrl-C
 stops the run at the end of its step with a checkpoint and raises Interrupted.
 """
+
 import contextlib
 import functools
 import math
@@ -23,12 +24,11 @@ import time
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from etils import epath
 
-from cl_jax import checkpoint, config_check, health, optim, parallel, queue as queue_lib
-from cl_jax import run_config, summary
+from cl_jax import checkpoint, config_check, health, optim, parallel, run_config, summary
+from cl_jax import queue as queue_lib
 from cl_jax import step as step_lib
 from cl_jax.data import pipeline, sources
 from cl_jax.errors import UsageError
@@ -77,8 +77,10 @@ def _interruptible():
 def steps_per_epoch(num_records: int, batch_size: int) -> int:
   """Full global batches per pass over the pretraining source."""
   if num_records < batch_size:
-    raise UsageError(f"the pretraining set has {num_records} images, fewer than one global "
-                     f"batch (optim.batch_size = {batch_size})")
+    raise UsageError(
+        f"the pretraining set has {num_records} images, fewer than one global "
+        f"batch (optim.batch_size = {batch_size})"
+    )
   return num_records // batch_size
 
 
@@ -97,18 +99,22 @@ def check_workdir(workdir: str) -> None:
     raise UsageError(f"--workdir={workdir} is a file; give a directory (new or holding a run)")
 
 
-def resume_changes(config: ml_collections.ConfigDict, workdir: str,
-                   allow_change: bool) -> list[str]:
+def resume_changes(
+    config: ml_collections.ConfigDict, workdir: str, allow_change: bool
+) -> list[str]:
   """The accepted config changes if `workdir` holds checkpoints (none for a new run);
   raises ConfigChangeError (before anything is written) for a refused change."""
   steps = checkpoint.steps_on_disk(workdir)
   if not steps:
     return []
   if not (epath.Path(workdir) / "config.json").exists():
-    raise UsageError(f"{workdir} holds checkpoints (steps {steps}) but no config.json to "
-                     "check the config against; restore it or use another --workdir")
-  return run_config.check_resume(run_config.read(workdir), config, step=steps[-1],
-                                 workdir=workdir, allow_change=allow_change)
+    raise UsageError(
+        f"{workdir} holds checkpoints (steps {steps}) but no config.json to "
+        "check the config against; restore it or use another --workdir"
+    )
+  return run_config.check_resume(
+      run_config.read(workdir), config, step=steps[-1], workdir=workdir, allow_change=allow_change
+  )
 
 
 def build(config: ml_collections.ConfigDict, num_records: int, mesh):
@@ -124,10 +130,17 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh):
   encoder = build_encoder(config.model)
   moco = config.method == "moco"
   init = functools.partial(
-      init_state, config.seed, encoder, tx, image_size=config.data.image_size,
-      queue_size=config.moco.queue_size if moco else 0, embed_dim=config.model.head_out_dim,
-      queue_shards=mesh.shape[parallel.DATA_AXIS], keys_per_step=step_lib.keys_per_step(config),
-      target=config.method in ("moco", "byol"))
+      init_state,
+      config.seed,
+      encoder,
+      tx,
+      image_size=config.data.image_size,
+      queue_size=config.moco.queue_size if moco else 0,
+      embed_dim=config.model.head_out_dim,
+      queue_shards=mesh.shape[parallel.DATA_AXIS],
+      keys_per_step=step_lib.keys_per_step(config),
+      target=config.method in ("moco", "byol"),
+  )
   make_state = jax.jit(init, out_shardings=parallel.state_sharding(jax.eval_shape(init), mesh))
   return encoder, tx, schedule, make_state, config.optim.epochs * spe
 
@@ -140,18 +153,25 @@ def relayout_queue(state, meta: dict, mesh, keys: int):
   if state.queue is None:
     return state
   if meta["keys_per_step"] != keys:
-    raise UsageError(f"the checkpoint's queue holds {meta['keys_per_step']} keys per step but "
-                     f"this config enqueues {keys}; resume with the run's own batch size")
+    raise UsageError(
+        f"the checkpoint's queue holds {meta['keys_per_step']} keys per step but "
+        f"this config enqueues {keys}; resume with the run's own batch size"
+    )
   if old == new:
     return state
-  move = jax.jit(lambda q: queue_lib.to_sharded_layout(
-      queue_lib.to_ring_order(q, old, keys), new, keys),
-      out_shardings=parallel.batch_sharding(mesh))
+  move = jax.jit(
+      lambda q: queue_lib.to_sharded_layout(queue_lib.to_ring_order(q, old, keys), new, keys),
+      out_shardings=parallel.batch_sharding(mesh),
+  )
   return state.replace(queue=move(state.queue))
 
 
-def pretrain(config: ml_collections.ConfigDict, workdir: str, stop_at_step: int | None = None,
-             allow_config_change: bool = False) -> tuple[int, int]:
+def pretrain(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    stop_at_step: int | None = None,
+    allow_config_change: bool = False,
+) -> tuple[int, int]:
   """Pretrain (or resume) in `workdir`; returns (last step taken, total steps).
 
   With `stop_at_step`, this call stops (with a checkpoint) once the run has
@@ -170,31 +190,54 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str, stop_at_step: int 
   end = total if stop_at_step is None else min(total, stop_at_step)
   keys = step_lib.keys_per_step(config)
   data = pipeline.pretrain_dataset(
-      source, batch_size=config.optim.batch_size, image_size=config.data.image_size,
-      crop_scale=tuple(config.data.crop_scale), seed=config.seed,
-      process_index=jax.process_index(), process_count=jax.process_count())
+      source,
+      batch_size=config.optim.batch_size,
+      image_size=config.data.image_size,
+      crop_scale=tuple(config.data.crop_scale),
+      seed=config.seed,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+  )
   make_iterator = functools.partial(pipeline.make_iterator, data, config.data.workers)
   state, it, norm0, damaged = _restore_or_init(workdir, make_state, make_iterator, mesh, keys)
   start = int(state.step)
   progress = Progress(total, start, enabled=lead)
   for step, reason, path in damaged:
-    report_warning(f"checkpoint {step} in {workdir} cannot be read ({reason}); moved to {path} "
-                   "(not deleted); resuming from the newest intact checkpoint"
-                   + (f" (step {start})" if start else ": none, starting from step 0"),
-                   workdir, progress)
+    report_warning(
+        f"checkpoint {step} in {workdir} cannot be read ({reason}); moved to {path} "
+        "(not deleted); resuming from the newest intact checkpoint"
+        + (f" (step {start})" if start else ": none, starting from step 0"),
+        workdir,
+        progress,
+    )
   manager = checkpoint.make_manager(workdir, config.train.keep_checkpoints)
   if lead:
     run_config.save_start(config, workdir, start)
   writer = MetricWriter(workdir, start_step=start)
   writer.write_text("config", f"```\n{config.to_json(indent=2)}\n```", start)
-  progress.write(summary.startup(config, workdir=workdir, mesh=mesh, start=start,
-                                 steps_per_epoch=spe, total=total, params=state.params,
-                                 pretrain_size=len(source), changes=changes))
+  progress.write(
+      summary.startup(
+          config,
+          workdir=workdir,
+          mesh=mesh,
+          start=start,
+          steps_per_epoch=spe,
+          total=total,
+          params=state.params,
+          pretrain_size=len(source),
+          changes=changes,
+      )
+  )
   train_step = step_lib.jit_train_step(
       step_lib.make_train_step(config, encoder, tx, schedule, mesh, spe),
-      parallel.state_sharding(state, mesh), parallel.batch_sharding(mesh))
-  meta = {"queue_shards": mesh.shape[parallel.DATA_AXIS], "keys_per_step": keys,
-          "param_norm_init": norm0}
+      parallel.state_sharding(state, mesh),
+      parallel.batch_sharding(mesh),
+  )
+  meta = {
+      "queue_shards": mesh.shape[parallel.DATA_AXIS],
+      "keys_per_step": keys,
+      "param_norm_init": norm0,
+  }
   done = start
   with _interruptible() as interrupted:
     try:
@@ -204,7 +247,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str, stop_at_step: int 
         state, metrics = train_step(state, parallel.global_batch(next(it), mesh))
         done = step + 1
         progress.step()
-        if step == start:   # the first step compiles: keep it out of img/s
+        if step == start:  # the first step compiles: keep it out of img/s
           jax.block_until_ready(metrics["loss"])
           now = time.perf_counter()
           progress.compiled(done, now - t_last)
@@ -222,8 +265,9 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str, stop_at_step: int 
           if done > step_last:
             scalars["img_per_s"] = (done - step_last) * config.optim.batch_size / (now - t_last)
           t_last, step_last = now, done
-          warning = health.collapse_warning(scalars, config.health.min_std_sqrt_d,
-                                            config.health.min_rank)
+          warning = health.collapse_warning(
+              scalars, config.health.min_std_sqrt_d, config.health.min_rank
+          )
           scalars["health/collapsed"] = float(warning is not None)
           writer.write(done, scalars)
           notice, collapsed_logs = collapse_notice(warning, collapsed_logs, scalars)
@@ -231,15 +275,16 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str, stop_at_step: int 
             report_warning(f"step {done}: {notice}", workdir, progress)
           progress.log(done, scalars)
         if saved:
-          checkpoint.save(manager, state, it, {**meta, "param_norm": norm,
-                                               "loss": float(metrics["loss"])})
+          checkpoint.save(
+              manager, state, it, {**meta, "param_norm": norm, "loss": float(metrics["loss"])}
+          )
         if interrupted:
           break
     finally:
       progress.close()
       writer.close()
       manager.wait_until_finished()
-      it.close()   # stops the input workers and frees their shared memory
+      it.close()  # stops the input workers and frees their shared memory
   if interrupted:
     raise Interrupted(done)
   return max(start, end), total
@@ -252,27 +297,32 @@ def _restore_or_init(workdir: str, make_state, make_iterator, mesh, keys: int):
   restored = None
   if checkpoint.steps_on_disk(workdir):
     restored, unreadable = checkpoint.restore_intact(
-        checkpoint.make_manager(workdir, read_only=True), jax.eval_shape(make_state),
-        make_iterator)
+        checkpoint.make_manager(workdir, read_only=True), jax.eval_shape(make_state), make_iterator
+    )
     for step, reason in unreadable:
-      path = (checkpoint.set_aside(workdir, step) if jax.process_index() == 0
-              else f"{workdir}/{checkpoint.DAMAGED_DIR}")
+      path = (
+          checkpoint.set_aside(workdir, step)
+          if jax.process_index() == 0
+          else f"{workdir}/{checkpoint.DAMAGED_DIR}"
+      )
       damaged.append((step, reason, path))
     if unreadable and jax.process_count() > 1:
       from jax.experimental import multihost_utils
+
       multihost_utils.sync_global_devices("cl_jax: damaged checkpoints set aside")
   if restored is None:
     state = make_state()
     return state, make_iterator(), float(optax.global_norm(state.params)), damaged
   state = relayout_queue(restored.state, restored.meta, mesh, keys)
   norm0 = restored.meta.get("param_norm_init")
-  if norm0 is None:   # a checkpoint of an earlier version: recompute from the seed
+  if norm0 is None:  # a checkpoint of an earlier version: recompute from the seed
     norm0 = float(optax.global_norm(make_state().params))
   return state, restored.data_iterator, norm0, damaged
 
 
-def collapse_notice(warning: str | None, collapsed_logs: int,
-                    scalars: dict[str, float]) -> tuple[str | None, int]:
+def collapse_notice(
+    warning: str | None, collapsed_logs: int, scalars: dict[str, float]
+) -> tuple[str | None, int]:
   """(line to report or None, updated count) for one logging step's collapse warning.
 
   collapsed_logs counts the consecutive logging steps with a warning so far. The
@@ -284,8 +334,9 @@ def collapse_notice(warning: str | None, collapsed_logs: int,
     return (warning if collapsed_logs % 10 == 0 else None), collapsed_logs + 1
   if not collapsed_logs:
     return None, 0
-  signals = ", ".join(f"{k} = {scalars[k]:.3g}" for k in ("health/std_sqrt_d", "health/rank")
-                      if k in scalars)
+  signals = ", ".join(
+      f"{k} = {scalars[k]:.3g}" for k in ("health/std_sqrt_d", "health/rank") if k in scalars
+  )
   return f"representation recovered after {collapsed_logs} collapsed logging steps: {signals}", 0
 
 
@@ -302,24 +353,30 @@ def report_warning(line: str, workdir: str, progress: Progress) -> None:
       f.write(line + "\n")
 
 
-def _stop_if_diverged(finite: bool, growth: float, step: int, manager,
-                      config: ml_collections.ConfigDict) -> None:
+def _stop_if_diverged(
+    finite: bool, growth: float, step: int, manager, config: ml_collections.ConfigDict
+) -> None:
   """Raise TrainingDiverged (after pending saves finish) unless the state at `step` is
   finite with a parameter norm of at most train.max_param_growth times the initial one."""
   limit = config.train.max_param_growth
   if finite and growth <= limit:
     return
   times = f"{growth:.3g} times" if math.isfinite(growth) else "beyond float32 range,"
-  reason = ("the loss or the state is no longer finite" if not finite else
-            f"the parameter norm is {times} its initial value (limit "
-            f"train.max_param_growth = {limit:g})")
+  reason = (
+      "the loss or the state is no longer finite"
+      if not finite
+      else f"the parameter norm is {times} its initial value (limit "
+      f"train.max_param_growth = {limit:g})"
+  )
   manager.wait_until_finished()
   last = manager.latest_step()
   lr = f"this run's is {config.optim.lr:g}"
   if last is None:
     advice = f"No checkpoint was saved: start again with a lower --config.optim.lr ({lr})."
   else:
-    advice = (f"The last checkpoint (step {last}) was saved before that, with its parameters "
-              f"in range, and is intact: run the same command with a lower --config.optim.lr "
-              f"({lr}) and --allow_config_change to resume from step {last}.")
+    advice = (
+        f"The last checkpoint (step {last}) was saved before that, with its parameters "
+        f"in range, and is intact: run the same command with a lower --config.optim.lr "
+        f"({lr}) and --allow_config_change to resume from step {last}."
+    )
   raise TrainingDiverged(f"training diverged at step {step}: {reason}. {advice}")

@@ -8,6 +8,7 @@ The quick Trifeature run uses SGD like the MoCo runs.
 
 python -m cl_jax.main --config=configs/byol.py[:imagenet100|:cifar10]
 """
+
 from configs import default
 
 
@@ -16,19 +17,33 @@ def get_config(arg: str | None = None):
   c.method = "byol"
   c.model.update(head_bn=True, bn_mode="sync", bn_groups=1, predictor_hidden_dim=128)
   c.byol.base_momentum = 0.99
-  c.nonsemantic.alpha = 0.05         # Eq. 2's penalty when nonsemantic.enabled
+  c.nonsemantic.alpha = 0.05  # Eq. 2's penalty when nonsemantic.enabled
   if c.preset == "trifeature":
-    c.optim.epochs = 8    # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
+    c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
   elif c.preset == "imagenet100":
     c.model.update(head_hidden_dim=4096, head_out_dim=256, predictor_hidden_dim=4096)
     c.byol.base_momentum = 0.996
-    c.optim.update(optimizer="lars", lr_recipe="custom", lr=4.8, batch_size=1024,
-                   weight_decay=1e-6, warmup_epochs=10, epochs=200)
+    c.optim.update(
+        optimizer="lars",
+        lr_recipe="custom",
+        lr=4.8,
+        batch_size=1024,
+        weight_decay=1e-6,
+        warmup_epochs=10,
+        epochs=200,
+    )
   elif c.preset == "cifar10":
     c.model.update(head_hidden_dim=4096, head_out_dim=256, predictor_hidden_dim=4096)
     c.byol.base_momentum = 0.99
-    c.optim.update(optimizer="lars", lr_recipe="custom", lr=2.0, batch_size=512,
-                   weight_decay=1e-6, warmup_epochs=10, epochs=500)
+    c.optim.update(
+        optimizer="lars",
+        lr_recipe="custom",
+        lr=2.0,
+        batch_size=512,
+        weight_decay=1e-6,
+        warmup_epochs=10,
+        epochs=500,
+    )
   elif c.preset != "trifeature":
     raise ValueError(f"configs/byol.py has presets imagenet100 and cifar10, not {c.preset!r}")
   return c

@@ -6,6 +6,7 @@ the built-in Trifeature dataset, with the papers' augmentation and heads;
 papers, and the other preset functions overwrite the fields that the papers'
 settings fix.
 """
+
 import ml_collections
 
 
@@ -21,23 +22,23 @@ def scale_lr_with_batch(optim: ml_collections.ConfigDict, base_lr: float) -> Non
 def base_config() -> ml_collections.ConfigDict:
   """MoCo-v2 fields at the size of the quick 32 px Trifeature run (the papers' views and head)."""
   c = ml_collections.ConfigDict()
-  c.method = "moco"                 # moco | simclr | byol | simsiam
+  c.method = "moco"  # moco | simclr | byol | simsiam
   c.preset = "trifeature"
   c.seed = 0
 
   c.data = ml_collections.ConfigDict()
-  c.data.name = "trifeature"        # or a TFDS name: cifar10, cifar100, stl10, imagenet2012, imagenet100
-  c.data.data_dir = ""              # TFDS data_dir (prepared with --file_format=array_record)
+  c.data.name = "trifeature"  # or a TFDS name: cifar10, cifar100, stl10, imagenet2012, imagenet100
+  c.data.data_dir = ""  # TFDS data_dir (prepared with --file_format=array_record)
   c.data.image_size = 32
-  c.data.crop_scale = (0.2, 1.0)    # RandomResizedCrop area range
-  c.data.eval_crop_fraction = 1.0   # probe test views: resize to size/fraction, centre crop
-  c.data.workers = 0                # grain worker processes (0: in the main process)
+  c.data.crop_scale = (0.2, 1.0)  # RandomResizedCrop area range
+  c.data.eval_crop_fraction = 1.0  # probe test views: resize to size/fraction, centre crop
+  c.data.workers = 0  # grain worker processes (0: in the main process)
   c.data.trifeature_seed = 0
   c.data.trifeature_train = 5000
   c.data.trifeature_test = 2000
-  c.data.cache_dir = ""             # Trifeature cache ("" = $CL_JAX_CACHE or ~/.cache/cl_jax)
+  c.data.cache_dir = ""  # Trifeature cache ("" = $CL_JAX_CACHE or ~/.cache/cl_jax)
 
-  c.aug = ml_collections.ConfigDict()   # photometric part of "aug-plus", on the device
+  c.aug = ml_collections.ConfigDict()  # photometric part of "aug-plus", on the device
   c.aug.jitter_prob = 0.8
   c.aug.brightness = 0.4
   c.aug.contrast = 0.4
@@ -55,12 +56,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.head_hidden_dim = 128
   c.model.head_out_dim = 64
   c.model.head_layers = 2
-  c.model.head_bn = False           # BN after each hidden head layer (SimCLR, BYOL, SimSiam)
-  c.model.head_out_bn = False       # BN after the head's output layer (SimSiam)
+  c.model.head_bn = False  # BN after each hidden head layer (SimCLR, BYOL, SimSiam)
+  c.model.head_out_bn = False  # BN after the head's output layer (SimSiam)
   c.model.predictor_hidden_dim = 0  # > 0: predictor MLP d -> hidden -> d (BYOL, SimSiam)
-  c.model.dtype = "float32"         # "bfloat16" on accelerators
-  c.model.bn_mode = "shuffle"       # sync | local | shuffle
-  c.model.bn_groups = 4             # virtual batch-norm groups over the global batch
+  c.model.dtype = "float32"  # "bfloat16" on accelerators
+  c.model.bn_mode = "shuffle"  # sync | local | shuffle
+  c.model.bn_groups = 4  # virtual batch-norm groups over the global batch
 
   c.moco = ml_collections.ConfigDict()
   c.moco.queue_size = 2048
@@ -72,48 +73,52 @@ def base_config() -> ml_collections.ConfigDict:
   c.simclr.temperature = 0.5
 
   c.byol = ml_collections.ConfigDict()
-  c.byol.base_momentum = 0.99       # tau_base of the cosine target-momentum schedule
+  c.byol.base_momentum = 0.99  # tau_base of the cosine target-momentum schedule
 
-  c.hcl = ml_collections.ConfigDict()   # hard-negative sampling (Robinson et al. ICLR 2021), SimCLR
+  c.hcl = ml_collections.ConfigDict()  # hard-negative sampling (Robinson et al. ICLR 2021), SimCLR
   c.hcl.enabled = False
-  c.hcl.beta = 1.0                  # hardness concentration: weights exp(beta * s / T)
-  c.hcl.tau_plus = 0.1              # class prior of the debiasing correction (0: none)
+  c.hcl.beta = 1.0  # hardness concentration: weights exp(beta * s / T)
+  c.hcl.tau_plus = 0.1  # class prior of the debiasing correction (0: none)
 
   c.nonsemantic = ml_collections.ConfigDict()
   c.nonsemantic.enabled = False
   c.nonsemantic.kind = "patch"
   c.nonsemantic.num_ns = 1
   c.nonsemantic.alpha = 2.0
-  c.nonsemantic.alpha_mode = "in"   # in: alpha * q.t / T (L_in); out: + log(alpha) (L_out)
+  c.nonsemantic.alpha_mode = "in"  # in: alpha * q.t / T (L_in); out: + log(alpha) (L_out)
   c.nonsemantic.patch_min = 3
   c.nonsemantic.patch_max = 10
 
-  c.ft = ml_collections.ConfigDict()    # feature transformation (Zhu et al. 2021)
+  c.ft = ml_collections.ConfigDict()  # feature transformation (Zhu et al. 2021)
   c.ft.enabled = False
-  c.ft.positive_extrapolation = True  # q' = l q + (1-l) k, k' = l k + (1-l) q, l = 1 + Beta(a_ex, a_ex)
+  c.ft.positive_extrapolation = (
+      True  # q' = l q + (1-l) k, k' = l k + (1-l) q, l = 1 + Beta(a_ex, a_ex)
+  )
   c.ft.alpha_ex = 2.0
-  c.ft.negative = "interpolate"     # none | interpolate (mu ~ Beta(a_in, a_in)) | extrapolate (1 + Beta) | hard
+  c.ft.negative = (
+      "interpolate"  # none | interpolate (mu ~ Beta(a_in, a_in)) | extrapolate (1 + Beta) | hard
+  )
   c.ft.alpha_in = 1.6
-  c.ft.hard_a = 5.0                 # negative "hard": l q + (1-l) n with l ~ Beta(hard_a, hard_b) (App. G.2)
+  c.ft.hard_a = 5.0  # negative "hard": l q + (1-l) n with l ~ Beta(hard_a, hard_b) (App. G.2)
   c.ft.hard_b = 2.0
-  c.ft.union = False                # negatives: original queue + transformed queue (2K)
+  c.ft.union = False  # negatives: original queue + transformed queue (2K)
   # Mixing coefficients: "scalar" (one per step, the paper's main runs), "dimension" (one
   # (d,) vector per step) or "sample_dimension" (one (d,) vector per positive pair and per
   # negative, the dimension-level mixing of Sec. 4.3 as the authors' code draws it).
   c.ft.coefficients = "scalar"
-  c.ft.renormalize = False          # project transformed features back to unit length
-  c.ft.start_epoch = 0              # no transformation before this epoch
+  c.ft.renormalize = False  # project transformed features back to unit length
+  c.ft.start_epoch = 0  # no transformation before this epoch
 
-  c.ifm = ml_collections.ConfigDict()   # implicit feature modification (Robinson et al. 2021)
+  c.ifm = ml_collections.ConfigDict()  # implicit feature modification (Robinson et al. 2021)
   c.ifm.enabled = False
-  c.ifm.epsilon = 0.1               # similarity shift of the positive (-) and negatives (+)
-  c.ifm.alpha = 1.0                 # loss = (L + alpha L_eps) / 2
+  c.ifm.epsilon = 0.1  # similarity shift of the positive (-) and negatives (+)
+  c.ifm.alpha = 1.0  # loss = (L + alpha L_eps) / 2
 
   c.optim = ml_collections.ConfigDict()
-  c.optim.optimizer = "sgd"         # sgd (momentum, coupled weight decay) | lars
-  c.optim.lr_recipe = "custom"      # see cl_jax/config_check.py LR_RECIPES
+  c.optim.optimizer = "sgd"  # sgd (momentum, coupled weight decay) | lars
+  c.optim.lr_recipe = "custom"  # see cl_jax/config_check.py LR_RECIPES
   c.optim.lr = 0.06
-  c.optim.batch_size = 128          # global batch
+  c.optim.batch_size = 128  # global batch
   c.optim.momentum = 0.9
   c.optim.weight_decay = 5e-4
   c.optim.warmup_epochs = 0
@@ -123,21 +128,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.log_every = 10
   c.train.checkpoint_every = 100
   c.train.keep_checkpoints = 2
-  c.train.score_queries = 64        # score statistics over the first n queries (0 or > batch: all)
+  c.train.score_queries = 64  # score statistics over the first n queries (0 or > batch: all)
   # Divergence: stop (without saving) once the parameter norm exceeds this multiple of its
   # value at initialisation, or the loss or the state is no longer finite.
   c.train.max_param_growth = 100.0
 
-  c.health = ml_collections.ConfigDict()   # collapse warnings while training (cl_jax/health.py)
+  c.health = ml_collections.ConfigDict()  # collapse warnings while training (cl_jax/health.py)
   # Warn below these (README, "Health signals"): embedding std x sqrt(d) is about 1 when
   # the embeddings spread over the sphere, 0 when collapsed; a random network starts near
   # 0.3 and healthy MoCo runs dip to 0.24 early on, collapsed ones stay at 0.07-0.2.
   c.health.min_std_sqrt_d = 0.2
-  c.health.min_rank = 4.0         # effective rank of a batch of embeddings (1: a single point)
+  c.health.min_rank = 4.0  # effective rank of a batch of embeddings (1: a single point)
 
   c.probe = ml_collections.ConfigDict()
   c.probe.after_pretrain = True
-  c.probe.protocol = "fast"         # fast | paper
+  c.probe.protocol = "fast"  # fast | paper
   c.probe.batch_size = 256
   c.probe.epochs = 100
   c.probe.lr = 0.1
@@ -174,12 +179,18 @@ def apply_imagenet100(c: ml_collections.ConfigDict) -> None:
   c.data.image_size = 224
   c.data.eval_crop_fraction = 0.875
   c.data.workers = 16
-  c.model.update(depth=50, stem="imagenet", width_multiplier=1, head_hidden_dim=2048,
-                 head_out_dim=128, dtype="bfloat16", bn_groups=8)
+  c.model.update(
+      depth=50,
+      stem="imagenet",
+      width_multiplier=1,
+      head_hidden_dim=2048,
+      head_out_dim=128,
+      dtype="bfloat16",
+      bn_groups=8,
+  )
   c.moco.update(queue_size=16384, temperature=0.2, momentum=0.999)
   c.nonsemantic.update(alpha=2.0, patch_min=16, patch_max=72)
-  c.optim.update(lr_recipe="moco_0.03_b128", lr=0.03, batch_size=128,
-                 weight_decay=1e-4, epochs=200)
+  c.optim.update(lr_recipe="moco_0.03_b128", lr=0.03, batch_size=128, weight_decay=1e-4, epochs=200)
   c.train.update(log_every=50, checkpoint_every=2000, keep_checkpoints=3)
   _paper_probe(c)
 
@@ -190,12 +201,18 @@ def apply_cifar10(c: ml_collections.ConfigDict) -> None:
   c.data.name = "cifar10"
   c.data.image_size = 32
   c.data.workers = 8
-  c.model.update(depth=18, stem="cifar", width_multiplier=1, head_hidden_dim=512,
-                 head_out_dim=128, dtype="bfloat16", bn_groups=8)
+  c.model.update(
+      depth=18,
+      stem="cifar",
+      width_multiplier=1,
+      head_hidden_dim=512,
+      head_out_dim=128,
+      dtype="bfloat16",
+      bn_groups=8,
+  )
   c.moco.update(queue_size=4096, temperature=0.2, momentum=0.99)
   c.nonsemantic.update(alpha=2.0, patch_min=3, patch_max=10)
-  c.optim.update(lr_recipe="custom", lr=0.06, batch_size=512, weight_decay=5e-4,
-                 epochs=200)
+  c.optim.update(lr_recipe="custom", lr=0.06, batch_size=512, weight_decay=5e-4, epochs=200)
   c.train.update(log_every=50, checkpoint_every=1000, keep_checkpoints=3)
   c.probe.update(protocol="fast", epochs=100)
 
@@ -206,20 +223,32 @@ def apply_stl10(c: ml_collections.ConfigDict) -> None:
   c.data.name = "stl10"
   c.data.image_size = 96
   c.data.workers = 8
-  c.model.update(depth=50, stem="imagenet", width_multiplier=1, head_hidden_dim=2048,
-                 head_out_dim=128, dtype="bfloat16", bn_groups=8)
+  c.model.update(
+      depth=50,
+      stem="imagenet",
+      width_multiplier=1,
+      head_hidden_dim=2048,
+      head_out_dim=128,
+      dtype="bfloat16",
+      bn_groups=8,
+  )
   c.moco.update(queue_size=16384, temperature=0.2, momentum=0.999)
   c.nonsemantic.update(alpha=2.0, patch_min=7, patch_max=31)
-  c.optim.update(lr_recipe="moco_0.03_b128", lr=0.03, batch_size=128,
-                 weight_decay=1e-4, epochs=200)
+  c.optim.update(lr_recipe="moco_0.03_b128", lr=0.03, batch_size=128, weight_decay=1e-4, epochs=200)
   c.train.update(log_every=50, checkpoint_every=2000, keep_checkpoints=3)
   _paper_probe(c)
 
 
 def _paper_probe(c: ml_collections.ConfigDict) -> None:
   """The papers' linear probe: SGD lr 10, batch 128, 60 epochs, x0.1 at 30/40/50."""
-  c.probe.update(protocol="paper", batch_size=128, epochs=60, lr=10.0,
-                 weight_decay=0.0, decay_epochs=(30, 40, 50))
+  c.probe.update(
+      protocol="paper",
+      batch_size=128,
+      epochs=60,
+      lr=10.0,
+      weight_decay=0.0,
+      decay_epochs=(30, 40, 50),
+  )
 
 
 PRESETS = {
@@ -236,7 +265,9 @@ def with_preset(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections
   name = arg or ""
   if name not in PRESETS:
     allowed = ", ".join(sorted(k for k in PRESETS if k))
-    raise ValueError(f"unknown preset {name!r}: allowed presets are {allowed} "
-                     f"(or none for the quick Trifeature run)")
+    raise ValueError(
+        f"unknown preset {name!r}: allowed presets are {allowed} "
+        f"(or none for the quick Trifeature run)"
+    )
   PRESETS[name](c)
   return c

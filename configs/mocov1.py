@@ -7,6 +7,7 @@ steps); the presets keep the paper's plain linear head.
 
 python -m cl_jax.main --config=configs/mocov1.py[:imagenet100|:cifar10|:stl10]
 """
+
 from configs import default
 
 

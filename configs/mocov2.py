@@ -2,6 +2,7 @@
 
 python -m cl_jax.main --config=configs/mocov2.py[:imagenet100|:cifar10|:stl10]
 """
+
 from configs import default
 
 

@@ -5,6 +5,7 @@ d ~ U(16, 72) at 224 px (scaled to the resolution in the other presets).
 
 python -m cl_jax.main --config=configs/mocov2_patchns.py[:imagenet100|:cifar10|:stl10]
 """
+
 from configs import default
 
 

@@ -6,6 +6,7 @@ feature modification (Robinson et al. 2021; eps 0.1, alpha 1).
 
 python -m cl_jax.main --config=configs/mocov2_patchns_ft_ifm.py[:imagenet100|:cifar10|:stl10]
 """
+
 from configs import default
 
 

@@ -6,6 +6,7 @@ LARS with lr = 0.3 x batch / 256, weight decay 1e-6 and 10 warm-up epochs
 
 python -m cl_jax.main --config=configs/simclr.py[:imagenet100|:cifar10]
 """
+
 from configs import default
 
 
@@ -15,17 +16,29 @@ def get_config(arg: str | None = None):
   c.model.update(head_bn=True, bn_mode="sync", bn_groups=1)
   c.simclr.temperature = 0.5
   if c.preset == "trifeature":
-    c.optim.epochs = 8    # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
+    c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
   elif c.preset == "imagenet100":
     c.model.head_out_dim = 128
     c.simclr.temperature = 0.1
-    c.optim.update(optimizer="lars", lr_recipe="custom", batch_size=512,
-                   weight_decay=1e-6, warmup_epochs=10, epochs=200)
-    default.scale_lr_with_batch(c.optim, 0.3)      # Sec. B.1: 0.3 x BatchSize / 256
+    c.optim.update(
+        optimizer="lars",
+        lr_recipe="custom",
+        batch_size=512,
+        weight_decay=1e-6,
+        warmup_epochs=10,
+        epochs=200,
+    )
+    default.scale_lr_with_batch(c.optim, 0.3)  # Sec. B.1: 0.3 x BatchSize / 256
   elif c.preset == "cifar10":
     c.simclr.temperature = 0.5
-    c.optim.update(optimizer="lars", lr_recipe="custom", batch_size=512,
-                   weight_decay=1e-6, warmup_epochs=10, epochs=500)
+    c.optim.update(
+        optimizer="lars",
+        lr_recipe="custom",
+        batch_size=512,
+        weight_decay=1e-6,
+        warmup_epochs=10,
+        epochs=500,
+    )
     default.scale_lr_with_batch(c.optim, 0.3)
   elif c.preset != "trifeature":
     raise ValueError(f"configs/simclr.py has presets imagenet100 and cifar10, not {c.preset!r}")

@@ -8,26 +8,32 @@ App. A, D).
 
 python -m cl_jax.main --config=configs/simsiam.py[:imagenet100|:cifar10]
 """
+
 from configs import default
 
 
 def get_config(arg: str | None = None):
   c = default.with_preset(default.base_config(), arg)
   c.method = "simsiam"
-  c.model.update(head_bn=True, head_out_bn=True, bn_mode="sync", bn_groups=1,
-                 head_hidden_dim=128, head_out_dim=128, predictor_hidden_dim=32)
+  c.model.update(
+      head_bn=True,
+      head_out_bn=True,
+      bn_mode="sync",
+      bn_groups=1,
+      head_hidden_dim=128,
+      head_out_dim=128,
+      predictor_hidden_dim=32,
+  )
   if c.preset == "trifeature":
-    c.optim.epochs = 8    # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
+    c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
   elif c.preset == "imagenet100":
-    c.model.update(head_layers=3, head_hidden_dim=2048, head_out_dim=2048,
-                   predictor_hidden_dim=512)
+    c.model.update(head_layers=3, head_hidden_dim=2048, head_out_dim=2048, predictor_hidden_dim=512)
     c.optim.update(lr_recipe="custom", batch_size=512, weight_decay=1e-4, epochs=200)
-    default.scale_lr_with_batch(c.optim, 0.05)     # Sec. 4: lr x BatchSize / 256, base lr 0.05
+    default.scale_lr_with_batch(c.optim, 0.05)  # Sec. 4: lr x BatchSize / 256, base lr 0.05
   elif c.preset == "cifar10":
-    c.model.update(head_layers=2, head_hidden_dim=2048, head_out_dim=2048,
-                   predictor_hidden_dim=512)
+    c.model.update(head_layers=2, head_hidden_dim=2048, head_out_dim=2048, predictor_hidden_dim=512)
     c.optim.update(lr_recipe="custom", batch_size=512, weight_decay=5e-4, epochs=800)
-    default.scale_lr_with_batch(c.optim, 0.03)     # App. D (CIFAR-10): base lr 0.03
+    default.scale_lr_with_batch(c.optim, 0.03)  # App. D (CIFAR-10): base lr 0.03
   elif c.preset != "trifeature":
     raise ValueError(f"configs/simsiam.py has presets imagenet100 and cifar10, not {c.preset!r}")
   return c

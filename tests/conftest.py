@@ -6,6 +6,7 @@ Tests that are not about sharding build their mesh over one device; the
 The device count is set through jax.config, not XLA_FLAGS, so subprocesses
 (the end-to-end runs) start with the machine's own single CPU device.
 """
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Central finite differences in float64, the gradient reference of the loss tests."""
+
 import numpy as np
 
 

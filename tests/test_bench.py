@@ -1,4 +1,5 @@
 """The benchmark command: per-device queue memory from the shards, and its printed table."""
+
 import os
 import subprocess
 import sys
@@ -9,9 +10,14 @@ from cl_jax import bench
 from configs import mocov2_patchns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--config.data.image_size=16", "--config.model.width_multiplier=0.125",
-        "--config.model.head_hidden_dim=16", "--config.model.head_out_dim=8",
-        "--config.moco.queue_size=256", "--config.optim.batch_size=32"]
+TINY = [
+    "--config.data.image_size=16",
+    "--config.model.width_multiplier=0.125",
+    "--config.model.head_hidden_dim=16",
+    "--config.model.head_out_dim=8",
+    "--config.moco.queue_size=256",
+    "--config.optim.batch_size=32",
+]
 
 
 def test_measure_reports_the_queue_shard_of_one_device():
@@ -30,13 +36,26 @@ def test_measure_reports_the_queue_shard_of_one_device():
 def test_cli_runs_each_device_count_in_its_own_process():
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.bench", "--config=configs/mocov2_patchns.py",
-       "--devices=1,2", "--steps=1", "--warmup=0", *TINY],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+      [
+          sys.executable,
+          "-m",
+          "cl_jax.bench",
+          "--config=configs/mocov2_patchns.py",
+          "--devices=1,2",
+          "--steps=1",
+          "--warmup=0",
+          *TINY,
+      ],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.splitlines()
   header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["devices", "step", "ms"])
-  rows = [line.split() for line in lines[header + 1:]]
+  rows = [line.split() for line in lines[header + 1 :]]
   assert [r[0] for r in rows] == ["1", "2"]
   # queue MiB per device halves with 2 devices; the total stays 256 x 8 float32.
   total = 256 * 8 * 4 / 2**20

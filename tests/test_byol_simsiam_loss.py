@@ -5,6 +5,7 @@ Ge et al. 2021 Eq. 2 as squared distances of unit vectors, the analytic
 gradient of a cosine, d cos(p, z)/dp = (z^ - cos(p, z) p^) / ||p||, and
 central finite differences where no closed form is written out.
 """
+
 import functools
 
 import chex
@@ -65,8 +66,9 @@ def _byol_ns(p, z, t, alpha):
 @jax.jit
 def _simsiam(p1, p2, z1, z2):
   """(loss, stats, (dL/dp1, dL/dp2, dL/dz1, dL/dz2))."""
-  (loss, stats), grads = jax.value_and_grad(simsiam.simsiam_loss, argnums=(0, 1, 2, 3),
-                                            has_aux=True)(p1, p2, z1, z2)
+  (loss, stats), grads = jax.value_and_grad(
+      simsiam.simsiam_loss, argnums=(0, 1, 2, 3), has_aux=True
+  )(p1, p2, z1, z2)
   return loss, stats, grads
 
 
@@ -83,16 +85,16 @@ def test_byol_loss_and_gradient_match_numpy(batch, dim):
   np.testing.assert_allclose(loss, np.mean(2 - 2 * cos), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(stats["pos_mean"], np.mean(cos), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(g_p, -2 / batch * _np_dcos_dp(p, z), rtol=1e-4, atol=1e-6)
-  np.testing.assert_array_equal(g_z, np.zeros_like(z))           # stop-gradient on the target
+  np.testing.assert_array_equal(g_z, np.zeros_like(z))  # stop-gradient on the target
 
 
 def test_byol_loss_hand_checked_directions():
   z = np.array([[1.0, 2.0, -1.0], [0.0, 3.0, 4.0]])
-  loss, _, _ = _byol(*_f32(2.5 * z, z))                           # same direction: 0
+  loss, _, _ = _byol(*_f32(2.5 * z, z))  # same direction: 0
   np.testing.assert_allclose(loss, 0.0, atol=1e-6)
-  loss, _, _ = _byol(*_f32(-0.3 * z, z))                          # opposite direction: 4
+  loss, _, _ = _byol(*_f32(-0.3 * z, z))  # opposite direction: 4
   np.testing.assert_allclose(loss, 4.0, rtol=1e-6)
-  orth = np.array([[2.0, -1.0, 0.0], [0.0, 4.0, -3.0]])            # orthogonal: 2
+  orth = np.array([[2.0, -1.0, 0.0], [0.0, 4.0, -3.0]])  # orthogonal: 2
   loss, _, _ = _byol(*_f32(orth, z))
   np.testing.assert_allclose(loss, 2.0, rtol=1e-6)
 
@@ -104,8 +106,9 @@ def test_byol_loss_of_a_zero_prediction_is_finite():
   assert np.all(np.isfinite(g_p))
 
 
-@pytest.mark.parametrize("batch,num_ns,dim,alpha", [(1, 1, 3, 0.05), (4, 1, 6, 0.5),
-                                                    (3, 3, 5, 2.0)])
+@pytest.mark.parametrize(
+    "batch,num_ns,dim,alpha", [(1, 1, 3, 0.05), (4, 1, 6, 0.5), (3, 3, 5, 2.0)]
+)
 def test_byol_ns_loss_matches_eq2(batch, num_ns, dim, alpha):
   p, z, t = _inputs(10 + batch, (batch, dim), (batch, dim), (batch, num_ns, dim))
   loss, stats, (g_p, g_z, g_t) = _byol_ns(*_f32(p, z, t), alpha)
@@ -128,8 +131,7 @@ def test_byol_ns_gradient_matches_numpy_finite_differences():
   for idx in np.ndindex(p.shape):
     dp = np.zeros_like(p)
     dp[idx] = eps
-    numeric[idx] = (_np_ns_loss(p + dp, z, t, alpha)
-                    - _np_ns_loss(p - dp, z, t, alpha)) / (2 * eps)
+    numeric[idx] = (_np_ns_loss(p + dp, z, t, alpha) - _np_ns_loss(p - dp, z, t, alpha)) / (2 * eps)
   assert np.abs(numeric).max() > 1e-2
   np.testing.assert_allclose(g_p, numeric, rtol=1e-4, atol=1e-6)
 
@@ -164,12 +166,15 @@ def test_byol_ns_loss_hand_checked_and_alpha_zero():
   np.testing.assert_allclose(g_ns, -_np_dcos_dp(p, z), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("p_shape,z_shape,t_shape,alpha,match", [
-    ((4, 3), (4, 2), (4, 1, 3), 0.05, "same shape"),
-    ((4, 3), (4, 3), (4, 3), 0.05, r"\(B, M, d\)"),
-    ((4, 3), (4, 3), (2, 1, 3), 0.05, r"\(B, M, d\)"),
-    ((4, 3), (4, 3), (4, 1, 3), -0.1, "alpha"),
-])
+@pytest.mark.parametrize(
+    "p_shape,z_shape,t_shape,alpha,match",
+    [
+        ((4, 3), (4, 2), (4, 1, 3), 0.05, "same shape"),
+        ((4, 3), (4, 3), (4, 3), 0.05, r"\(B, M, d\)"),
+        ((4, 3), (4, 3), (2, 1, 3), 0.05, r"\(B, M, d\)"),
+        ((4, 3), (4, 3), (4, 1, 3), -0.1, "alpha"),
+    ],
+)
 def test_byol_bad_inputs_raise(p_shape, z_shape, t_shape, alpha, match):
   p, z, t = (jax.ShapeDtypeStruct(s, jnp.float32) for s in (p_shape, z_shape, t_shape))
   with pytest.raises(ValueError, match=match):
@@ -180,22 +185,23 @@ def test_target_momentum_schedule():
   base, total = 0.99, 100
   np.testing.assert_allclose(byol.target_momentum(0, total, base), base, rtol=1e-7)
   np.testing.assert_allclose(byol.target_momentum(total, total, base), 1.0, rtol=1e-7)
-  np.testing.assert_allclose(byol.target_momentum(total // 2, total, base), (1 + base) / 2,
-                             rtol=1e-7)
+  np.testing.assert_allclose(
+      byol.target_momentum(total // 2, total, base), (1 + base) / 2, rtol=1e-7
+  )
   np.testing.assert_allclose(byol.target_momentum(total + 7, total, base), 1.0, rtol=1e-7)
   # Traced step under jit, all steps at once, against the closed form.
   steps = jnp.arange(total + 1)
   taus = np.asarray(jax.jit(jax.vmap(lambda k: byol.target_momentum(k, total, base)))(steps))
   assert taus.dtype == np.float32
   k = np.arange(total + 1)
-  np.testing.assert_allclose(taus, 1 - (1 - base) * (np.cos(np.pi * k / total) + 1) / 2,
-                             rtol=1e-6)
+  np.testing.assert_allclose(taus, 1 - (1 - base) * (np.cos(np.pi * k / total) + 1) / 2, rtol=1e-6)
   assert np.all(np.diff(taus) >= 0) and taus[-1] > taus[0]
 
 
-@pytest.mark.parametrize("total,base,match", [(0, 0.99, "total_steps"),
-                                              (10, 1.5, "base_momentum"),
-                                              (10, -0.1, "base_momentum")])
+@pytest.mark.parametrize(
+    "total,base,match",
+    [(0, 0.99, "total_steps"), (10, 1.5, "base_momentum"), (10, -0.1, "base_momentum")],
+)
 def test_target_momentum_bad_arguments_raise(total, base, match):
   with pytest.raises(ValueError, match=match):
     byol.target_momentum(0, total, base)
@@ -235,11 +241,11 @@ def test_numpy_analytic_cosine_gradient_matches_finite_differences():
 def test_simsiam_hand_checked_cases():
   z1 = np.array([[1.0, 0.0, 2.0], [0.0, -1.0, 1.0]])
   z2 = np.array([[0.0, 3.0, 0.0], [2.0, 0.0, 0.0]])
-  loss, _, _ = _simsiam(*_f32(4 * z2, 0.5 * z1, z1, z2))         # aligned: -1
+  loss, _, _ = _simsiam(*_f32(4 * z2, 0.5 * z1, z1, z2))  # aligned: -1
   np.testing.assert_allclose(loss, -1.0, rtol=1e-6)
-  loss, _, _ = _simsiam(*_f32(-z2, -z1, z1, z2))                  # opposite: +1
+  loss, _, _ = _simsiam(*_f32(-z2, -z1, z1, z2))  # opposite: +1
   np.testing.assert_allclose(loss, 1.0, rtol=1e-6)
-  loss, _, _ = _simsiam(*_f32(z2, -z1, z1, z2))                   # half each: 0
+  loss, _, _ = _simsiam(*_f32(z2, -z1, z1, z2))  # half each: 0
   np.testing.assert_allclose(loss, 0.0, atol=1e-6)
 
 
@@ -256,15 +262,23 @@ def test_siamese_extrapolation_draws_one_vector_per_pair():
   """Eq. 3 on unit vectors with ft.coefficients = "sample_dimension": one (d,) lambda per
   pair (Eq. 6, Sec. 4.3), lambda = 1 + Beta(a_ex, a_ex)."""
   import ml_collections
+
   from cl_jax.steps.siamese_ft import extrapolate_pairs
-  ft = ml_collections.ConfigDict(dict(enabled=True, positive_extrapolation=True, alpha_ex=2.0,
-                                      coefficients="sample_dimension", renormalize=False))
+
+  ft = ml_collections.ConfigDict(
+      dict(
+          enabled=True,
+          positive_extrapolation=True,
+          alpha_ex=2.0,
+          coefficients="sample_dimension",
+          renormalize=False,
+      )
+  )
   p, z = _inputs(40, (4, 3), (4, 3))
   key = jax.random.key(3)
   [(p2, z2)] = extrapolate_pairs([tuple(_f32(p, z))], ft, key, jnp.asarray(True))
-  lam = 1 + np.asarray(jax.random.beta(jax.random.fold_in(key, 0), 2.0, 2.0, (4, 3)),
-                       np.float64)
-  assert np.ptp(lam[:, 0]) > 0.05                      # the pairs' coefficients differ
+  lam = 1 + np.asarray(jax.random.beta(jax.random.fold_in(key, 0), 2.0, 2.0, (4, 3)), np.float64)
+  assert np.ptp(lam[:, 0]) > 0.05  # the pairs' coefficients differ
   unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
   np.testing.assert_allclose(p2, lam * unit(p) + (1 - lam) * unit(z), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(z2, lam * unit(z) + (1 - lam) * unit(p), rtol=1e-5, atol=1e-6)

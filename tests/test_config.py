@@ -1,4 +1,5 @@
 """Config presets and validation: every bad value fails before training, naming its field."""
+
 import subprocess
 import sys
 
@@ -21,12 +22,20 @@ def test_presets_validate(module, preset):
 def test_imagenet100_preset_carries_table1_settings():
   c = mocov2_patchns.get_config("imagenet100")
   assert (c.model.depth, c.data.image_size, c.moco.queue_size, c.moco.temperature) == (
-      50, 224, 16384, 0.2)
+      50,
+      224,
+      16384,
+      0.2,
+  )
   assert c.nonsemantic.enabled and c.nonsemantic.alpha == 2.0
   assert (c.nonsemantic.patch_min, c.nonsemantic.patch_max) == (16, 72)
   assert c.optim.epochs == 200 and c.optim.lr_recipe == "moco_0.03_b128"
   assert (c.probe.lr, c.probe.batch_size, c.probe.epochs, tuple(c.probe.decay_epochs)) == (
-      10.0, 128, 60, (30, 40, 50))
+      10.0,
+      128,
+      60,
+      (30, 40, 50),
+  )
 
 
 def test_patchns_differs_from_mocov2_only_in_the_addon():
@@ -49,30 +58,33 @@ def _set(c, path, value):
   node[leaf] = value
 
 
-@pytest.mark.parametrize("path,value,field", [
-    ("moco.temperature", -0.2, "moco.temperature"),
-    ("moco.temperature", 0.0, "moco.temperature"),
-    ("moco.queue_size", 2000, "moco.queue_size"),
-    ("nonsemantic.patch_max", 40, "nonsemantic.patch_max"),
-    ("nonsemantic.patch_min", 12, "nonsemantic.patch_min"),
-    ("nonsemantic.alpha_mode", "both", "nonsemantic.alpha_mode"),
-    ("nonsemantic.alpha", 0.0, "nonsemantic.alpha"),
-    ("data.name", "imagenet21k", "data.name"),
-    ("data.image_size", 8, "data.image_size"),
-    ("model.depth", 34, "model.depth"),
-    ("model.bn_mode", "ghost", "model.bn_mode"),
-    ("model.bn_groups", 3, "model.bn_groups"),
-    ("moco.momentum", 1.5, "moco.momentum"),
-    ("optim.lr", -1.0, "optim.lr"),
-    ("optim.batch_size", 0, "optim.batch_size"),
-    ("aug.jitter_prob", 1.2, "aug.jitter_prob"),
-    ("probe.protocol", "knn", "probe.protocol"),
-    ("probe.decay_epochs", (150,), "probe.decay_epochs"),
-    ("health.min_std_sqrt_d", 1.5, "health.min_std_sqrt_d"),
-    ("health.min_std_sqrt_d", -0.1, "health.min_std_sqrt_d"),
-    ("health.min_rank", -1.0, "health.min_rank"),
-    ("health.min_rank", float("nan"), "health.min_rank"),
-])
+@pytest.mark.parametrize(
+    "path,value,field",
+    [
+        ("moco.temperature", -0.2, "moco.temperature"),
+        ("moco.temperature", 0.0, "moco.temperature"),
+        ("moco.queue_size", 2000, "moco.queue_size"),
+        ("nonsemantic.patch_max", 40, "nonsemantic.patch_max"),
+        ("nonsemantic.patch_min", 12, "nonsemantic.patch_min"),
+        ("nonsemantic.alpha_mode", "both", "nonsemantic.alpha_mode"),
+        ("nonsemantic.alpha", 0.0, "nonsemantic.alpha"),
+        ("data.name", "imagenet21k", "data.name"),
+        ("data.image_size", 8, "data.image_size"),
+        ("model.depth", 34, "model.depth"),
+        ("model.bn_mode", "ghost", "model.bn_mode"),
+        ("model.bn_groups", 3, "model.bn_groups"),
+        ("moco.momentum", 1.5, "moco.momentum"),
+        ("optim.lr", -1.0, "optim.lr"),
+        ("optim.batch_size", 0, "optim.batch_size"),
+        ("aug.jitter_prob", 1.2, "aug.jitter_prob"),
+        ("probe.protocol", "knn", "probe.protocol"),
+        ("probe.decay_epochs", (150,), "probe.decay_epochs"),
+        ("health.min_std_sqrt_d", 1.5, "health.min_std_sqrt_d"),
+        ("health.min_std_sqrt_d", -0.1, "health.min_std_sqrt_d"),
+        ("health.min_rank", -1.0, "health.min_rank"),
+        ("health.min_rank", float("nan"), "health.min_rank"),
+    ],
+)
 def test_bad_values_name_their_field(path, value, field):
   c = mocov2_patchns.get_config(None)
   _set(c, path, value)
@@ -86,13 +98,16 @@ def test_zero_health_thresholds_switch_the_warnings_off():
   config_check.validate(c)
 
 
-@pytest.mark.parametrize("mode,groups,batch,devices,message", [
-    ("sync", 4, 128, 1, "set model.bn_groups = 1"),
-    ("local", 1, 128, 1, "at least 2 groups"),
-    ("shuffle", 1, 128, 1, "at least 2 groups"),
-    ("shuffle", 6, 96, 4, "multiple or a divisor of the number of devices"),
-    ("local", 8, 96, 3, "multiple or a divisor of the number of devices"),
-])
+@pytest.mark.parametrize(
+    "mode,groups,batch,devices,message",
+    [
+        ("sync", 4, 128, 1, "set model.bn_groups = 1"),
+        ("local", 1, 128, 1, "at least 2 groups"),
+        ("shuffle", 1, 128, 1, "at least 2 groups"),
+        ("shuffle", 6, 96, 4, "multiple or a divisor of the number of devices"),
+        ("local", 8, 96, 3, "multiple or a divisor of the number of devices"),
+    ],
+)
 def test_batch_norm_groups_must_match_mode_and_devices(mode, groups, batch, devices, message):
   c = mocov2_patchns.get_config(None)
   c.model.bn_mode, c.model.bn_groups, c.optim.batch_size = mode, groups, batch
@@ -101,8 +116,10 @@ def test_batch_norm_groups_must_match_mode_and_devices(mode, groups, batch, devi
     config_check.validate(c, num_devices=devices)
 
 
-@pytest.mark.parametrize("mode,groups,devices", [
-    ("sync", 1, 8), ("local", 8, 8), ("shuffle", 4, 8), ("shuffle", 16, 8), ("local", 2, 1)])
+@pytest.mark.parametrize(
+    "mode,groups,devices",
+    [("sync", 1, 8), ("local", 8, 8), ("shuffle", 4, 8), ("shuffle", 16, 8), ("local", 2, 1)],
+)
 def test_batch_norm_groups_that_map_onto_devices_are_accepted(mode, groups, devices):
   c = mocov2_patchns.get_config(None)
   c.model.bn_mode, c.model.bn_groups = mode, groups
@@ -133,9 +150,19 @@ def test_tfds_dataset_needs_data_dir():
 def test_cli_rejects_bad_value_before_training(tmp_path):
   workdir = tmp_path / "run"
   proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.main", "--config=configs/mocov2_patchns.py",
-       f"--workdir={workdir}", "--config.moco.temperature=-1.0"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+      [
+          sys.executable,
+          "-m",
+          "cl_jax.main",
+          "--config=configs/mocov2_patchns.py",
+          f"--workdir={workdir}",
+          "--config.moco.temperature=-1.0",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert proc.returncode != 0
   assert "moco.temperature" in proc.stderr
   assert not (workdir / "checkpoints").exists()
@@ -145,6 +172,7 @@ def test_cli_rejects_bad_value_before_training(tmp_path):
 @pytest.mark.parametrize("preset", [None, "imagenet100", "cifar10"])
 def test_method_configs_validate(name, preset):
   import importlib
+
   c = importlib.import_module(f"configs.{name}").get_config(preset)
   if c.data.name != "trifeature":
     c.data.data_dir = "/data/tfds"
@@ -153,34 +181,40 @@ def test_method_configs_validate(name, preset):
 
 def test_method_presets_carry_the_papers_settings():
   from configs import byol, mocov1, simsiam
+
   v1 = mocov1.get_config(None)
   assert (v1.model.head_layers, v1.moco.temperature, v1.aug.blur_prob) == (1, 0.07, 0.0)
   b = byol.get_config("imagenet100")
   assert (b.optim.optimizer, b.optim.lr, b.optim.batch_size, b.optim.weight_decay) == (
-      "lars", 4.8, 1024, 1e-6)
+      "lars",
+      4.8,
+      1024,
+      1e-6,
+  )
   assert b.byol.base_momentum == 0.996 and b.model.predictor_hidden_dim == 4096
   s = simsiam.get_config("imagenet100")
-  assert (s.model.head_layers, s.model.head_out_bn, s.model.predictor_hidden_dim) == (
-      3, True, 512)
+  assert (s.model.head_layers, s.model.head_out_bn, s.model.predictor_hidden_dim) == (3, True, 512)
   with pytest.raises(ValueError, match="presets imagenet100 and cifar10"):
     byol.get_config("stl10")
 
 
 # (config, preset) -> (base lr of the paper or None for a fixed lr, lr at the preset's batch).
 PAPER_LRS = {
-    ("simclr", "imagenet100"): (0.3, 0.6),    # Chen et al. 2020, Sec. B.1: 0.3 x BatchSize/256
+    ("simclr", "imagenet100"): (0.3, 0.6),  # Chen et al. 2020, Sec. B.1: 0.3 x BatchSize/256
     ("simclr", "cifar10"): (0.3, 0.6),
     ("simsiam", "imagenet100"): (0.05, 0.1),  # Chen & He 2021, Sec. 4: base lr 0.05
-    ("simsiam", "cifar10"): (0.03, 0.06),     # Chen & He 2021, App. D: base lr 0.03
-    ("byol", "imagenet100"): (None, 4.8),     # Ge et al. 2021, App. C.1: lr 4.8 at batch 1024
+    ("simsiam", "cifar10"): (0.03, 0.06),  # Chen & He 2021, App. D: base lr 0.03
+    ("byol", "imagenet100"): (None, 4.8),  # Ge et al. 2021, App. C.1: lr 4.8 at batch 1024
 }
 
 
 @pytest.mark.parametrize("name, preset", list(PAPER_LRS))
 def test_learning_rates_follow_the_papers_batch_rule(name, preset):
   import importlib
+
   from absl import flags
   from ml_collections import config_flags
+
   base, lr = PAPER_LRS[(name, preset)]
   c = importlib.import_module(f"configs.{name}").get_config(preset)
   assert c.optim.lr == pytest.approx(lr)
@@ -188,8 +222,9 @@ def test_learning_rates_follow_the_papers_batch_rule(name, preset):
   # A command-line batch override scales the lr (or, for a fixed recipe, leaves it).
   argv = ["prog", f"--config={ROOT}/configs/{name}.py:{preset}", "--config.optim.batch_size=1024"]
   fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
-                                  sys_argv=argv)
+  config_flags.DEFINE_config_file(
+      "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv
+  )
   fv(argv)
   want = lr if base is None else base * 1024 / 256
   assert fv.config.optim.lr == pytest.approx(want)
@@ -199,6 +234,7 @@ def test_learning_rates_follow_the_papers_batch_rule(name, preset):
 
 def test_a_scaled_lr_set_by_hand_is_rejected():
   from configs import simclr
+
   c = simclr.get_config("imagenet100")
   c.data.data_dir = "/data/tfds"
   c.optim.lr = 1.0
@@ -206,21 +242,25 @@ def test_a_scaled_lr_set_by_hand_is_rejected():
     config_check.validate(c)
 
 
-@pytest.mark.parametrize("method, overrides, field", [
-    ("byol", {"model.predictor_hidden_dim": 0}, "model.predictor_hidden_dim"),
-    ("simclr", {"model.predictor_hidden_dim": 8}, "model.predictor_hidden_dim"),
-    ("simsiam", {"ifm.enabled": True}, "ifm.enabled"),
-    ("simsiam", {"nonsemantic.enabled": True}, "nonsemantic.enabled"),
-    ("byol", {"ft.enabled": True}, "ft.negative"),       # default negative: interpolate
-    ("simclr", {"ft.enabled": True, "ft.negative": "hard"}, "ft.negative"),
-    ("byol", {"hcl.enabled": True}, "hcl.enabled"),
-    ("simclr", {"hcl.enabled": True, "hcl.tau_plus": 1.0}, "hcl.tau_plus"),
-    ("simclr", {"hcl.enabled": True, "ifm.enabled": True}, "hcl.enabled"),
-    ("simclr", {"model.bn_mode": "shuffle", "model.bn_groups": 4}, "model.bn_mode"),
-    ("simclr", {"optim.optimizer": "adam"}, "optim.optimizer"),
-])
+@pytest.mark.parametrize(
+    "method, overrides, field",
+    [
+        ("byol", {"model.predictor_hidden_dim": 0}, "model.predictor_hidden_dim"),
+        ("simclr", {"model.predictor_hidden_dim": 8}, "model.predictor_hidden_dim"),
+        ("simsiam", {"ifm.enabled": True}, "ifm.enabled"),
+        ("simsiam", {"nonsemantic.enabled": True}, "nonsemantic.enabled"),
+        ("byol", {"ft.enabled": True}, "ft.negative"),  # default negative: interpolate
+        ("simclr", {"ft.enabled": True, "ft.negative": "hard"}, "ft.negative"),
+        ("byol", {"hcl.enabled": True}, "hcl.enabled"),
+        ("simclr", {"hcl.enabled": True, "hcl.tau_plus": 1.0}, "hcl.tau_plus"),
+        ("simclr", {"hcl.enabled": True, "ifm.enabled": True}, "hcl.enabled"),
+        ("simclr", {"model.bn_mode": "shuffle", "model.bn_groups": 4}, "model.bn_mode"),
+        ("simclr", {"optim.optimizer": "adam"}, "optim.optimizer"),
+    ],
+)
 def test_method_specific_fields_are_checked(method, overrides, field):
   import importlib
+
   c = importlib.import_module(f"configs.{method}").get_config(None)
   for path, value in overrides.items():
     block, name = path.split(".")

@@ -4,6 +4,7 @@ Covers: pretraining + probe report, the start-up summary and the plain log
 lines of a run whose output is not a terminal; exact resume after SIGKILL; a
 diverging run stops before saving, and its advice resumes it.
 """
+
 import glob
 import json
 import os
@@ -19,10 +20,12 @@ from cl_jax import checkpoint, metrics, parallel, run_config, train
 from tests import tiny_run
 from tests.conftest import ROOT
 
-TINY = [*tiny_run.FLAGS,
-        "--config.probe.epochs=5",
-        "--config.probe.batch_size=64",
-        "--config.probe.decay_epochs=(3,)"]
+TINY = [
+    *tiny_run.FLAGS,
+    "--config.probe.epochs=5",
+    "--config.probe.batch_size=64",
+    "--config.probe.decay_epochs=(3,)",
+]
 
 
 def _cmd(workdir, *extra):
@@ -30,8 +33,9 @@ def _cmd(workdir, *extra):
 
 
 def _run(workdir, *extra, timeout=600):
-  return subprocess.run(_cmd(workdir, *extra), cwd=ROOT, capture_output=True, text=True,
-                        timeout=timeout)
+  return subprocess.run(
+      _cmd(workdir, *extra), cwd=ROOT, capture_output=True, text=True, timeout=timeout
+  )
 
 
 def _losses(workdir) -> dict[int, float]:
@@ -39,8 +43,11 @@ def _losses(workdir) -> dict[int, float]:
 
 
 def _steps(workdir) -> list[int]:
-  return sorted(int(os.path.basename(p)) for p in glob.glob(os.path.join(workdir, "checkpoints", "*"))
-                if os.path.basename(p).isdigit())
+  return sorted(
+      int(os.path.basename(p))
+      for p in glob.glob(os.path.join(workdir, "checkpoints", "*"))
+      if os.path.basename(p).isdigit()
+  )
 
 
 def test_pretrain_then_probe_report(tmp_path):
@@ -48,21 +55,28 @@ def test_pretrain_then_probe_report(tmp_path):
   proc = _run(workdir, "--config.optim.epochs=2", "--config.train.checkpoint_every=4")
   assert proc.returncode == 0, proc.stderr[-3000:]
   records = metrics.read_jsonl(workdir / "metrics.jsonl")
-  assert [r["step"] for r in records] == list(range(1, 17))     # 256 // 32 * 2 epochs
+  assert [r["step"] for r in records] == list(range(1, 17))  # 256 // 32 * 2 epochs
   for key in ("loss", "lr", "pos_mean", "neg_mean", "neg_var", "ns_mean", "param_norm"):
     assert all(np.isfinite(r[key]) for r in records), key
   # img/s leaves out the first step (compilation): from the second logged step on.
   assert "img_per_s" not in records[0]
   assert all(np.isfinite(r["img_per_s"]) and r["img_per_s"] > 0 for r in records[1:])
-  assert records[0]["lr"] > records[-1]["lr"]                   # cosine decay
+  assert records[0]["lr"] > records[-1]["lr"]  # cosine decay
   # The health signals: logged every step, and the quick recipe's embeddings keep their
-  # spread (the plain MoCo-v2 head of this tiny run falls to std x sqrt(d) 0.09, rank 2.1, by step 16).
-  for key in ("health/std", "health/std_sqrt_d", "health/rank", "health/align",
-              "health/uniform", "health/collapsed"):
+  # spread (the plain MoCo-v2 head of this tiny run falls to std x sqrt(d) 0.09, rank 2.1,
+  # by step 16).
+  for key in (
+      "health/std",
+      "health/std_sqrt_d",
+      "health/rank",
+      "health/align",
+      "health/uniform",
+      "health/collapsed",
+  ):
     assert all(np.isfinite(r[key]) for r in records), key
   assert records[-1]["health/std_sqrt_d"] > 0.25 and records[-1]["health/rank"] > 3.0
   assert glob.glob(str(workdir / "tb" / "events.out.tfevents.*"))
-  assert _steps(workdir) == [12, 16]                            # keep_checkpoints = 2
+  assert _steps(workdir) == [12, 16]  # keep_checkpoints = 2
   report = json.loads((workdir / "probe_step16_fast.json").read_text())
   assert set(report["accuracy"]) == {"shape", "texture", "colour"}
   for acc in report["accuracy"].values():
@@ -75,17 +89,35 @@ def test_pretrain_then_probe_report(tmp_path):
   assert "colour" in proc.stdout and "random init" in proc.stdout
   # Not a terminal: no progress bar, one plain line per logging step, after the summary.
   assert "\r" not in proc.stdout + proc.stderr
-  assert [line.split()[1] for line in proc.stdout.splitlines()
-          if line.startswith("step ")] == [f"{i}/16" for i in range(1, 17)]
-  for line in (f"workdir   {workdir} (new run)", "devices   1 process(es), 1 cpu device(s)",
-               "batch     32 global, 32 per device", "steps     8 per epoch x 2 epochs = 16",
-               "M parameters", "data      trifeature 16 px: pretrain 256, probe train 256, "
-               "test 128", "moco + non-semantic negatives (patch, 1 per query"):
+  assert [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("step ")] == [
+      f"{i}/16" for i in range(1, 17)
+  ]
+  for line in (
+      f"workdir   {workdir} (new run)",
+      "devices   1 process(es), 1 cpu device(s)",
+      "batch     32 global, 32 per device",
+      "steps     8 per epoch x 2 epochs = 16",
+      "M parameters",
+      "data      trifeature 16 px: pretrain 256, probe train 256, " "test 128",
+      "moco + non-semantic negatives (patch, 1 per query",
+  ):
     assert line in proc.stdout, line
 
-  paper = subprocess.run([sys.executable, "-m", "cl_jax.probe", f"--workdir={workdir}",
-                          "--step=12", "--protocol=paper", "--baseline=false"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=600)
+  paper = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "cl_jax.probe",
+          f"--workdir={workdir}",
+          "--step=12",
+          "--protocol=paper",
+          "--baseline=false",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert paper.returncode == 0, paper.stderr[-3000:]
   report = json.loads((workdir / "probe_step12_paper.json").read_text())
   assert report["step"] == 12 and report["protocol"] == "paper" and "random_init" not in report
@@ -95,12 +127,18 @@ def test_pretrain_then_probe_report(tmp_path):
 def _start_and_stop(workdir, extra, sig) -> tuple[int, str]:
   """Start a run, send `sig` to its process group once it has saved step 8 or later;
   (exit status, stderr)."""
-  proc = subprocess.Popen(_cmd(workdir, *extra), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, start_new_session=True)
+  proc = subprocess.Popen(
+      _cmd(workdir, *extra),
+      cwd=ROOT,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+  )
   deadline = time.time() + 300
   while time.time() < deadline and not any(s >= 8 for s in _steps(workdir)):
     time.sleep(0.02)
-  os.killpg(proc.pid, sig)    # the whole group, as a terminal's Ctrl-C does
+  os.killpg(proc.pid, sig)  # the whole group, as a terminal's Ctrl-C does
   _, err = proc.communicate(timeout=300)
   return proc.returncode, err
 
@@ -137,25 +175,31 @@ def test_killed_and_interrupted_runs_resume_exactly(tmp_path):
 
 def test_diverging_run_stops_before_saving_and_its_advice_resumes(tmp_path):
   workdir = tmp_path / "run"
-  first = _run(workdir, "--config.optim.epochs=1", "--config.train.checkpoint_every=4",
-               "--probe=false")
+  first = _run(
+      workdir, "--config.optim.epochs=1", "--config.train.checkpoint_every=4", "--probe=false"
+  )
   assert first.returncode == 0, first.stderr[-3000:]
   assert _steps(workdir) == [4, 8]
 
-  lr = ("--config.optim.epochs=3", "--config.train.checkpoint_every=4", "--allow_config_change",
-        "--probe=false")
+  lr = (
+      "--config.optim.epochs=3",
+      "--config.train.checkpoint_every=4",
+      "--allow_config_change",
+      "--probe=false",
+  )
   bad = _run(workdir, *lr, "--config.optim.lr=1e30")
   assert bad.returncode == 1
   message = bad.stderr.strip().splitlines()[-1]
   assert message.startswith("error: training diverged at step 9: the parameter norm is "), message
   assert "resume from step 8" in message and "lower --config.optim.lr" in message
-  assert _steps(workdir) == [4, 8]           # nothing saved after the divergence
+  assert _steps(workdir) == [4, 8]  # nothing saved after the divergence
 
   config = run_config.read(workdir)
   mesh = parallel.make_mesh(jax.devices()[:1])
   _, _, _, make_state, _ = train.build(config, 256, mesh)
-  state, meta = checkpoint.restore(checkpoint.make_manager(workdir, read_only=True),
-                                   jax.eval_shape(make_state))
+  state, meta = checkpoint.restore(
+      checkpoint.make_manager(workdir, read_only=True), jax.eval_shape(make_state)
+  )
   assert int(state.step) == 8 and meta["queue_shards"] == 1 and meta["keys_per_step"] == 32
   leaves = [np.asarray(x) for x in jax.tree.leaves(state.params)]
   assert all(np.all(np.isfinite(x)) for x in leaves)
@@ -176,15 +220,18 @@ def test_diverging_run_stops_before_saving_and_its_advice_resumes(tmp_path):
 
 
 def test_training_path_does_not_import_tensorflow():
-  code = ("import sys\n"
-          "from cl_jax import main, train, linear_probe\n"
-          "from cl_jax.data import sources\n"
-          "from configs import mocov2_patchns\n"
-          "c = mocov2_patchns.get_config(None)\n"
-          "c.data.image_size, c.data.trifeature_train = 16, 8\n"
-          "sources.open_source(c.data, 'pretrain')[0]\n"
-          "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
-          "assert 'tensorflow_datasets' not in sys.modules, 'tensorflow_datasets imported'\n")
-  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                        timeout=300)
+  code = (
+      "import sys\n"
+      "from cl_jax import main, train, linear_probe\n"
+      "from cl_jax.data import sources\n"
+      "from configs import mocov2_patchns\n"
+      "c = mocov2_patchns.get_config(None)\n"
+      "c.data.image_size, c.data.trifeature_train = 16, 8\n"
+      "sources.open_source(c.data, 'pretrain')[0]\n"
+      "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
+      "assert 'tensorflow_datasets' not in sys.modules, 'tensorflow_datasets imported'\n"
+  )
+  proc = subprocess.run(
+      [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]

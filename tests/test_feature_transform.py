@@ -8,6 +8,7 @@ References are NumPy float64 re-derivations written from the paper:
 and, for L = q'.k' with scalar l,
   dL/dq = l k' + (1 - l) q' = (l^2 + (1 - l)^2) k + 2 l (1 - l) q.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,10 +52,8 @@ def test_vector_form_reproduces_eq4_for_unit_vectors():
 
   one_pair = lambda a, b, l: ft.positive_extrapolation(a, b, l, renormalize=False)
   q_new, k_new = jax.vmap(one_pair)(_f32(q), _f32(k), _f32(lam))
-  np.testing.assert_allclose(np.sum(np.asarray(q_new) * np.asarray(k_new), axis=1), eq4,
-                             atol=2e-5)
-  score = jax.vmap(lambda s_, l: ft.positive_extrapolation_score(s_, l, False))(
-      _f32(s), _f32(lam))
+  np.testing.assert_allclose(np.sum(np.asarray(q_new) * np.asarray(k_new), axis=1), eq4, atol=2e-5)
+  score = jax.vmap(lambda s_, l: ft.positive_extrapolation_score(s_, l, False))(_f32(s), _f32(lam))
   np.testing.assert_allclose(score, eq4, atol=2e-5)
 
 
@@ -65,14 +64,13 @@ def test_renormalized_score_form_matches_normalized_vectors():
   lam = rng.uniform(1.0, 2.0, size=n)
   ref = np.array([np.dot(*_np_extrapolate(q[i], k[i], lam[i], True)) for i in range(n)])
   s = np.sum(q * k, axis=1)
-  score = jax.vmap(lambda s_, l: ft.positive_extrapolation_score(s_, l, True))(
-      _f32(s), _f32(lam))
+  score = jax.vmap(lambda s_, l: ft.positive_extrapolation_score(s_, l, True))(_f32(s), _f32(lam))
   np.testing.assert_allclose(score, ref, atol=2e-5)
   q_new, k_new = jax.vmap(lambda a, b, l: ft.positive_extrapolation(a, b, l, True))(
-      _f32(q), _f32(k), _f32(lam))
+      _f32(q), _f32(k), _f32(lam)
+  )
   np.testing.assert_allclose(np.linalg.norm(q_new, axis=1), 1.0, atol=1e-5)
-  np.testing.assert_allclose(np.sum(np.asarray(q_new) * np.asarray(k_new), axis=1), ref,
-                             atol=2e-5)
+  np.testing.assert_allclose(np.sum(np.asarray(q_new) * np.asarray(k_new), axis=1), ref, atol=2e-5)
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
@@ -97,16 +95,19 @@ def test_gradient_through_q_matches_analytic_and_flows_into_both_outputs():
   a, b = rng.normal(size=(4, DIM)), rng.normal(size=(4, DIM))
   lam = 1.7
 
-  loss = lambda q_: jnp.sum(jnp.prod(jnp.stack(ft.positive_extrapolation(q_, _f32(k), lam,
-                                                                         False)), axis=0))
-  expected = (lam**2 + (1 - lam)**2) * k + 2 * lam * (1 - lam) * q
+  loss = lambda q_: jnp.sum(
+      jnp.prod(jnp.stack(ft.positive_extrapolation(q_, _f32(k), lam, False)), axis=0)
+  )
+  expected = (lam**2 + (1 - lam) ** 2) * k + 2 * lam * (1 - lam) * q
   np.testing.assert_allclose(jax.grad(loss)(_f32(q)), expected, atol=1e-5)
 
   # d/dq (q'.a) = lam a and d/dq (k'.b) = (1 - lam) b: both nonzero for lam != 1.
-  via_q = jax.grad(lambda q_: jnp.sum(ft.positive_extrapolation(q_, _f32(k), lam, False)[0]
-                                      * _f32(a)))(_f32(q))
-  via_k = jax.grad(lambda q_: jnp.sum(ft.positive_extrapolation(q_, _f32(k), lam, False)[1]
-                                      * _f32(b)))(_f32(q))
+  via_q = jax.grad(
+      lambda q_: jnp.sum(ft.positive_extrapolation(q_, _f32(k), lam, False)[0] * _f32(a))
+  )(_f32(q))
+  via_k = jax.grad(
+      lambda q_: jnp.sum(ft.positive_extrapolation(q_, _f32(k), lam, False)[1] * _f32(b))
+  )(_f32(q))
   np.testing.assert_allclose(via_q, lam * a, atol=1e-5)
   np.testing.assert_allclose(via_k, (1 - lam) * b, atol=1e-5)
   assert np.all(np.abs(via_k) > 0) and np.all(np.abs(via_q) > 0)
@@ -121,8 +122,7 @@ def test_gradient_with_renormalization_matches_finite_differences():
     return np.dot(*_np_extrapolate(q_, k, lam, True))
 
   h = 1e-6
-  expected = np.array([(np_loss(q + h * e) - np_loss(q - h * e)) / (2 * h)
-                       for e in np.eye(DIM)])
+  expected = np.array([(np_loss(q + h * e) - np_loss(q - h * e)) / (2 * h) for e in np.eye(DIM)])
   loss = lambda q_: jnp.dot(*ft.positive_extrapolation(q_, _f32(k), _f32(lam), True))
   np.testing.assert_allclose(jax.grad(loss)(_f32(q)), expected, atol=1e-4)
   assert np.linalg.norm(expected) > 1e-2
@@ -172,7 +172,8 @@ def test_negative_interpolation_matches_numpy_and_leaves_input(mu_kind, renormal
   queue = _f32(n)
   saved = np.array(queue)
   out = jax.jit(ft.negative_interpolation, static_argnums=3)(
-      queue, jnp.asarray(partner, jnp.int32), _f32(mu), renormalize)
+      queue, jnp.asarray(partner, jnp.int32), _f32(mu), renormalize
+  )
   np.testing.assert_allclose(out, ref, atol=1e-6)
   np.testing.assert_array_equal(np.asarray(queue), saved)
 
@@ -182,11 +183,10 @@ def test_negative_interpolation_honours_partner_and_mu_one_is_identity():
   n = _unit(rng, 6, DIM)
   partner = np.array([3, 0, 5, 1, 2, 4])
   out = np.asarray(ft.negative_interpolation(_f32(n), partner, 0.0, False))
-  np.testing.assert_allclose(out, n[partner], atol=1e-7)   # mu = 0 returns the partners
+  np.testing.assert_allclose(out, n[partner], atol=1e-7)  # mu = 0 returns the partners
   out = np.asarray(ft.negative_interpolation(_f32(n), partner, 0.25, False))
   np.testing.assert_allclose(out[2], 0.25 * n[2] + 0.75 * n[5], atol=1e-6)
-  np.testing.assert_allclose(ft.negative_interpolation(_f32(n), partner, 1.0, False), n,
-                             atol=1e-7)
+  np.testing.assert_allclose(ft.negative_interpolation(_f32(n), partner, 1.0, False), n, atol=1e-7)
 
 
 def test_negative_extrapolation_is_mu_in_one_to_two():
@@ -229,7 +229,7 @@ def test_hard_negative_scores_from_similarity_match_explicit_vectors(renormalize
     ref = _np_hard_scores(q, n, lam, renormalize)
     got = ft.hard_negative_scores_from_similarity(_f32(q @ n.T), lam, renormalize)
     np.testing.assert_allclose(got, ref, atol=1e-5)
-    assert np.all(np.asarray(got) >= q @ n.T - 1e-6)   # the negatives get harder
+    assert np.all(np.asarray(got) >= q @ n.T - 1e-6)  # the negatives get harder
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
@@ -252,8 +252,9 @@ def test_hard_negative_gradient_flows_through_query_in_both_places():
   expected = 2 * 3 * lam * q + (1 - lam) * n.sum(axis=0)
   grad = jax.grad(lambda q_: jnp.sum(ft.hard_negative_scores(q_, _f32(n), lam, False)))(_f32(q))
   np.testing.assert_allclose(grad, expected, atol=1e-5)
-  grad_s = jax.grad(lambda q_: jnp.sum(
-      ft.hard_negative_scores_from_similarity(q_ @ _f32(n).T, lam, False)))(_f32(q))
+  grad_s = jax.grad(
+      lambda q_: jnp.sum(ft.hard_negative_scores_from_similarity(q_ @ _f32(n).T, lam, False))
+  )(_f32(q))
   # The similarity form assumes |q| = 1, so its lam |q|^2 term is the constant lam.
   np.testing.assert_allclose(grad_s, (1 - lam) * np.tile(n.sum(axis=0), (2, 1)), atol=1e-5)
 
@@ -278,13 +279,15 @@ def test_siamese_extrapolation_normalizes_then_mixes():
   p_new, z_new = ft.siamese_positive_extrapolation(_f32(p), _f32(z), lam, False)
   np.testing.assert_allclose(p_new, p_ref, atol=1e-6)
   np.testing.assert_allclose(z_new, z_ref, atol=1e-6)
-  cos = lambda a, b: np.sum(a * b, axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b,
-                                                                                        axis=1)
+  cos = lambda a, b: np.sum(a * b, axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
   assert np.all(cos(np.asarray(p_new), np.asarray(z_new)) < cos(p, z))
   # Gradient reaches p through the mixed target too: d/dp (z'.b) != 0.
   b = _f32(rng.normal(size=(4, DIM)))
-  g = jax.grad(lambda p_: jnp.sum(ft.siamese_positive_extrapolation(
-      p_, jax.lax.stop_gradient(_f32(z)), lam, True)[1] * b))(_f32(p))
+  g = jax.grad(
+      lambda p_: jnp.sum(
+          ft.siamese_positive_extrapolation(p_, jax.lax.stop_gradient(_f32(z)), lam, True)[1] * b
+      )
+  )(_f32(p))
   assert np.linalg.norm(g) > 1e-3
 
 
@@ -296,7 +299,7 @@ def test_beta_sampling_moments(a, b):
   n = 20000
   x = np.asarray(ft.sample_coefficient(jax.random.key(0), a, b, (n,)), np.float64)
   assert np.all((x >= 0) & (x <= 1))
-  mean, var = a / (a + b), a * b / ((a + b)**2 * (a + b + 1))
+  mean, var = a / (a + b), a * b / ((a + b) ** 2 * (a + b + 1))
   assert abs(x.mean() - mean) < 5 * np.sqrt(var / n)
   assert abs(x.var() - var) < 0.05 * var
 
@@ -304,7 +307,8 @@ def test_beta_sampling_moments(a, b):
 def test_sample_coefficient_shapes_and_errors():
   # eval_shape: shapes and dtypes without compiling the sampler for each shape.
   sample = lambda shape: jax.eval_shape(
-      lambda r: ft.sample_coefficient(r, 2.0, 2.0, shape), jax.random.key(1))
+      lambda r: ft.sample_coefficient(r, 2.0, 2.0, shape), jax.random.key(1)
+  )
   assert sample(()).shape == () and sample(()).dtype == jnp.float32
   assert sample((DIM,)).shape == (DIM,) and sample((DIM,)).dtype == jnp.float32
   with pytest.raises(ValueError, match="Beta"):
@@ -317,10 +321,8 @@ def test_negative_coefficient_follows_eq5_and_eq7():
   """Interpolation mu ~ Beta(a_in, a_in) (Eq. 5); extrapolation mu ~ 1 + Beta(a_ex, a_ex)
   (App. G.1, Eq. 7). a_in = 0.05 puts the Beta mass near 0 and 1; a_ex = 500 near 0.5."""
   rng = jax.random.key(0)
-  interp = np.asarray(ft.negative_coefficient(rng, "interpolate", 0.05, 500.0,
-                                                             (4000,)))
-  extrap = np.asarray(ft.negative_coefficient(rng, "extrapolate", 0.05, 500.0,
-                                                             (4000,)))
+  interp = np.asarray(ft.negative_coefficient(rng, "interpolate", 0.05, 500.0, (4000,)))
+  extrap = np.asarray(ft.negative_coefficient(rng, "extrapolate", 0.05, 500.0, (4000,)))
   assert np.all((interp >= 0) & (interp <= 1)) and np.mean((interp < 0.1) | (interp > 0.9)) > 0.8
   assert np.all((extrap > 1.42) & (extrap < 1.58)) and abs(extrap.mean() - 1.5) < 0.002
   with pytest.raises(ValueError, match="interpolate"):

@@ -6,6 +6,7 @@ queue in ring order (key i of slot t with key i of slot order[t]), and InfoNCE.
 For the hard negatives of App. G.2 it builds the (B, K, d) tensor
 h_ij = lam q'_i + (1 - lam) n_j explicitly, and takes dL/dq by central differences.
 """
+
 import functools
 
 import jax
@@ -14,7 +15,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax import parallel, queue as queue_lib, step as step_lib, train
+from cl_jax import parallel, train
+from cl_jax import queue as queue_lib
+from cl_jax import step as step_lib
 from cl_jax.methods import moco
 from configs import mocov2_patchns_ft_ifm
 
@@ -29,12 +32,23 @@ def _unit(rng, *shape):
 HARD_A, HARD_B = 2.0, 1.0
 
 
-def _ft(negative="interpolate", union=False, coefficients="scalar", renormalize=False,
-        positive=True):
-  return ml_collections.ConfigDict(dict(
-      enabled=True, positive_extrapolation=positive, alpha_ex=2.0, negative=negative,
-      alpha_in=1.6, hard_a=HARD_A, hard_b=HARD_B, union=union, coefficients=coefficients,
-      renormalize=renormalize))
+def _ft(
+    negative="interpolate", union=False, coefficients="scalar", renormalize=False, positive=True
+):
+  return ml_collections.ConfigDict(
+      dict(
+          enabled=True,
+          positive_extrapolation=positive,
+          alpha_ex=2.0,
+          negative=negative,
+          alpha_in=1.6,
+          hard_a=HARD_A,
+          hard_b=HARD_B,
+          union=union,
+          coefficients=coefficients,
+          renormalize=renormalize,
+      )
+  )
 
 
 def _shape(ft, rows):
@@ -48,12 +62,25 @@ def _jax_loss(q, k, ring_queue, rng, devices, ft_key, active):
   mesh = parallel.make_mesh(jax.devices()[:devices])
   ft = None if ft_key is None else _ft(*ft_key)
   queue = jax.lax.with_sharding_constraint(
-      queue_lib.to_sharded_layout(ring_queue, devices, P), parallel.batch_sharding(mesh))
+      queue_lib.to_sharded_layout(ring_queue, devices, P), parallel.batch_sharding(mesh)
+  )
   cfg = ml_collections.ConfigDict({"temperature": T})
   ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
   off = ml_collections.ConfigDict({"enabled": False})
-  fn = lambda qq: moco.moco_loss(qq, k, queue, None, cfg, ns, off, mesh, ft_cfg=ft, ft_rng=rng,
-                                 ft_active=active, keys_per_step=P)
+  fn = lambda qq: moco.moco_loss(
+      qq,
+      k,
+      queue,
+      None,
+      cfg,
+      ns,
+      off,
+      mesh,
+      ft_cfg=ft,
+      ft_rng=rng,
+      ft_active=active,
+      keys_per_step=P,
+  )
   (loss, stats), grad = jax.value_and_grad(fn, has_aux=True)(q)
   return loss, stats, grad
 
@@ -85,18 +112,24 @@ def _np_loss(q, k, queue, rng, ft):
   return total / len(q), q2 @ negs.T, np.sum(q2 * k2, axis=1)
 
 
-@pytest.mark.parametrize("ft_key", [("interpolate", False, "scalar", False),
-                                    ("extrapolate", False, "scalar", True),
-                                    ("interpolate", True, "dimension", False),
-                                    ("interpolate", False, "sample_dimension", True),
-                                    ("extrapolate", True, "sample_dimension", False)])
+@pytest.mark.parametrize(
+    "ft_key",
+    [
+        ("interpolate", False, "scalar", False),
+        ("extrapolate", False, "scalar", True),
+        ("interpolate", True, "dimension", False),
+        ("interpolate", False, "sample_dimension", True),
+        ("extrapolate", True, "sample_dimension", False),
+    ],
+)
 @pytest.mark.parametrize("devices", [1, 4])
 def test_ft_loss_matches_numpy_on_any_device_count(ft_key, devices):
   rng = np.random.default_rng(0)
   q, k, queue = _unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM)
   key = jax.random.key(7)
-  loss, stats, grad = _jax_loss(*[jnp.asarray(x, jnp.float32) for x in (q, k, queue)], key,
-                                devices, ft_key, True)
+  loss, stats, grad = _jax_loss(
+      *[jnp.asarray(x, jnp.float32) for x in (q, k, queue)], key, devices, ft_key, True
+  )
   want, s, pos = _np_loss(q, k, queue, key, _ft(*ft_key))
   np.testing.assert_allclose(loss, want, rtol=1e-5)
   # Statistics on the transformed features (Zhu et al. 2021, Sec. 3).
@@ -120,11 +153,23 @@ def test_negative_extrapolation_draws_its_coefficient_from_alpha_ex():
   ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
   off = ml_collections.ConfigDict({"enabled": False})
   args = [jnp.asarray(x, jnp.float32) for x in (q, k, queue_lib.to_sharded_layout(queue, 1, P))]
-  _, stats = moco.moco_loss(args[0], args[1], args[2], None, cfg, ns, off, mesh, ft_cfg=ft,
-                            ft_rng=jax.random.key(5), ft_active=True, keys_per_step=P)
+  _, stats = moco.moco_loss(
+      args[0],
+      args[1],
+      args[2],
+      None,
+      cfg,
+      ns,
+      off,
+      mesh,
+      ft_cfg=ft,
+      ft_rng=jax.random.key(5),
+      ft_active=True,
+      keys_per_step=P,
+  )
   order = np.asarray(jax.random.permutation(jax.random.split(jax.random.key(5), 3)[2], K // P))
   partner = (order[:, None] * P + np.arange(P)[None]).reshape(-1)
-  mixed = 1.5 * queue + (1 - 1.5) * queue[partner]      # Eq. 7 at mu = E[1 + Beta(a, a)]
+  mixed = 1.5 * queue + (1 - 1.5) * queue[partner]  # Eq. 7 at mu = E[1 + Beta(a, a)]
   want = (q @ mixed.T).var(axis=1).mean()
   np.testing.assert_allclose(stats["neg_var"], want, rtol=0.2)
 
@@ -138,13 +183,20 @@ def test_positive_extrapolation_lowers_the_positive_score():
   assert with_ft["pos_mean"] < plain["pos_mean"]
 
 
-@pytest.mark.parametrize("ft_key", [("interpolate", False, "scalar", False),
-                                    ("extrapolate", True, "dimension", True),
-                                    ("hard", True, "sample_dimension", True)])
+@pytest.mark.parametrize(
+    "ft_key",
+    [
+        ("interpolate", False, "scalar", False),
+        ("extrapolate", True, "dimension", True),
+        ("hard", True, "sample_dimension", True),
+    ],
+)
 def test_before_the_start_epoch_the_loss_is_bit_identical_to_ft_off(ft_key):
   rng = np.random.default_rng(2)
-  args = [jnp.asarray(x, jnp.float32) for x in (_unit(rng, B, DIM), _unit(rng, B, DIM),
-                                                 _unit(rng, K, DIM))]
+  args = [
+      jnp.asarray(x, jnp.float32)
+      for x in (_unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM))
+  ]
   off = _jax_loss(*args, jax.random.key(0), 1, None, True)
   inactive = _jax_loss(*args, jax.random.key(0), 1, ft_key, False)
   np.testing.assert_array_equal(off[0], inactive[0])
@@ -156,8 +208,9 @@ def test_before_the_start_epoch_the_loss_is_bit_identical_to_ft_off(ft_key):
 def _hard_coefficients(rng, ft, dim):
   """(lambda_ex or None, lambda of Eq. 8), drawn from the keys moco_loss uses."""
   r_pos, r_neg, _ = jax.random.split(rng, 3)
-  draw = lambda r, a, b: np.asarray(jax.random.beta(r, a, b, _shape(ft, B), jnp.float32),
-                                    np.float64)
+  draw = lambda r, a, b: np.asarray(
+      jax.random.beta(r, a, b, _shape(ft, B), jnp.float32), np.float64
+  )
   lam_ex = 1 + draw(r_pos, 2.0, 2.0) if ft.positive_extrapolation else None
   return lam_ex, draw(r_neg, HARD_A, HARD_B)
 
@@ -166,12 +219,13 @@ def _np_hard_loss(q, k, queue, lam_ex, lam, ft):
   """(loss, (B, K or 2K) negative scores, (B,) positive scores), float64, with the
   hard negatives h_ij = lam q'_i + (1 - lam) n_j built as a (B, K, d) tensor."""
   unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
-  q2, k2 = (q, k) if lam_ex is None else (lam_ex * q + (1 - lam_ex) * k,
-                                          lam_ex * k + (1 - lam_ex) * q)
+  q2, k2 = (
+      (q, k) if lam_ex is None else (lam_ex * q + (1 - lam_ex) * k, lam_ex * k + (1 - lam_ex) * q)
+  )
   if ft.renormalize and lam_ex is not None:
     q2, k2 = unit(q2), unit(k2)
-  lam = lam[:, None, :] if np.ndim(lam) == 2 else lam                 # one per query
-  hard = lam * q2[:, None, :] + (1 - lam) * queue[None, :, :]        # (B, K, d)
+  lam = lam[:, None, :] if np.ndim(lam) == 2 else lam  # one per query
+  hard = lam * q2[:, None, :] + (1 - lam) * queue[None, :, :]  # (B, K, d)
   if ft.renormalize:
     hard = unit(hard)
   neg = np.einsum("bd,bkd->bk", q2, hard)
@@ -197,12 +251,14 @@ def _np_hard_grad(q, k, queue, lam_ex, lam, ft, step=1e-6):
 
 
 # (negative, union, coefficients, renormalize, positive extrapolation)
-HARD_KEYS = [("hard", False, "scalar", False, False),     # scalar lam, scores from q.n
-             ("hard", False, "scalar", False, True),      # scalar lam, q' off the unit sphere
-             ("hard", False, "scalar", True, True),       # scalar lam, re-normalised
-             ("hard", False, "dimension", True, False),   # per-dimension lam, re-normalised
-             ("hard", True, "dimension", False, True),    # union (2K negatives)
-             ("hard", False, "sample_dimension", True, True)]   # one lam vector per query
+HARD_KEYS = [
+    ("hard", False, "scalar", False, False),  # scalar lam, scores from q.n
+    ("hard", False, "scalar", False, True),  # scalar lam, q' off the unit sphere
+    ("hard", False, "scalar", True, True),  # scalar lam, re-normalised
+    ("hard", False, "dimension", True, False),  # per-dimension lam, re-normalised
+    ("hard", True, "dimension", False, True),  # union (2K negatives)
+    ("hard", False, "sample_dimension", True, True),
+]  # one lam vector per query
 
 
 @pytest.mark.parametrize("ft_key", HARD_KEYS)
@@ -210,8 +266,9 @@ def test_hard_negative_loss_and_grad_match_numpy_on_four_devices(ft_key):
   rng = np.random.default_rng(4)
   q, k, queue = _unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM)
   key = jax.random.key(11)
-  loss, stats, grad = _jax_loss(*[jnp.asarray(x, jnp.float32) for x in (q, k, queue)], key,
-                                4, ft_key, True)
+  loss, stats, grad = _jax_loss(
+      *[jnp.asarray(x, jnp.float32) for x in (q, k, queue)], key, 4, ft_key, True
+  )
   ft = _ft(*ft_key)
   lam_ex, lam = _hard_coefficients(key, ft, DIM)
   want, neg, pos = _np_hard_loss(q, k, queue, lam_ex, lam, ft)
@@ -221,8 +278,9 @@ def test_hard_negative_loss_and_grad_match_numpy_on_four_devices(ft_key):
   # on to the encoder. The scalar score form built from q.n (unit queries) leaves the
   # radial part undefined, so the whole gradient is compared only for the exact form.
   tangent = lambda g: g - np.sum(g * q, axis=1, keepdims=True) * q
-  np.testing.assert_allclose(tangent(np.asarray(grad, np.float64)), tangent(want_grad),
-                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(
+      tangent(np.asarray(grad, np.float64)), tangent(want_grad), rtol=1e-4, atol=1e-6
+  )
   if ft.coefficients != "scalar" or (ft.positive_extrapolation and not ft.renormalize):
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)
   # Statistics on the transformed scores, all 2K for the union (Sec. 3).
@@ -234,8 +292,10 @@ def test_hard_negative_loss_and_grad_match_numpy_on_four_devices(ft_key):
 @pytest.mark.parametrize("ft_key", [HARD_KEYS[0], HARD_KEYS[4], HARD_KEYS[5]])
 def test_hard_negatives_give_the_same_loss_and_grad_on_one_and_four_devices(ft_key):
   rng = np.random.default_rng(4)
-  args = [jnp.asarray(x, jnp.float32) for x in (_unit(rng, B, DIM), _unit(rng, B, DIM),
-                                                 _unit(rng, K, DIM))]
+  args = [
+      jnp.asarray(x, jnp.float32)
+      for x in (_unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM))
+  ]
   one = _jax_loss(*args, jax.random.key(11), 1, ft_key, True)
   four = _jax_loss(*args, jax.random.key(11), 4, ft_key, True)
   np.testing.assert_allclose(four[0], one[0], rtol=1e-5)
@@ -248,8 +308,10 @@ def test_hard_negatives_raise_every_negative_score():
   # App. G.2: for unit vectors and lam in (0, 1), q.h_ij >= q.n_j, so the mean negative
   # score and the loss (increasing in every negative logit, positive unchanged) go up.
   rng = np.random.default_rng(5)
-  args = [jnp.asarray(x, jnp.float32) for x in (_unit(rng, B, DIM), _unit(rng, B, DIM),
-                                                 _unit(rng, K, DIM))]
+  args = [
+      jnp.asarray(x, jnp.float32)
+      for x in (_unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM))
+  ]
   key = jax.random.key(2)
   hard = _jax_loss(*args, key, 1, HARD_KEYS[0], True)
   plain = _jax_loss(*args, key, 1, None, True)
@@ -265,7 +327,7 @@ def test_mix_slots_leaves_the_stored_queue_unchanged():
   mesh = parallel.make_mesh(jax.devices()[:1])
   mixed = queue_lib.mix_slots(queue, jnp.array([1, 0, 3, 2]), 0.3, mesh, P, False)
   np.testing.assert_array_equal(np.asarray(queue), saved)
-  np.testing.assert_allclose(mixed[:P], 0.3 * saved[:P] + 0.7 * saved[P:2 * P], rtol=1e-6)
+  np.testing.assert_allclose(mixed[:P], 0.3 * saved[:P] + 0.7 * saved[P : 2 * P], rtol=1e-6)
 
 
 def test_all_add_ons_combine_in_one_step():
@@ -281,8 +343,10 @@ def test_all_add_ons_combine_in_one_step():
   state = make_state()
   fn = jax.jit(step_lib.make_train_step(c, encoder, tx, schedule, mesh, 4))
   rng = np.random.default_rng(0)
-  batch = {v: jnp.asarray(rng.integers(0, 256, (16, 16, 16, 3), dtype=np.uint8))
-           for v in ("view1", "view2")}
+  batch = {
+      v: jnp.asarray(rng.integers(0, 256, (16, 16, 16, 3), dtype=np.uint8))
+      for v in ("view1", "view2")
+  }
   after, metrics = fn(state, batch)
   assert int(after.step) == 1 and np.isfinite(float(metrics["loss"]))
   assert {"pos_mean", "neg_mean", "neg_var", "ns_mean"} <= set(metrics)

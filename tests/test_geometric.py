@@ -59,16 +59,20 @@ def test_sampling_is_deterministic_per_seed():
   assert not np.array_equal([p.box for p in a], [p.box for p in c])
 
 
-@pytest.mark.parametrize("height,width,ratio,expected", [
-    # Wide image, ratio above its aspect: full width, height = round(40 / 2) = 20, centred.
-    (30, 40, (2.0, 3.0), [5, 0, 25, 40]),
-    # Tall image, ratio below its aspect: full height, width = round(40 * 0.5) = 20, centred.
-    (40, 30, (0.25, 0.5), [0, 5, 40, 25]),
-])
+@pytest.mark.parametrize(
+    "height,width,ratio,expected",
+    [
+        # Wide image, ratio above its aspect: full width, height = round(40 / 2) = 20, centred.
+        (30, 40, (2.0, 3.0), [5, 0, 25, 40]),
+        # Tall image, ratio below its aspect: full height, width = round(40 * 0.5) = 20, centred.
+        (40, 30, (0.25, 0.5), [0, 5, 40, 25]),
+    ],
+)
 def test_fallback_is_central_crop_clamped_to_ratio(height, width, ratio, expected):
   # Area fraction 1 with an aspect ratio the image does not have never fits: fallback.
-  params = geometric.sample_crop(np.random.default_rng(0), height, width, scale=(1.0, 1.0),
-                                 ratio=ratio)
+  params = geometric.sample_crop(
+      np.random.default_rng(0), height, width, scale=(1.0, 1.0), ratio=ratio
+  )
   np.testing.assert_array_equal(params.box, expected)
 
 
@@ -107,8 +111,10 @@ def test_flip_reverses_columns():
   assert not np.array_equal(flipped, plain)
 
 
-@pytest.mark.parametrize("height,width,size,fraction", [
-    (37, 50, 16, 0.875), (50, 37, 16, 0.875), (8, 8, 8, 1.0), (300, 200, 224, 0.875)])
+@pytest.mark.parametrize(
+    "height,width,size,fraction",
+    [(37, 50, 16, 0.875), (50, 37, 16, 0.875), (8, 8, 8, 1.0), (300, 200, 224, 0.875)],
+)
 def test_eval_view_shape(height, width, size, fraction):
   out = geometric.eval_view(_image(height, width), size, fraction)
   assert out.dtype == np.uint8 and out.shape == (size, size, 3)
@@ -118,8 +124,9 @@ def test_eval_view_without_resize_is_a_centre_slice():
   # Shorter side 16 already equals round(8 / 0.5): only the centre crop remains.
   image = _image(16, 24)
   np.testing.assert_array_equal(geometric.eval_view(image, 8, 0.5), image[4:12, 8:16])
-  np.testing.assert_array_equal(geometric.eval_view(image.transpose(1, 0, 2), 8, 0.5),
-                                image.transpose(1, 0, 2)[8:16, 4:12])
+  np.testing.assert_array_equal(
+      geometric.eval_view(image.transpose(1, 0, 2), 8, 0.5), image.transpose(1, 0, 2)[8:16, 4:12]
+  )
   square = _image(32, 32)
   np.testing.assert_array_equal(geometric.eval_view(square, 32, 1.0), square)
 
@@ -133,14 +140,17 @@ def test_eval_view_keeps_a_marked_centre():
   assert out[:, :3].max() == 0 and out[:, -3:].max() == 0
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(scale=(0.0, 1.0)), "scale"),
-    (dict(scale=(0.6, 0.2)), "scale"),
-    (dict(scale=(0.2, 1.5)), "scale"),
-    (dict(ratio=(-1.0, 1.0)), "ratio"),
-    (dict(ratio=(4 / 3, 3 / 4)), "ratio"),
-    (dict(flip_prob=1.5), "flip_prob"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(scale=(0.0, 1.0)), "scale"),
+        (dict(scale=(0.6, 0.2)), "scale"),
+        (dict(scale=(0.2, 1.5)), "scale"),
+        (dict(ratio=(-1.0, 1.0)), "ratio"),
+        (dict(ratio=(4 / 3, 3 / 4)), "ratio"),
+        (dict(flip_prob=1.5), "flip_prob"),
+    ],
+)
 def test_sample_crop_rejects_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
     geometric.sample_crop(np.random.default_rng(0), 32, 32, **kwargs)

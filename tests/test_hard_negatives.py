@@ -7,6 +7,7 @@ at a time, with no log-space rewriting:
   l = -log(e^{s+} / (e^{s+} + Ng)),
 and the reference gradients are central finite differences of it.
 """
+
 import functools
 
 import chex
@@ -31,8 +32,9 @@ def _np_anchor(pos, neg, beta, tau_plus, temperature):
 
 
 def _np_loss(pos, neg, mask, beta, tau_plus, temperature):
-  return np.mean([_np_anchor(pos[i], neg[i][mask[i]], beta, tau_plus, temperature)[0]
-                  for i in range(len(pos))])
+  return np.mean(
+      [_np_anchor(pos[i], neg[i][mask[i]], beta, tau_plus, temperature)[0] for i in range(len(pos))]
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("beta", "tau_plus", "temperature"))
@@ -58,7 +60,7 @@ def _simclr_logits(rng, batch, dim, temperature):
 
 def _random_mask(rng, n, k):
   mask = rng.random((n, k)) < 0.6
-  mask[np.arange(n), rng.integers(0, k, n)] = True          # at least one negative per row
+  mask[np.arange(n), rng.integers(0, k, n)] = True  # at least one negative per row
   return mask
 
 
@@ -66,16 +68,17 @@ def _f32(*arrays):
   return [jnp.asarray(a, jnp.float32) for a in arrays]
 
 
-@pytest.mark.parametrize("beta,tau_plus,temperature", [(1.0, 0.1, 0.5), (0.5, 0.0, 0.2),
-                                                       (2.0, 0.05, 0.1), (0.0, 0.2, 0.5)])
+@pytest.mark.parametrize(
+    "beta,tau_plus,temperature",
+    [(1.0, 0.1, 0.5), (0.5, 0.0, 0.2), (2.0, 0.05, 0.1), (0.0, 0.2, 0.5)],
+)
 def test_loss_matches_numpy(beta, tau_plus, temperature):
   rng = np.random.default_rng(int(10 * beta + 100 * tau_plus))
   pos, neg, mask = _simclr_logits(rng, 5, 6, temperature)
   loss, _ = _loss_and_grads(*_f32(pos, neg), mask, beta, tau_plus, temperature)
   chex.assert_shape(loss, ())
   assert loss.dtype == jnp.float32
-  np.testing.assert_allclose(loss, _np_loss(pos, neg, mask, beta, tau_plus, temperature),
-                             rtol=2e-5)
+  np.testing.assert_allclose(loss, _np_loss(pos, neg, mask, beta, tau_plus, temperature), rtol=2e-5)
 
 
 def test_loss_with_an_irregular_mask_matches_numpy():
@@ -96,7 +99,8 @@ def test_gradients_match_finite_differences_and_masked_entries_get_none(beta, ta
   mask = _random_mask(rng, 5, 7)
   _, (g_pos, g_neg) = _loss_and_grads(*_f32(pos, neg), mask, beta, tau_plus, temperature)
   n_pos, n_neg = central_differences(
-      lambda p, n: _np_loss(p, n, mask, beta, tau_plus, temperature), pos, neg)
+      lambda p, n: _np_loss(p, n, mask, beta, tau_plus, temperature), pos, neg
+  )
   assert np.abs(n_neg).max() > 1e-3
   np.testing.assert_allclose(g_pos, n_pos, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(g_neg, n_neg, rtol=1e-4, atol=1e-6)
@@ -120,9 +124,11 @@ def test_large_beta_concentrates_on_the_hardest_negative():
   rng = np.random.default_rng(4)
   temperature = 0.5
   pos, neg, mask = _simclr_logits(rng, 4, 5, temperature)
-  losses = [float(_loss_and_grads(*_f32(pos, neg), mask, beta, 0.0, temperature)[0])
-            for beta in (0.0, 1.0, 4.0, 200.0)]
-  assert np.all(np.diff(losses) > 0)                       # harder weights, larger loss
+  losses = [
+      float(_loss_and_grads(*_f32(pos, neg), mask, beta, 0.0, temperature)[0])
+      for beta in (0.0, 1.0, 4.0, 200.0)
+  ]
+  assert np.all(np.diff(losses) > 0)  # harder weights, larger loss
   # beta -> inf: sum_k w_k e^{s_k} -> e^{max_k s_k}, so Ng -> N e^{max s}.
   hardest = np.where(mask, neg, -np.inf).max(axis=1)
   limit = np.mean(np.log1p(mask.sum(1) * np.exp(hardest - pos)))
@@ -131,8 +137,9 @@ def test_large_beta_concentrates_on_the_hardest_negative():
   # Gradient goes to the hardest negative of each row only.
   _, (_, g_neg) = _loss_and_grads(*_f32(pos, neg), mask, 200.0, 0.0, temperature)
   g_neg = np.asarray(g_neg)
-  np.testing.assert_array_equal(np.argmax(g_neg, axis=1), np.argmax(np.where(mask, neg, -np.inf),
-                                                                       axis=1))
+  np.testing.assert_array_equal(
+      np.argmax(g_neg, axis=1), np.argmax(np.where(mask, neg, -np.inf), axis=1)
+  )
   share = g_neg.max(axis=1) / g_neg.sum(axis=1)
   assert np.all(share > 0.99)
 
@@ -149,10 +156,9 @@ def test_clamp_engages_for_a_large_class_prior():
   loss, (g_pos, g_neg) = _loss_and_grads(*_f32(pos, neg), mask, 1.0, tau_plus, temperature)
   want = np.mean(np.log1p(6 * np.exp(-1 / temperature - pos)))
   np.testing.assert_allclose(loss, want, rtol=1e-6)
-  np.testing.assert_allclose(loss, _np_loss(pos, neg, mask, 1.0, tau_plus, temperature),
-                             rtol=1e-6)
+  np.testing.assert_allclose(loss, _np_loss(pos, neg, mask, 1.0, tau_plus, temperature), rtol=1e-6)
   np.testing.assert_array_equal(g_neg, 0.0)
-  sigma = 1 / (1 + np.exp(pos + 1 / temperature) / 6)      # d l / d s+ = -sigma
+  sigma = 1 / (1 + np.exp(pos + 1 / temperature) / 6)  # d l / d s+ = -sigma
   np.testing.assert_allclose(g_pos, -sigma / 4, rtol=1e-5)
 
 
@@ -164,10 +170,10 @@ def test_clamp_engages_on_some_anchors_only():
   clamped = [_np_anchor(pos[i], neg[i], 1.0, tau_plus, temperature)[2] for i in range(4)]
   assert any(clamped) and not all(clamped)
   loss, (g_pos, g_neg) = _loss_and_grads(*_f32(pos, neg), mask, 1.0, tau_plus, temperature)
-  np.testing.assert_allclose(loss, _np_loss(pos, neg, mask, 1.0, tau_plus, temperature),
-                             rtol=1e-5)
+  np.testing.assert_allclose(loss, _np_loss(pos, neg, mask, 1.0, tau_plus, temperature), rtol=1e-5)
   n_pos, n_neg = central_differences(
-      lambda p, n: _np_loss(p, n, mask, 1.0, tau_plus, temperature), pos, neg)
+      lambda p, n: _np_loss(p, n, mask, 1.0, tau_plus, temperature), pos, neg
+  )
   np.testing.assert_allclose(g_pos, n_pos, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(g_neg, n_neg, rtol=1e-4, atol=1e-6)
   assert np.all(np.isfinite(g_pos)) and np.all(np.isfinite(g_neg))
@@ -183,14 +189,17 @@ def test_large_logits_stay_finite():
   assert np.all(np.isfinite(g_pos)) and np.all(np.isfinite(g_neg))
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(beta=-1.0), "beta"),
-    (dict(tau_plus=1.0), "tau_plus"),
-    (dict(tau_plus=-0.1), "tau_plus"),
-    (dict(temperature=0.0), "temperature"),
-    (dict(mask_shape=(4, 3)), "neg_mask"),
-    (dict(pos_shape=(3,)), r"\(N,\)"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(beta=-1.0), "beta"),
+        (dict(tau_plus=1.0), "tau_plus"),
+        (dict(tau_plus=-0.1), "tau_plus"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(mask_shape=(4, 3)), "neg_mask"),
+        (dict(pos_shape=(3,)), r"\(N,\)"),
+    ],
+)
 def test_bad_arguments_raise(kwargs, match):
   args = dict(beta=1.0, tau_plus=0.1, temperature=0.5)
   args.update({k: v for k, v in kwargs.items() if k in args})
@@ -198,5 +207,6 @@ def test_bad_arguments_raise(kwargs, match):
   neg = jax.ShapeDtypeStruct((4, 5), jnp.float32)
   mask = jax.ShapeDtypeStruct(kwargs.get("mask_shape", (4, 5)), jnp.bool_)
   with pytest.raises(ValueError, match=match):
-    jax.eval_shape(lambda p, n, m: hard_negatives.hcl_loss_from_logits(p, n, m, **args),
-                   pos, neg, mask)
+    jax.eval_shape(
+        lambda p, n, m: hard_negatives.hcl_loss_from_logits(p, n, m, **args), pos, neg, mask
+    )

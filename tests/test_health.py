@@ -7,6 +7,7 @@ References, on u_i = z_i / ||z_i||:
   align    = 1/N sum_i ||u_a,i - u_b,i||^alpha          (Wang & Isola 2020, Eq. 5)
   uniform  = log 1/(N(N-1)) sum_{i != j} exp(-t ||u_i - u_j||^2)   (Eq. 6)
 """
+
 import math
 
 import chex
@@ -15,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import health, parallel, step as step_lib, train
+from cl_jax import health, parallel, train
+from cl_jax import step as step_lib
 from cl_jax.data import photometric
 from cl_jax.progress import Progress
 from configs import default, mocov2, simsiam
 
-HEALTH_KEYS = {"health/std", "health/std_sqrt_d", "health/rank", "health/align",
-               "health/uniform"}
+HEALTH_KEYS = {"health/std", "health/std_sqrt_d", "health/rank", "health/align", "health/uniform"}
 
 
 def _unit_np(z):
@@ -70,8 +71,7 @@ def test_uniformity_matches_a_loop_over_distinct_pairs(t):
   z = _random(4, 10, 6)
   u = _unit_np(z)
   n = len(u)
-  total = sum(np.exp(-t * np.sum((u[i] - u[j]) ** 2))
-              for i in range(n) for j in range(n) if i != j)
+  total = sum(np.exp(-t * np.sum((u[i] - u[j]) ** 2)) for i in range(n) for j in range(n) if i != j)
   want = np.log(total / (n * (n - 1)))
   np.testing.assert_allclose(health.uniformity(_f32(z), t), want, rtol=1e-5)
 
@@ -88,7 +88,7 @@ def test_a_batch_of_one_repeated_vector_is_collapsed():
 def test_orthonormal_rows_have_full_effective_rank():
   d = 12
   q, _ = np.linalg.qr(np.random.default_rng(6).normal(size=(d, d)))
-  z = q * np.arange(1, d + 1)[:, None]                  # orthogonal rows, lengths 1..d
+  z = q * np.arange(1, d + 1)[:, None]  # orthogonal rows, lengths 1..d
   np.testing.assert_allclose(health.effective_rank(_f32(z)), d, rtol=1e-4)
 
 
@@ -107,14 +107,14 @@ def test_embedding_health_keys_and_values():
   std = np.std(ua, axis=0).mean()
   np.testing.assert_allclose(stats["health/std"], std, rtol=1e-5)
   np.testing.assert_allclose(stats["health/std_sqrt_d"], std * math.sqrt(8), rtol=1e-5)
-  np.testing.assert_allclose(stats["health/align"],
-                             np.mean(np.sum((ua - _unit_np(zb)) ** 2, axis=1)), rtol=1e-5)
+  np.testing.assert_allclose(
+      stats["health/align"], np.mean(np.sum((ua - _unit_np(zb)) ** 2, axis=1)), rtol=1e-5
+  )
 
 
 def test_embedding_health_passes_no_gradient():
   za, zb = _f32(_random(10, 8, 4)), _f32(_random(11, 8, 4))
-  grads = jax.grad(lambda a, b: sum(health.embedding_health(a, b).values()),
-                   argnums=(0, 1))(za, zb)
+  grads = jax.grad(lambda a, b: sum(health.embedding_health(a, b).values()), argnums=(0, 1))(za, zb)
   for g in grads:
     np.testing.assert_array_equal(g, 0.0)
 
@@ -158,8 +158,9 @@ def test_collapse_notice_reports_entry_every_tenth_log_and_recovery(tmp_path):
     notice, count = train.collapse_notice(warning, count, healthy)
     if notice is not None:
       reported.append(i)
-      train.report_warning(f"step {i}: {notice}", str(tmp_path),
-                           Progress(total=26, initial=0, enabled=False))
+      train.report_warning(
+          f"step {i}: {notice}", str(tmp_path), Progress(total=26, initial=0, enabled=False)
+      )
   assert reported == [0, 10, 20, 25] and count == 0
   lines = (tmp_path / "warnings.log").read_text().splitlines()
   assert lines[:3] == [f"step {i}: representation collapse: x" for i in (0, 10, 20)]
@@ -188,23 +189,37 @@ def _tiny(module):
 def _step_and_query_embeddings(config):
   """One step's metrics and the online projections z of both views before it."""
   rng = np.random.default_rng(0)
-  batch = {v: jnp.asarray(rng.integers(0, 256, (B, S, S, 3), dtype=np.uint8))
-           for v in ("view1", "view2")}
+  batch = {
+      v: jnp.asarray(rng.integers(0, 256, (B, S, S, 3), dtype=np.uint8)) for v in ("view1", "view2")
+  }
   mesh = parallel.make_mesh(jax.devices()[:1])
   encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
   state = make_state()
   before = jax.device_get(state)
   _, metrics = jax.jit(step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4))(
-      state, batch)
+      state, batch
+  )
   # The step's views, re-derived from the state's seed at step 0 (cl_jax.step).
   r_aug1, r_aug2, *_ = jax.random.split(
-      jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0), 5)
+      jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0), 5
+  )
   spec = step_lib.photometric_spec(config.aug)
-  views = [photometric.augment_batch(r, batch[v], spec)[0]
-           for r, v in ((r_aug1, "view1"), (r_aug2, "view2"))]
-  z = [np.asarray(encoder.apply({"params": before.params, "batch_stats": before.batch_stats},
-                                v, train=True, mutable=["batch_stats"])[0]["z"], np.float64)
-       for v in views]
+  views = [
+      photometric.augment_batch(r, batch[v], spec)[0]
+      for r, v in ((r_aug1, "view1"), (r_aug2, "view2"))
+  ]
+  z = [
+      np.asarray(
+          encoder.apply(
+              {"params": before.params, "batch_stats": before.batch_stats},
+              v,
+              train=True,
+              mutable=["batch_stats"],
+          )[0]["z"],
+          np.float64,
+      )
+      for v in views
+  ]
   return jax.device_get(metrics), z
 
 
@@ -215,17 +230,17 @@ def test_a_train_step_logs_the_health_of_the_first_views_projections(module):
   assert HEALTH_KEYS <= set(metrics)
   assert all(np.isfinite(metrics[k]) for k in HEALTH_KEYS)
   d = config.model.head_out_dim
-  np.testing.assert_allclose(metrics["health/std"], np.std(_unit_np(z1), axis=0).mean(),
-                             rtol=1e-4)
+  np.testing.assert_allclose(metrics["health/std"], np.std(_unit_np(z1), axis=0).mean(), rtol=1e-4)
   sigma = np.linalg.svd(_unit_np(z1), compute_uv=False)
   p = sigma / sigma.sum()
-  np.testing.assert_allclose(metrics["health/rank"], np.exp(-np.sum(p * np.log(p))),
-                             rtol=1e-4)
+  np.testing.assert_allclose(metrics["health/rank"], np.exp(-np.sum(p * np.log(p))), rtol=1e-4)
   assert 1.0 <= metrics["health/rank"] <= min(B, d) + 1e-4
   assert -8.0 <= metrics["health/uniform"] <= 0.0
-  if module is simsiam:     # the positive partner is the online z of view 2
-    np.testing.assert_allclose(metrics["health/align"],
-                               np.mean(np.sum((_unit_np(z1) - _unit_np(z2)) ** 2, axis=1)),
-                               rtol=1e-4)
-  else:                     # the key of view 2, from the EMA key encoder
+  if module is simsiam:  # the positive partner is the online z of view 2
+    np.testing.assert_allclose(
+        metrics["health/align"],
+        np.mean(np.sum((_unit_np(z1) - _unit_np(z2)) ** 2, axis=1)),
+        rtol=1e-4,
+    )
+  else:  # the key of view 2, from the EMA key encoder
     assert 0.0 <= metrics["health/align"] <= 4.0

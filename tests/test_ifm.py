@@ -1,9 +1,11 @@
 """IFM (Robinson et al. 2021, Eq. 2) in the MoCo loss, against NumPy re-derivations.
 
 Reference: for each query the perturbed InfoNCE
-  l_eps = -log e^{(s+ - eps)/T} / (e^{(s+ - eps)/T} + sum_j e^{(s_j + eps)/T} + sum_m e^{a(t_m + eps)/T})
+  l_eps = -log e^{(s+ - eps)/T}
+          / (e^{(s+ - eps)/T} + sum_j e^{(s_j + eps)/T} + sum_m e^{a(t_m + eps)/T})
 with NS logits alpha_ns (s + eps) / T (mode "in"), and the objective (L + alpha L_eps) / 2.
 """
+
 import functools
 
 import jax
@@ -12,7 +14,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax import parallel, step as step_lib
+from cl_jax import parallel
+from cl_jax import step as step_lib
 from cl_jax.methods import moco
 
 DIM, QUEUE = 8, 16
@@ -48,8 +51,12 @@ def _jax(q, k, queue, t, eps, alpha, enabled, with_ns):
 
 def _inputs(seed, batch=5, num_ns=2):
   rng = np.random.default_rng(seed)
-  return (_unit(rng, batch, DIM), _unit(rng, batch, DIM), _unit(rng, QUEUE, DIM),
-          _unit(rng, batch, num_ns, DIM))
+  return (
+      _unit(rng, batch, DIM),
+      _unit(rng, batch, DIM),
+      _unit(rng, QUEUE, DIM),
+      _unit(rng, batch, num_ns, DIM),
+  )
 
 
 def _f32(*xs):
@@ -62,28 +69,39 @@ def test_ifm_loss_matches_numpy(with_ns, eps, alpha):
   q, k, queue, t = _inputs(1)
   loss, _, grad = _jax(*_f32(q, k, queue, t), eps, alpha, True, with_ns)
   tt = t if with_ns else None
-  want = (_np_loss(q, k, queue, tt, 0.2, 0.0, 2.0)
-          + alpha * _np_loss(q, k, queue, tt, 0.2, eps, 2.0)) / 2
+  want = (
+      _np_loss(q, k, queue, tt, 0.2, 0.0, 2.0) + alpha * _np_loss(q, k, queue, tt, 0.2, eps, 2.0)
+  ) / 2
   np.testing.assert_allclose(loss, want, rtol=1e-5)
   # Gradient wrt q: central differences of the NumPy objective along random directions.
   rng = np.random.default_rng(2)
   h = 1e-6
   for _ in range(3):
     v = rng.normal(size=q.shape)
-    f = lambda x: ((_np_loss(x, k, queue, tt, 0.2, 0.0, 2.0)
-                    + alpha * _np_loss(x, k, queue, tt, 0.2, eps, 2.0)) / 2)
+    f = lambda x: (
+        (
+            _np_loss(x, k, queue, tt, 0.2, 0.0, 2.0)
+            + alpha * _np_loss(x, k, queue, tt, 0.2, eps, 2.0)
+        )
+        / 2
+    )
     numeric = (f(q + h * v) - f(q - h * v)) / (2 * h)
-    np.testing.assert_allclose(np.sum(np.asarray(grad, np.float64) * v), numeric,
-                               rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(
+        np.sum(np.asarray(grad, np.float64) * v), numeric, rtol=1e-3, atol=1e-5
+    )
 
 
 def test_ifm_raises_the_loss_and_its_hand_checked_value():
   # All similarities zero (orthogonal vectors): L = log(1 + K); L_eps = -log(e^{-e/T} /
   # (e^{-e/T} + K e^{e/T})) = log(1 + K e^{2 e / T}).
-  q = np.zeros((2, DIM)); q[:, 0] = 1
-  k = np.zeros((2, DIM)); k[:, 1] = 1
-  queue = np.zeros((QUEUE, DIM)); queue[:, 2] = 1
-  t = np.zeros((2, 1, DIM)); t[..., 3] = 1
+  q = np.zeros((2, DIM))
+  q[:, 0] = 1
+  k = np.zeros((2, DIM))
+  k[:, 1] = 1
+  queue = np.zeros((QUEUE, DIM))
+  queue[:, 2] = 1
+  t = np.zeros((2, 1, DIM))
+  t[..., 3] = 1
   loss, _, _ = _jax(*_f32(q, k, queue, t), 0.1, 1.0, True, False)
   want = (np.log(1 + QUEUE) + np.log(1 + QUEUE * np.exp(2 * 0.1 / 0.2))) / 2
   np.testing.assert_allclose(loss, want, rtol=1e-6)
@@ -100,8 +118,11 @@ def test_ifm_off_leaves_the_loss_bit_identical(with_ns):
   other = _jax(q, k, queue, t, 0.3, 5.0, False, with_ns)
   np.testing.assert_array_equal(base[0], other[0])
   np.testing.assert_array_equal(base[2], other[2])
-  np.testing.assert_allclose(base[0], _np_loss(*_inputs(3)[:3], _inputs(3)[3] if with_ns else None,
-                                               0.2, 0.0, 2.0), rtol=1e-5)
+  np.testing.assert_allclose(
+      base[0],
+      _np_loss(*_inputs(3)[:3], _inputs(3)[3] if with_ns else None, 0.2, 0.0, 2.0),
+      rtol=1e-5,
+  )
 
 
 def test_score_statistics_over_the_first_queries():
@@ -115,17 +136,25 @@ def test_score_statistics_over_the_first_queries():
   np.testing.assert_allclose(stats["pos_mean"], np.mean(np.sum(q[:3] * k[:3], 1)), rtol=1e-5)
   np.testing.assert_allclose(stats["neg_mean"], s.mean(), rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(stats["neg_var"], s.var(axis=1).mean(), rtol=1e-5)
-  np.testing.assert_allclose(stats["ns_mean"], np.einsum("bd,bmd->bm", q[:3], t[:3]).mean(),
-                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+      stats["ns_mean"], np.einsum("bd,bmd->bm", q[:3], t[:3]).mean(), rtol=1e-5, atol=1e-7
+  )
 
 
 def test_layer_grad_norms_hand_checked():
-  grads = {"backbone": {"conv": {"kernel": jnp.array([[3.0, 0.0], [0.0, 4.0]])},
-                        "bn": {"scale": jnp.array([1.0, 2.0]), "bias": jnp.array([2.0, 4.0])}},
-           "head": {"dense_0": {"kernel": jnp.array([[0.0]]), "bias": jnp.array([-2.0])}}}
+  grads = {
+      "backbone": {
+          "conv": {"kernel": jnp.array([[3.0, 0.0], [0.0, 4.0]])},
+          "bn": {"scale": jnp.array([1.0, 2.0]), "bias": jnp.array([2.0, 4.0])},
+      },
+      "head": {"dense_0": {"kernel": jnp.array([[0.0]]), "bias": jnp.array([-2.0])}},
+  }
   norms = step_lib.layer_grad_norms(grads)
-  assert list(norms) == ["grad_norm/backbone/bn", "grad_norm/backbone/conv",
-                         "grad_norm/head/dense_0"]
+  assert list(norms) == [
+      "grad_norm/backbone/bn",
+      "grad_norm/backbone/conv",
+      "grad_norm/head/dense_0",
+  ]
   np.testing.assert_allclose(norms["grad_norm/backbone/bn"], 5.0)
   np.testing.assert_allclose(norms["grad_norm/backbone/conv"], 5.0)
   np.testing.assert_allclose(norms["grad_norm/head/dense_0"], 2.0)

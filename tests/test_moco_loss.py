@@ -45,7 +45,7 @@ def _np_grad(q, k, queue, temperature):
   """Analytic dL/dq: 1/(B T) (sum_j p_ij n_j + p_i0 k_i - k_i)."""
   grad = np.zeros_like(q)
   for i, (qi, ki) in enumerate(zip(q, k)):
-    cands = np.concatenate([ki[None], queue])             # (1 + K, d)
+    cands = np.concatenate([ki[None], queue])  # (1 + K, d)
     e = np.exp(cands @ qi / temperature)
     p = e / e.sum()
     grad[i] = (p @ cands - ki) / (len(q) * temperature)
@@ -61,8 +61,7 @@ def _jax_loss_and_grads(q, k, queue, temperature, devices=1):
   rows = parallel.batch_sharding(mesh)
   q, k, queue = (jax.lax.with_sharding_constraint(x, rows) for x in (q, k, queue))
   loss_fn = lambda *args: moco.moco_loss(*args, None, cfg, ns, IFM_OFF, mesh)
-  (loss, stats), grads = jax.value_and_grad(loss_fn, argnums=(0, 1, 2), has_aux=True)(
-      q, k, queue)
+  (loss, stats), grads = jax.value_and_grad(loss_fn, argnums=(0, 1, 2), has_aux=True)(q, k, queue)
   return loss, stats, grads
 
 
@@ -84,9 +83,12 @@ def test_moco_loss_matches_numpy_loop(batch, temperature):
 
 def test_hand_checked_cases():
   # q orthogonal to every queued key and to its key: all logits 0, loss log(1 + K).
-  q = np.zeros((2, DIM)); q[:, 0] = 1
-  k = np.zeros((2, DIM)); k[:, 1] = 1
-  queue = np.zeros((QUEUE, DIM)); queue[:, 2] = 1
+  q = np.zeros((2, DIM))
+  q[:, 0] = 1
+  k = np.zeros((2, DIM))
+  k[:, 1] = 1
+  queue = np.zeros((QUEUE, DIM))
+  queue[:, 2] = 1
   loss, stats, _ = _jax_loss_and_grads(*_f32(q, k, queue), 0.5)
   np.testing.assert_allclose(loss, np.log(1 + QUEUE), rtol=1e-6)
   # k = q: positive logit 1/T = 2; loss -log(e^2 / (e^2 + K)).
@@ -158,7 +160,7 @@ def test_gradient_wrt_q_matches_finite_differences_of_jax_loss():
 def test_no_gradient_into_keys_or_queue():
   q, k, queue = _f32(*_inputs(4, 5))
   _, _, (g_q, g_k, g_queue) = _jax_loss_and_grads(q, k, queue, 0.2)
-  assert np.abs(g_q).max() > 1e-3                       # the loss does depend on q
+  assert np.abs(g_q).max() > 1e-3  # the loss does depend on q
   np.testing.assert_array_equal(g_k, np.zeros_like(k))
   np.testing.assert_array_equal(g_queue, np.zeros_like(queue))
 
@@ -171,7 +173,7 @@ def test_score_statistics_match_numpy():
   per_query_var = []
   for qi in q:
     s = np.array([qi @ n for n in queue])
-    per_query_var.append(np.mean((s - s.mean()) ** 2))   # population variance over negatives
+    per_query_var.append(np.mean((s - s.mean()) ** 2))  # population variance over negatives
   np.testing.assert_allclose(stats["pos_mean"], np.mean(pos), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(stats["neg_mean"], np.mean(q @ queue.T), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(stats["neg_var"], np.mean(per_query_var), rtol=1e-5, atol=1e-7)

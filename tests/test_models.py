@@ -33,12 +33,17 @@ def _param_count(tree):
 
 # ---------------------------------------------------------------- GroupBatchNorm
 
+
 def _bn_variables(rng, channels):
   return {
-      'params': {'scale': rng.normal(size=channels).astype(np.float32),
-                 'bias': rng.normal(size=channels).astype(np.float32)},
-      'batch_stats': {'mean': rng.normal(size=channels).astype(np.float32),
-                      'var': rng.uniform(0.5, 2.0, size=channels).astype(np.float32)},
+      'params': {
+          'scale': rng.normal(size=channels).astype(np.float32),
+          'bias': rng.normal(size=channels).astype(np.float32),
+      },
+      'batch_stats': {
+          'mean': rng.normal(size=channels).astype(np.float32),
+          'var': rng.uniform(0.5, 2.0, size=channels).astype(np.float32),
+      },
   }
 
 
@@ -75,13 +80,16 @@ def test_group_batchnorm_single_group_equals_flax_batchnorm():
   x = rng.normal(size=(6, 4, 4, 3)).astype(np.float32) * 2 - 1
   variables = _bn_variables(rng, 3)
   ours, ours_stats = GroupBatchNorm(num_groups=1).apply(
-      variables, x, use_running_average=False, mutable=['batch_stats'])
+      variables, x, use_running_average=False, mutable=['batch_stats']
+  )
   theirs, theirs_stats = nn.BatchNorm(momentum=0.9, epsilon=1e-5).apply(
-      variables, x, use_running_average=False, mutable=['batch_stats'])
+      variables, x, use_running_average=False, mutable=['batch_stats']
+  )
   np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
   for name in ('mean', 'var'):
-    np.testing.assert_allclose(ours_stats['batch_stats'][name],
-                               theirs_stats['batch_stats'][name], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        ours_stats['batch_stats'][name], theirs_stats['batch_stats'][name], rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize('groups, untouched', [(4, [0, 1, 2, 3, 6, 7]), (1, [])])
@@ -94,8 +102,9 @@ def test_group_batchnorm_groups_do_not_see_each_other(groups, untouched):
   x_other[4:6] = rng.normal(size=(2, 3)) * 5 + 3
   variables = _bn_variables(rng, 3)
   module = GroupBatchNorm(num_groups=groups)
-  run = lambda inp: np.asarray(module.apply(
-      variables, inp, use_running_average=False, mutable=['batch_stats'])[0])
+  run = lambda inp: np.asarray(
+      module.apply(variables, inp, use_running_average=False, mutable=['batch_stats'])[0]
+  )
   y, y_other = run(x), run(x_other)
   moved = [row for row in range(8) if row not in untouched]
   np.testing.assert_array_equal(y[untouched], y_other[untouched])
@@ -112,8 +121,9 @@ def test_group_batchnorm_eval_uses_running_stats():
   y_ref = (x - s['mean']) / np.sqrt(s['var'] + 1e-5) * p['scale'] + p['bias']
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
   # A single example is normalised the same way as inside a batch.
-  np.testing.assert_allclose(module.apply(variables, x[:1], use_running_average=True), y[:1],
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+      module.apply(variables, x[:1], use_running_average=True), y[:1], rtol=1e-6, atol=1e-6
+  )
 
 
 def test_group_batchnorm_bfloat16_output_with_float32_statistics():
@@ -121,14 +131,16 @@ def test_group_batchnorm_bfloat16_output_with_float32_statistics():
   x = jnp.asarray(rng.normal(size=(8, 4, 4, 3)) + 100.0, jnp.bfloat16)
   variables = _bn_variables(rng, 3)
   y, updates = GroupBatchNorm(num_groups=2, dtype=jnp.bfloat16).apply(
-      variables, x, use_running_average=False, mutable=['batch_stats'])
+      variables, x, use_running_average=False, mutable=['batch_stats']
+  )
   assert y.dtype == jnp.bfloat16
   assert updates['batch_stats']['mean'].dtype == jnp.float32
   p, s = variables['params'], variables['batch_stats']
   y_ref, mean, _ = _numpy_group_bn(np.asarray(x, np.float32), p['scale'], p['bias'], 2, 1e-5)
   np.testing.assert_allclose(np.asarray(y, np.float32), y_ref, rtol=2e-2, atol=3e-2)
-  np.testing.assert_allclose(updates['batch_stats']['mean'],
-                             0.9 * s['mean'] + 0.1 * mean.mean(0), rtol=1e-5)
+  np.testing.assert_allclose(
+      updates['batch_stats']['mean'], 0.9 * s['mean'] + 0.1 * mean.mean(0), rtol=1e-5
+  )
 
 
 @pytest.mark.skipif(jax.device_count() < 4, reason='needs 4 devices (e.g. 4 CPU devices)')
@@ -140,20 +152,25 @@ def test_group_batchnorm_sharded_batch_matches_single_device():
   x = rng.normal(size=(16, 2, 2, 3)).astype(np.float32)
   variables = _bn_variables(rng, 3)
   sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data')))
-  y_ref, mean, var = _numpy_group_bn(x, variables['params']['scale'],
-                                     variables['params']['bias'], 8, 1e-5)
+  y_ref, mean, var = _numpy_group_bn(
+      x, variables['params']['scale'], variables['params']['bias'], 8, 1e-5
+  )
   module = GroupBatchNorm(num_groups=8)
-  train = jax.jit(lambda v, inp, m=module: m.apply(
-      v, inp, use_running_average=False, mutable=['batch_stats']))
+  train = jax.jit(
+      lambda v, inp, m=module: m.apply(v, inp, use_running_average=False, mutable=['batch_stats'])
+  )
   with jax.set_mesh(mesh):
     y, updates = train(variables, sharded)
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(updates['batch_stats']['var'],
-                               0.9 * variables['batch_stats']['var'] + 0.1 * var.mean(0),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        updates['batch_stats']['var'],
+        0.9 * variables['batch_stats']['var'] + 0.1 * var.mean(0),
+        rtol=1e-5,
+    )
     with pytest.raises(ValueError, match='num_groups 2 must be 1 or a multiple of the 4'):
-      GroupBatchNorm(num_groups=2).apply(variables, sharded, use_running_average=False,
-                                         mutable=['batch_stats'])
+      GroupBatchNorm(num_groups=2).apply(
+          variables, sharded, use_running_average=False, mutable=['batch_stats']
+      )
 
 
 def test_group_batchnorm_rejects_indivisible_batch():
@@ -164,29 +181,33 @@ def test_group_batchnorm_rejects_indivisible_batch():
 
 # ---------------------------------------------------------------- ResNet
 
+
 def _shapes(module, size, batch=2):
   def forward(x):
     variables = module.init(_key(0), x, train=False)
     return module.apply(variables, x, train=True, mutable=['batch_stats'])[0], variables
+
   return jax.eval_shape(forward, jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32))
 
 
-@pytest.mark.parametrize('module, expected', [
-    (ResNet50(), 23_508_032), (ResNet18(), 11_176_512)])
+@pytest.mark.parametrize('module, expected', [(ResNet50(), 23_508_032), (ResNet18(), 11_176_512)])
 def test_parameter_count_matches_torchvision(module, expected):
   """torchvision resnet50 / resnet18 parameter counts without the 1000-way fc layer."""
   _, variables = _shapes(module, 32, batch=1)
   assert _param_count(variables['params']) == expected
 
 
-@pytest.mark.parametrize('depth, stem, width, size, hw, channels', [
-    (18, 'cifar', 0.125, 32, 4, 64),
-    (18, 'imagenet', 0.25, 32, 1, 128),
-    (50, 'cifar', 0.25, 32, 4, 512),
-    (50, 'imagenet', 0.125, 32, 1, 256),
-    (18, 'imagenet', 0.125, 64, 2, 64),
-    (50, 'imagenet', 0.125, 64, 2, 256),
-])
+@pytest.mark.parametrize(
+    'depth, stem, width, size, hw, channels',
+    [
+        (18, 'cifar', 0.125, 32, 4, 64),
+        (18, 'imagenet', 0.25, 32, 1, 128),
+        (50, 'cifar', 0.25, 32, 4, 512),
+        (50, 'imagenet', 0.125, 32, 1, 256),
+        (18, 'imagenet', 0.125, 64, 2, 64),
+        (50, 'imagenet', 0.125, 64, 2, 256),
+    ],
+)
 def test_resnet_output_shapes(depth, stem, width, size, hw, channels):
   module = ResNet(depth=depth, stem=stem, width_multiplier=width)
   out, _ = _shapes(module, size)
@@ -208,15 +229,19 @@ def test_resnet_float32_and_bfloat16_forward():
   np.testing.assert_allclose(np.std(kernel), np.sqrt(2 / (9 * 128)), rtol=0.03)
   np.testing.assert_array_equal(variables['params']['stage4_block2']['bn2']['scale'], 0.0)
 
-  out_bf16, _ = jax.jit(lambda v, inp: bf16.apply(
-      v, inp, train=True, mutable=['batch_stats']))(variables, x)
+  out_bf16, _ = jax.jit(lambda v, inp: bf16.apply(v, inp, train=True, mutable=['batch_stats']))(
+      variables, x
+  )
   outs = {'f32': out_f32, 'bf16': out_bf16}
   assert outs['bf16']['feature_map'].dtype == jnp.bfloat16
   for out in outs.values():
     assert out['pooled'].dtype == jnp.float32
     np.testing.assert_allclose(
-        out['pooled'], np.asarray(out['feature_map'], np.float32).mean(axis=(1, 2)),
-        rtol=1e-5, atol=1e-6)
+        out['pooled'],
+        np.asarray(out['feature_map'], np.float32).mean(axis=(1, 2)),
+        rtol=1e-5,
+        atol=1e-6,
+    )
   assert np.all(np.asarray(outs['f32']['pooled']) >= 0)
   np.testing.assert_allclose(outs['bf16']['pooled'], outs['f32']['pooled'], atol=3e-2)
 
@@ -227,19 +252,28 @@ def test_zero_init_residual_block_starts_as_identity(kind, planes, in_channels):
   x = jax.nn.relu(jax.random.normal(_key(2), (4, 6, 6, in_channels)))
   outputs = {}
   for zero_init in (True, False):
-    block = ResidualBlock(kind=kind, planes=planes, stride=1, bn_groups=2,
-                          zero_init_residual=zero_init, dtype=jnp.float32)
+    block = ResidualBlock(
+        kind=kind,
+        planes=planes,
+        stride=1,
+        bn_groups=2,
+        zero_init_residual=zero_init,
+        dtype=jnp.float32,
+    )
     variables = block.init(_key(0), x, train=False)
     outputs[zero_init], _ = block.apply(variables, x, train=True, mutable=['batch_stats'])
   np.testing.assert_allclose(outputs[True], x, rtol=1e-6, atol=1e-6)
   assert np.abs(np.asarray(outputs[False]) - np.asarray(x)).max() > 1e-2
 
 
-@pytest.mark.parametrize('kwargs, message', [
-    ({'depth': 34}, 'depth must be one of'),
-    ({'depth': 18, 'stem': 'tiny'}, 'stem must be one of'),
-    ({'depth': 50, 'width_multiplier': 0.1}, 'width_multiplier'),
-])
+@pytest.mark.parametrize(
+    'kwargs, message',
+    [
+        ({'depth': 34}, 'depth must be one of'),
+        ({'depth': 18, 'stem': 'tiny'}, 'stem must be one of'),
+        ({'depth': 50, 'width_multiplier': 0.1}, 'width_multiplier'),
+    ],
+)
 def test_resnet_rejects_bad_arguments(kwargs, message):
   with pytest.raises(ValueError, match=message):
     ResNet(**kwargs)
@@ -247,12 +281,14 @@ def test_resnet_rejects_bad_arguments(kwargs, message):
 
 # ---------------------------------------------------------------- heads
 
+
 def test_l2_normalize_matches_numpy():
   x = np.array([[3.0, 4.0], [0.0, 0.0], [1e-3, -2e-3]], np.float32)
   expected = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
   np.testing.assert_allclose(l2_normalize(jnp.asarray(x)), expected, rtol=1e-6)
-  np.testing.assert_allclose(l2_normalize(jnp.asarray(x), axis=0),
-                             x / np.linalg.norm(x, axis=0, keepdims=True), rtol=1e-6)
+  np.testing.assert_allclose(
+      l2_normalize(jnp.asarray(x), axis=0), x / np.linalg.norm(x, axis=0, keepdims=True), rtol=1e-6
+  )
 
 
 @pytest.mark.parametrize('num_layers, use_bn', [(1, False), (2, False), (2, True), (3, False)])
@@ -282,10 +318,21 @@ def test_mlp_head_rejects_bad_sizes():
 
 # ---------------------------------------------------------------- encoder
 
+
 def _model_config(**overrides):
-  fields = dict(depth=18, stem='cifar', width_multiplier=0.125, head_hidden_dim=32,
-                head_out_dim=16, head_layers=2, head_bn=False, head_out_bn=False,
-                predictor_hidden_dim=0, dtype='bfloat16', bn_groups=2)
+  fields = dict(
+      depth=18,
+      stem='cifar',
+      width_multiplier=0.125,
+      head_hidden_dim=32,
+      head_out_dim=16,
+      head_layers=2,
+      head_bn=False,
+      head_out_bn=False,
+      predictor_hidden_dim=0,
+      dtype='bfloat16',
+      bn_groups=2,
+  )
   return ml_collections.ConfigDict({**fields, **overrides})
 
 
@@ -307,22 +354,27 @@ def test_encoder_outputs_normalised_projection_of_pooled_features():
   np.testing.assert_allclose(np.linalg.norm(out['z'], axis=-1), 1.0, rtol=1e-5)
 
   head = variables['params']['head']
-  h = np.maximum(np.asarray(out['pooled'], np.float64) @ head['hidden1']['kernel']
-                 + head['hidden1']['bias'], 0)
+  h = np.maximum(
+      np.asarray(out['pooled'], np.float64) @ head['hidden1']['kernel'] + head['hidden1']['bias'], 0
+  )
   g = h @ head['out']['kernel'] + head['out']['bias']
-  np.testing.assert_allclose(out['z'], g / np.linalg.norm(g, axis=-1, keepdims=True),
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+      out['z'], g / np.linalg.norm(g, axis=-1, keepdims=True), rtol=1e-4, atol=1e-5
+  )
 
 
-@pytest.mark.parametrize('overrides, message', [
-    ({'depth': 34}, 'model.depth must be 18 or 50, got 34'),
-    ({'stem': 'tiny'}, 'model.stem'),
-    ({'width_multiplier': 0.1}, 'model.width_multiplier'),
-    ({'dtype': 'float16'}, 'model.dtype'),
-    ({'head_layers': 0}, 'model.head_layers'),
-    ({'head_out_dim': 2.5}, 'model.head_out_dim'),
-    ({'bn_groups': 0}, 'model.bn_groups'),
-])
+@pytest.mark.parametrize(
+    'overrides, message',
+    [
+        ({'depth': 34}, 'model.depth must be 18 or 50, got 34'),
+        ({'stem': 'tiny'}, 'model.stem'),
+        ({'width_multiplier': 0.1}, 'model.width_multiplier'),
+        ({'dtype': 'float16'}, 'model.dtype'),
+        ({'head_layers': 0}, 'model.head_layers'),
+        ({'head_out_dim': 2.5}, 'model.head_out_dim'),
+        ({'bn_groups': 0}, 'model.bn_groups'),
+    ],
+)
 def test_build_encoder_names_the_bad_field(overrides, message):
   with pytest.raises(ValueError, match=message):
     build_encoder(_model_config(**overrides))
@@ -353,9 +405,9 @@ def test_predictor_maps_the_unnormalised_projection():
   out = encoder.apply(variables, x, train=False, predict=True)
   params = variables['params']
   proj = _dense_chain(params['head'], ['hidden1', 'out'], np.asarray(out['pooled']))
-  np.testing.assert_allclose(np.asarray(out['z']),
-                             proj / np.linalg.norm(proj, axis=1, keepdims=True),
-                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(
+      np.asarray(out['z']), proj / np.linalg.norm(proj, axis=1, keepdims=True), rtol=1e-4, atol=1e-6
+  )
   pred = params['predictor']
   h = proj @ np.asarray(pred['hidden1']['kernel']) + np.asarray(pred['hidden1']['bias'])
   bn = pred['bn1']
@@ -377,8 +429,9 @@ def test_simsiam_projector_has_bn_after_every_layer():
   head = MLPHead(hidden_dim=8, out_dim=6, num_layers=3, use_bn=True, out_bn=True)
   variables = head.init(jax.random.key(0), jnp.ones((4, 5)), train=True)
   assert sorted(variables['params']) == ['bn1', 'bn2', 'hidden1', 'hidden2', 'out', 'out_bn']
-  y, _ = head.apply(variables, jax.random.normal(jax.random.key(1), (16, 5)), train=True,
-                    mutable=['batch_stats'])
+  y, _ = head.apply(
+      variables, jax.random.normal(jax.random.key(1), (16, 5)), train=True, mutable=['batch_stats']
+  )
   # Train-mode BN with unit scale and zero bias: every output channel has mean 0, var 1.
   np.testing.assert_allclose(np.asarray(y).mean(0), 0.0, atol=1e-5)
   np.testing.assert_allclose(np.asarray(y).var(0), 1.0, rtol=1e-3)

@@ -4,6 +4,7 @@ The 2-process run stops at step 4 with a checkpoint, is started again and resume
 its per-step losses must equal those of an uninterrupted 1-process, 1-device run
 on the same global batches.
 """
+
 import json
 import os
 import socket
@@ -16,13 +17,15 @@ from cl_jax import metrics
 from tests import tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [*tiny_run.FLAGS,
-        "--config.optim.epochs=1",          # 256 / 32 = 8 steps
-        "--config.train.checkpoint_every=4",
-        # The paper's head: with the quick recipe's head BN over groups of 8 rows,
-        # float32 summation order alone moves the loss by 3e-5 within 8 steps.
-        "--config.model.head_bn=false",
-        "--probe=false"]
+TINY = [
+    *tiny_run.FLAGS,
+    "--config.optim.epochs=1",  # 256 / 32 = 8 steps
+    "--config.train.checkpoint_every=4",
+    # The paper's head: with the quick recipe's head BN over groups of 8 rows,
+    # float32 summation order alone moves the loss by 3e-5 within 8 steps.
+    "--config.model.head_bn=false",
+    "--probe=false",
+]
 
 
 def _env(devices: int) -> dict:
@@ -38,11 +41,27 @@ def _free_port() -> int:
 def _two_processes(workdir, *extra) -> list[str]:
   """Runs both processes to completion; returns their combined outputs."""
   port = _free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}", *TINY, *extra,
-       f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}"],
-      cwd=ROOT, env=_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-      for i in range(2)]
+  procs = [
+      subprocess.Popen(
+          [
+              sys.executable,
+              "-m",
+              "cl_jax.main",
+              f"--workdir={workdir}",
+              *TINY,
+              *extra,
+              f"--coordinator_address=localhost:{port}",
+              "--num_processes=2",
+              f"--process_id={i}",
+          ],
+          cwd=ROOT,
+          env=_env(2),
+          stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT,
+          text=True,
+      )
+      for i in range(2)
+  ]
   outs = [p.communicate(timeout=600)[0] for p in procs]
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
@@ -62,10 +81,16 @@ def test_two_processes_resume_and_match_one_process(tmp_path):
 
   second = _two_processes(multi)
   assert "resuming from the checkpoint at step 4" in second[0]
-  assert "resuming" not in second[1]          # only process 0 reports
+  assert "resuming" not in second[1]  # only process 0 reports
 
-  one = subprocess.run([sys.executable, "-m", "cl_jax.main", f"--workdir={single}", *TINY],
-                       cwd=ROOT, env=_env(1), capture_output=True, text=True, timeout=600)
+  one = subprocess.run(
+      [sys.executable, "-m", "cl_jax.main", f"--workdir={single}", *TINY],
+      cwd=ROOT,
+      env=_env(1),
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert one.returncode == 0, one.stderr[-3000:]
 
   got = metrics.read_jsonl(str(multi / "metrics.jsonl"))
@@ -74,5 +99,6 @@ def test_two_processes_resume_and_match_one_process(tmp_path):
   assert [r["step"] for r in got] == list(range(1, 9)) == [r["step"] for r in want]
   np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in want], rtol=1e-5)
   for name in ("pos_mean", "neg_mean", "ns_mean"):
-    np.testing.assert_allclose([r[name] for r in got], [r[name] for r in want],
-                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        [r[name] for r in got], [r[name] for r in want], rtol=1e-4, atol=1e-6
+    )

@@ -4,6 +4,7 @@ Each case runs `initialize_distributed` in its own process (as the entry points
 do: the UsageError becomes `sys.exit("error: ...")`), with a timeout so that a
 hang fails the test.
 """
+
 import os
 import socket
 import subprocess
@@ -31,8 +32,9 @@ except UsageError as e:
 
 def _env() -> dict:
   """The test's environment without any cluster or coordinator settings, on CPU."""
-  out = {k: v for k, v in os.environ.items()
-         if not k.startswith(CLUSTER_PREFIXES) and k != "XLA_FLAGS"}
+  out = {
+      k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_PREFIXES) and k != "XLA_FLAGS"
+  }
   out["JAX_PLATFORMS"] = "cpu"
   return out
 
@@ -46,8 +48,14 @@ def _free_port() -> int:
 def _start(args: str, forbid_jax: bool = False) -> tuple[str, float]:
   """Runs initialize_distributed(args) in a child that must fail; (its error line, seconds)."""
   start = time.monotonic()
-  child = subprocess.run([sys.executable, "-c", CHILD.format(args=args, forbid_jax=forbid_jax)],
-                         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=90)
+  child = subprocess.run(
+      [sys.executable, "-c", CHILD.format(args=args, forbid_jax=forbid_jax)],
+      cwd=ROOT,
+      env=_env(),
+      capture_output=True,
+      text=True,
+      timeout=90,
+  )
   seconds = time.monotonic() - start
   assert child.returncode == 1, child.stderr[-3000:]
   assert "Traceback" not in child.stderr, child.stderr[-3000:]

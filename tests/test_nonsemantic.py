@@ -34,10 +34,10 @@ def _np_ns_loss_and_grad(q, k, queue, t, temperature, alpha, mode):
   loss, grad = 0.0, np.zeros_like(q)
   for i, (qi, ki) in enumerate(zip(q, k)):
     e_pos = np.exp(qi @ ki / temperature)
-    e_neg = np.exp(queue @ qi / temperature)                  # (K,)
+    e_neg = np.exp(queue @ qi / temperature)  # (K,)
     if mode == "in":
-      w_ns = np.exp(alpha * (t[i] @ qi) / temperature)        # (M,) terms of the denominator
-      d_ns = alpha * w_ns                                     # their d/d(q.t / T)
+      w_ns = np.exp(alpha * (t[i] @ qi) / temperature)  # (M,) terms of the denominator
+      d_ns = alpha * w_ns  # their d/d(q.t / T)
     else:
       w_ns = alpha * np.exp(t[i] @ qi / temperature)
       d_ns = w_ns
@@ -49,8 +49,12 @@ def _np_ns_loss_and_grad(q, k, queue, t, temperature, alpha, mode):
 
 def _inputs(seed, batch, num_ns):
   rng = np.random.default_rng(seed)
-  return (_unit(rng, batch, DIM), _unit(rng, batch, DIM), _unit(rng, QUEUE, DIM),
-          _unit(rng, batch, num_ns, DIM))
+  return (
+      _unit(rng, batch, DIM),
+      _unit(rng, batch, DIM),
+      _unit(rng, QUEUE, DIM),
+      _unit(rng, batch, num_ns, DIM),
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("temperature", "mode"))
@@ -136,8 +140,9 @@ def test_in_and_out_differ_unless_alpha_is_one():
   l_in = _jax_loss_and_grads(*args, 0.2, 2.0, "in")[0]
   l_out = _jax_loss_and_grads(*args, 0.2, 2.0, "out")[0]
   assert abs(float(l_in) - float(l_out)) > 1e-3
-  np.testing.assert_allclose(l_in, _np_ns_loss_and_grad(q, k, queue, t, 0.2, 2.0, "in")[0],
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+      l_in, _np_ns_loss_and_grad(q, k, queue, t, 0.2, 2.0, "in")[0], rtol=1e-5
+  )
 
 
 @pytest.mark.parametrize("num_ns", [1, 2])
@@ -161,7 +166,7 @@ def test_out_mode_alpha_one_equals_plain_extra_negatives(num_ns):
 def test_no_gradient_into_ns_keys(mode):
   q, k, queue, t = _f32(*_inputs(5, 5, 2))
   _, _, (g_q, g_t) = _jax_loss_and_grads(q, k, queue, t, 0.2, 2.0, mode)
-  assert np.abs(g_q).max() > 1e-3                       # the loss does depend on q
+  assert np.abs(g_q).max() > 1e-3  # the loss does depend on q
   np.testing.assert_array_equal(g_t, np.zeros_like(t))
 
 
@@ -181,9 +186,14 @@ def test_ns_score_statistics_match_numpy():
 def _coordinate_views(batch, size):
   """(B, S, S, 3) int32 views whose pixel (b, y, x) holds (y, x, b)."""
   yy, xx = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
-  views = np.stack([np.broadcast_to(yy, (batch, size, size)),
-                    np.broadcast_to(xx, (batch, size, size)),
-                    np.broadcast_to(np.arange(batch)[:, None, None], (batch, size, size))], -1)
+  views = np.stack(
+      [
+          np.broadcast_to(yy, (batch, size, size)),
+          np.broadcast_to(xx, (batch, size, size)),
+          np.broadcast_to(np.arange(batch)[:, None, None], (batch, size, size)),
+      ],
+      -1,
+  )
   return views.astype(np.int32)
 
 
@@ -191,14 +201,14 @@ def _np_render(view, d, corners):
   """Tile the d x d crops at corners[i, j] of view (S, S, C); crop the canvas to S x S."""
   s = view.shape[0]
   out = np.full(view.shape, np.nan)
-  cells = -(-s // d)                                          # ceil(S / d) per side
+  cells = -(-s // d)  # ceil(S / d) per side
   for i in range(cells):
     for j in range(cells):
       y0, x0 = i * d, j * d
       h, w = min(d, s - y0), min(d, s - x0)
       cy, cx = corners[i, j]
       assert 0 <= cy <= s - d and 0 <= cx <= s - d
-      out[y0:y0 + h, x0:x0 + w] = view[cy:cy + h, cx:cx + w]
+      out[y0 : y0 + h, x0 : x0 + w] = view[cy : cy + h, cx : cx + w]
   assert not np.isnan(out).any()
   return out
 
@@ -214,14 +224,15 @@ def _tiling_corners(image, d):
   corners = np.zeros((cells, cells, 2), np.int64)
   for i in range(cells):
     for j in range(cells):
-      block = image[i * d:(i + 1) * d, j * d:(j + 1) * d]
+      block = image[i * d : (i + 1) * d, j * d : (j + 1) * d]
       cy, cx = block[0, 0, 0], block[0, 0, 1]
       h, w = block.shape[:2]
       if not (0 <= cy <= s - d and 0 <= cx <= s - d):
         return None
-      if not (np.array_equal(block[..., 0], np.broadcast_to(cy + np.arange(h)[:, None], (h, w)))
-              and np.array_equal(block[..., 1],
-                                 np.broadcast_to(cx + np.arange(w)[None, :], (h, w)))):
+      if not (
+          np.array_equal(block[..., 0], np.broadcast_to(cy + np.arange(h)[:, None], (h, w)))
+          and np.array_equal(block[..., 1], np.broadcast_to(cx + np.arange(w)[None, :], (h, w)))
+      ):
         return None
       corners[i, j] = cy, cx
   return corners
@@ -259,7 +270,7 @@ def test_patch_negatives_shape_and_own_view(ranged):
   chex.assert_shape(out, (4, 5, 12, 12, 3))
   assert out.dtype == np.int32
   for b in range(4):
-    np.testing.assert_array_equal(out[b, ..., 2], b)              # built from its own view
+    np.testing.assert_array_equal(out[b, ..., 2], b)  # built from its own view
 
 
 def test_layout_sizes_cover_inclusive_range_uniformly(layout16):
@@ -268,13 +279,13 @@ def test_layout_sizes_cover_inclusive_range_uniformly(layout16):
   assert size.dtype == np.int32
   assert size.min() == 1 and size.max() == 16
   counts = np.bincount(size, minlength=17)[1:]
-  assert counts.min() > 130 and counts.max() < 250              # expected 187.5 each
+  assert counts.min() > 130 and counts.max() < 250  # expected 187.5 each
 
 
 def test_layout_corners_within_bounds_and_cover_range(layout16):
   s = 16
   size, corner = layout16["size"], layout16["corner"]
-  chex.assert_shape(corner, (3000, s + 1, s + 1, 2))             # G = S // d_min + 1
+  chex.assert_shape(corner, (3000, s + 1, s + 1, 2))  # G = S // d_min + 1
   assert corner.dtype == np.int32
   assert corner.min() >= 0
   assert np.all(corner <= (s - size)[:, None, None, None])
@@ -282,13 +293,14 @@ def test_layout_corners_within_bounds_and_cover_range(layout16):
     used = corner[size == d, : -(-s // d), : -(-s // d)]
     for axis in (0, 1):
       values = np.unique(used[..., axis])
-      np.testing.assert_array_equal(values, np.arange(s - d + 1))   # both ends reached
+      np.testing.assert_array_equal(values, np.arange(s - d + 1))  # both ends reached
 
 
 def test_render_matches_numpy_reconstruction_from_layout(layout16):
   # The first 40 images plus the first with d = 1 and with d = S.
-  idx = np.concatenate([np.arange(40), [np.argmax(layout16["size"] == 1)],
-                        [np.argmax(layout16["size"] == 16)]])
+  idx = np.concatenate(
+      [np.arange(40), [np.argmax(layout16["size"] == 1)], [np.argmax(layout16["size"] == 16)]]
+  )
   layout = {name: v[idx] for name, v in layout16.items()}
   assert {1, 16} <= set(layout["size"].tolist())
   views = np.random.default_rng(0).integers(0, 256, (len(idx), 16, 16, 3)).astype(np.uint8)
@@ -296,8 +308,9 @@ def test_render_matches_numpy_reconstruction_from_layout(layout16):
   chex.assert_shape(out, views.shape)
   assert out.dtype == np.uint8
   for b in range(len(idx)):
-    np.testing.assert_array_equal(out[b], _np_render(views[b], layout["size"][b],
-                                                     layout["corner"][b]))
+    np.testing.assert_array_equal(
+        out[b], _np_render(views[b], layout["size"][b], layout["corner"][b])
+    )
 
 
 def test_fixed_size_cells_are_contiguous_blocks_of_own_view(fixed4):
@@ -330,7 +343,7 @@ def test_patch_size_equal_to_view_size_gives_the_view():
 def test_different_rng_gives_different_images(ranged):
   a, b = ranged
   assert not np.array_equal(a, b)
-  assert not np.array_equal(a[:, 0], a[:, 1])                   # the M images of a view differ
+  assert not np.array_equal(a[:, 0], a[:, 1])  # the M images of a view differ
 
 
 def test_cells_are_sampled_independently_with_replacement(fixed4):
@@ -338,7 +351,7 @@ def test_cells_are_sampled_independently_with_replacement(fixed4):
   # sampling with replacement makes any two cells coincide with probability 1/36; a shuffle
   # of non-overlapping locations never would.
   images = fixed4.reshape((-1,) + fixed4.shape[2:])
-  corners = np.stack([_tiling_corners(image, 4) for image in images])   # (1000, 3, 3, 2)
+  corners = np.stack([_tiling_corners(image, 4) for image in images])  # (1000, 3, 3, 2)
   flat = corners.reshape(len(corners), 9, 2)
   pairs = [(a, b) for a in range(9) for b in range(a + 1, 9)]
   same = sum(np.all(flat[:, a] == flat[:, b], axis=1).sum() for a, b in pairs)

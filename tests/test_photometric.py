@@ -18,6 +18,7 @@ SPEC = photometric.PhotometricSpec(blur_kernel_fraction=0.5)
 
 # ---------------------------------------------------------------- NumPy references (float64)
 
+
 def np_gray(x):
   return (x @ LUMA)[..., None]
 
@@ -41,9 +42,14 @@ def np_rgb_to_hsv(x):
   c = v - x.min(-1)
   s = np.where(v > 0, c / np.where(v > 0, v, 1), 0)
   safe_c = np.where(c > 0, c, 1)
-  h = np.select([c == 0, v == r, v == g],
-                [0.0, ((g - b) / safe_c) % 6, (b - r) / safe_c + 2],
-                (r - g) / safe_c + 4) / 6
+  h = (
+      np.select(
+          [c == 0, v == r, v == g],
+          [0.0, ((g - b) / safe_c) % 6, (b - r) / safe_c + 2],
+          (r - g) / safe_c + 4,
+      )
+      / 6
+  )
   return h, s, v
 
 
@@ -54,8 +60,9 @@ def np_hsv_to_rgb(h, s, v):
   f = h6 - np.floor(h6)
   p, q, t = v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))
   table = [(v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)]
-  return np.stack([np.select([i == k for k in range(6)], [row[ch] for row in table])
-                   for ch in range(3)], -1)
+  return np.stack(
+      [np.select([i == k for k in range(6)], [row[ch] for row in table]) for ch in range(3)], -1
+  )
 
 
 def np_hue(x, shift):
@@ -66,7 +73,7 @@ def np_hue(x, shift):
 def np_blur(x, sigma, radius):
   """Separable Gaussian with reflect padding, one 1-D np.convolve per row / column / channel."""
   taps = np.arange(-radius, radius + 1)
-  w = np.exp(-taps**2 / (2 * sigma**2))
+  w = np.exp(-(taps**2) / (2 * sigma**2))
   w /= w.sum()
   padded = np.pad(x, ((radius, radius), (radius, radius), (0, 0)), mode="reflect")
   rows = np.apply_along_axis(lambda a: np.convolve(a, w, mode="valid"), 1, padded)
@@ -74,8 +81,12 @@ def np_blur(x, sigma, radius):
 
 
 def np_jitter(x, p, order):
-  ops = [lambda y: np_brightness(y, p["brightness"]), lambda y: np_contrast(y, p["contrast"]),
-         lambda y: np_saturation(y, p["saturation"]), lambda y: np_hue(y, p["hue"])]
+  ops = [
+      lambda y: np_brightness(y, p["brightness"]),
+      lambda y: np_contrast(y, p["contrast"]),
+      lambda y: np_saturation(y, p["saturation"]),
+      lambda y: np_hue(y, p["hue"]),
+  ]
   for k in order:
     x = ops[k](x)
   return x
@@ -83,15 +94,21 @@ def np_jitter(x, p, order):
 
 # ---------------------------------------------------------------- helpers
 
+
 def neutral_params(batch, **overrides):
   """Hand-built params with every op off or neutral, then `overrides` (scalars broadcast)."""
   params = {
-      "jitter": np.zeros(batch, bool), "brightness": np.ones(batch, np.float32),
-      "contrast": np.ones(batch, np.float32), "saturation": np.ones(batch, np.float32),
-      "hue": np.zeros(batch, np.float32), "order": np.tile(np.arange(4, dtype=np.int32),
-                                                           (batch, 1)),
-      "grayscale": np.zeros(batch, bool), "blur": np.zeros(batch, bool),
-      "sigma": np.ones(batch, np.float32), "solarize": np.zeros(batch, bool)}
+      "jitter": np.zeros(batch, bool),
+      "brightness": np.ones(batch, np.float32),
+      "contrast": np.ones(batch, np.float32),
+      "saturation": np.ones(batch, np.float32),
+      "hue": np.zeros(batch, np.float32),
+      "order": np.tile(np.arange(4, dtype=np.int32), (batch, 1)),
+      "grayscale": np.zeros(batch, bool),
+      "blur": np.zeros(batch, bool),
+      "sigma": np.ones(batch, np.float32),
+      "solarize": np.zeros(batch, bool),
+  }
   for key, value in overrides.items():
     params[key] = np.broadcast_to(np.asarray(value, params[key].dtype), params[key].shape)
   return params
@@ -112,17 +129,21 @@ def apply(images, params, spec=SPEC):
 
 # ---------------------------------------------------------------- single ops
 
+
 def test_numpy_hsv_reference_round_trips():
   x = random_images().astype(np.float64)
   np.testing.assert_allclose(np_hsv_to_rgb(*np_rgb_to_hsv(x)), x, atol=1e-12)
 
 
-@pytest.mark.parametrize("name,factors,reference", [
-    ("brightness", [0.3, 0.8, 1.0, 1.7], np_brightness),
-    ("contrast", [0.0, 0.6, 1.0, 1.4], np_contrast),
-    ("saturation", [0.0, 0.6, 1.0, 1.8], np_saturation),
-    ("hue", [-0.5, -0.1, 0.07, 0.5], np_hue),
-])
+@pytest.mark.parametrize(
+    "name,factors,reference",
+    [
+        ("brightness", [0.3, 0.8, 1.0, 1.7], np_brightness),
+        ("contrast", [0.0, 0.6, 1.0, 1.4], np_contrast),
+        ("saturation", [0.0, 0.6, 1.0, 1.8], np_saturation),
+        ("hue", [-0.5, -0.1, 0.07, 0.5], np_hue),
+    ],
+)
 def test_single_jitter_op_matches_numpy(name, factors, reference):
   images = random_images()
   params = neutral_params(B, jitter=True)
@@ -142,8 +163,7 @@ def test_jitter_flag_off_leaves_image_unchanged():
 def test_grayscale_matches_numpy():
   images = random_images()
   out = apply(images, neutral_params(B, grayscale=True))
-  np.testing.assert_allclose(out, np.repeat(np_gray(images.astype(np.float64)), 3, -1),
-                             atol=1e-6)
+  np.testing.assert_allclose(out, np.repeat(np_gray(images.astype(np.float64)), 3, -1), atol=1e-6)
 
 
 def test_blur_matches_numpy_separable_convolution():
@@ -172,29 +192,41 @@ def test_solarize_matches_numpy():
 
 # ---------------------------------------------------------------- composition
 
+
 def test_every_jitter_order_matches_numpy():
   orders = np.array(list(itertools.permutations(range(4))), np.int32)  # all 24
   images = random_images(seed=1)
-  params = neutral_params(B, jitter=True, brightness=1.3, contrast=0.6, saturation=1.7,
-                          hue=0.23)
+  params = neutral_params(B, jitter=True, brightness=1.3, contrast=0.6, saturation=1.7, hue=0.23)
   outs = []
   for batch_orders in orders.reshape(-1, B, 4):
     params["order"] = batch_orders
     outs.append(apply(images, params))
     for x, y, order in zip(images, outs[-1], batch_orders):
-      np.testing.assert_allclose(y, np_jitter(x.astype(np.float64), params_at(params), order),
-                                 atol=3e-6, err_msg=f"order {order}")
+      np.testing.assert_allclose(
+          y,
+          np_jitter(x.astype(np.float64), params_at(params), order),
+          atol=3e-6,
+          err_msg=f"order {order}",
+      )
   # The order matters: the same image gives different results under different orders.
   assert np.abs(outs[0][0] - outs[-1][0]).max() > 0.05
 
 
 def test_full_pipeline_matches_numpy():
   images = random_images(seed=2)
-  params = neutral_params(B, jitter=True, brightness=0.7, contrast=1.3, saturation=0.4,
-                          hue=-0.3, grayscale=[False, True, False, True], blur=True,
-                          sigma=1.5, solarize=[True, True, False, False])
-  params["order"] = np.array([[3, 1, 0, 2], [2, 0, 3, 1], [0, 1, 2, 3], [1, 3, 2, 0]],
-                             np.int32)
+  params = neutral_params(
+      B,
+      jitter=True,
+      brightness=0.7,
+      contrast=1.3,
+      saturation=0.4,
+      hue=-0.3,
+      grayscale=[False, True, False, True],
+      blur=True,
+      sigma=1.5,
+      solarize=[True, True, False, False],
+  )
+  params["order"] = np.array([[3, 1, 0, 2], [2, 0, 3, 1], [0, 1, 2, 3], [1, 3, 2, 0]], np.int32)
   out = apply(images, params)
   for i in range(B):
     x = np_jitter(images[i].astype(np.float64), params_at(params), params["order"][i])
@@ -207,8 +239,9 @@ def test_full_pipeline_matches_numpy():
 
 
 def test_all_probabilities_zero_is_identity():
-  spec = dataclasses.replace(SPEC, jitter_prob=0.0, grayscale_prob=0.0, blur_prob=0.0,
-                             solarize_prob=0.0)
+  spec = dataclasses.replace(
+      SPEC, jitter_prob=0.0, grayscale_prob=0.0, blur_prob=0.0, solarize_prob=0.0
+  )
   images = random_images()
   for seed in range(4):
     params = photometric.sample_photometric(jax.random.key(seed), B, spec)
@@ -216,8 +249,15 @@ def test_all_probabilities_zero_is_identity():
 
 
 def test_outputs_stay_in_unit_interval():
-  spec = dataclasses.replace(SPEC, brightness=3.0, contrast=3.0, saturation=3.0, hue=0.5,
-                             jitter_prob=1.0, solarize_prob=0.5)
+  spec = dataclasses.replace(
+      SPEC,
+      brightness=3.0,
+      contrast=3.0,
+      saturation=3.0,
+      hue=0.5,
+      jitter_prob=1.0,
+      solarize_prob=0.5,
+  )
   for seed in range(8):
     images = random_images(seed=seed)
     images[:, 0, :4] = np.eye(4, 3)  # exact 0s and 1s
@@ -227,11 +267,14 @@ def test_outputs_stay_in_unit_interval():
 
 # ---------------------------------------------------------------- sampling
 
+
 def test_sampled_frequencies_and_ranges():
   n = 20000
   spec = photometric.PhotometricSpec(solarize_prob=0.3)
-  p = {k: np.asarray(v) for k, v in
-       photometric.sample_photometric(jax.random.key(2), n, spec).items()}
+  p = {
+      k: np.asarray(v)
+      for k, v in photometric.sample_photometric(jax.random.key(2), n, spec).items()
+  }
   assert set(p) == set(photometric.PARAM_KEYS)
   for key, prob in [("jitter", 0.8), ("grayscale", 0.2), ("blur", 0.5), ("solarize", 0.3)]:
     assert p[key].dtype == bool and p[key].shape == (n,)
@@ -258,13 +301,17 @@ def test_strength_above_one_clamps_lower_bound_at_zero():
 
 # ---------------------------------------------------------------- conversion, jit, errors
 
+
 def test_to_float_and_normalize():
   x = np.random.default_rng(4).integers(0, 256, (2, 4, 4, 3), dtype=np.uint8)
   spec = photometric.PhotometricSpec()
   as_float = np.asarray(photometric.to_float(x))
   np.testing.assert_allclose(as_float, x / 255.0, atol=1e-7)
-  np.testing.assert_allclose(np.asarray(photometric.normalize(as_float, spec)),
-                             (x / 255.0 - np.array(spec.mean)) / np.array(spec.std), atol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(photometric.normalize(as_float, spec)),
+      (x / 255.0 - np.array(spec.mean)) / np.array(spec.std),
+      atol=1e-5,
+  )
 
 
 def test_augment_batch_runs_under_jit():
@@ -274,19 +321,23 @@ def test_augment_batch_runs_under_jit():
   assert out.shape == (B, SIZE, SIZE, 3) and out.dtype == np.float32
   unnormalised = np.asarray(out) * np.array(SPEC.std) + np.array(SPEC.mean)
   np.testing.assert_allclose(
-      unnormalised, apply(images / np.float32(255), jax.device_get(params)), atol=1e-5)
+      unnormalised, apply(images / np.float32(255), jax.device_get(params)), atol=1e-5
+  )
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(jitter_prob=1.2), "jitter_prob"),
-    (dict(blur_prob=-0.1), "blur_prob"),
-    (dict(brightness=-0.4), "brightness"),
-    (dict(hue=0.6), "hue"),
-    (dict(blur_sigma=(2.0, 0.1)), "blur_sigma"),
-    (dict(blur_sigma=(0.0, 1.0)), "blur_sigma"),
-    (dict(blur_kernel_fraction=0.0), "blur_kernel_fraction"),
-    (dict(std=(0.2, 0.0, 0.2)), "std"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(jitter_prob=1.2), "jitter_prob"),
+        (dict(blur_prob=-0.1), "blur_prob"),
+        (dict(brightness=-0.4), "brightness"),
+        (dict(hue=0.6), "hue"),
+        (dict(blur_sigma=(2.0, 0.1)), "blur_sigma"),
+        (dict(blur_sigma=(0.0, 1.0)), "blur_sigma"),
+        (dict(blur_kernel_fraction=0.0), "blur_kernel_fraction"),
+        (dict(std=(0.2, 0.0, 0.2)), "std"),
+    ],
+)
 def test_spec_rejects_bad_values(kwargs, match):
   with pytest.raises(ValueError, match=match):
     photometric.PhotometricSpec(**kwargs)

@@ -1,5 +1,6 @@
 """The linear probe's pieces: the fast SGD probe against scikit-learn's logistic
 regression on the same features, and the cached random-initialisation baseline."""
+
 import json
 
 import numpy as np
@@ -65,18 +66,22 @@ def test_baseline_key_follows_the_network_data_and_probe_only():
   c = mocov2.get_config()
   key = linear_probe.baseline_key(c, "fast")
   same = mocov2.get_config()
-  same.moco.temperature = 0.05          # training settings do not change a random network
+  same.moco.temperature = 0.05  # training settings do not change a random network
   same.optim.lr = 1.0
   same.nonsemantic.enabled = True
   same.data.workers = 4
   assert linear_probe.baseline_key(same, "fast") == key
-  for change in (lambda x: x.update(seed=1), lambda x: x.model.update(width_multiplier=0.5),
-                 lambda x: x.data.update(image_size=48), lambda x: x.probe.update(epochs=7)):
+  for change in (
+      lambda x: x.update(seed=1),
+      lambda x: x.model.update(width_multiplier=0.5),
+      lambda x: x.data.update(image_size=48),
+      lambda x: x.probe.update(epochs=7),
+  ):
     other = mocov2.get_config()
     change(other)
     assert linear_probe.baseline_key(other, "fast") != key
   assert linear_probe.baseline_key(c, "paper") != key
-  assert linear_probe.baseline_key(simclr.get_config(), "fast") != key   # head with BN
+  assert linear_probe.baseline_key(simclr.get_config(), "fast") != key  # head with BN
 
 
 class _FakeState:

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import parallel, queue as queue_lib
+from cl_jax import parallel
+from cl_jax import queue as queue_lib
 
 DIM = 3
 
@@ -51,7 +52,7 @@ class NumpyRing:
     local_rows, local_keys = k // self.shards, p // self.shards
     for j in range(self.shards):
       start = j * local_rows + self.pointer[j]
-      self.rows[start:start + local_keys] = keys[j * local_keys:(j + 1) * local_keys]
+      self.rows[start : start + local_keys] = keys[j * local_keys : (j + 1) * local_keys]
       self.pointer[j] = (self.pointer[j] + local_keys) % local_rows
 
 
@@ -59,7 +60,7 @@ def _simulate(queue_size, keys_per_step, num_shards, steps, seed=0):
   """Yields (step, keys, previous queue, queue, NumPy reference) after each step."""
   rng = np.random.default_rng(seed)
   initial = rng.normal(size=(queue_size, DIM)).astype(np.float32)
-  initial[:, 0] = -np.arange(queue_size) - 1                   # initial rows: negative ids
+  initial[:, 0] = -np.arange(queue_size) - 1  # initial rows: negative ids
   ring = NumpyRing(initial, num_shards)
   queue = jnp.asarray(initial)
   for t in range(steps):
@@ -74,10 +75,10 @@ def test_single_shard_writes_keys_in_batch_order_at_the_pointer():
   k, p = 16, 4
   for t, keys, before, after, _ in _simulate(k, p, 1, 9):
     start = (t * p) % k
-    np.testing.assert_array_equal(after[start:start + p], keys)
+    np.testing.assert_array_equal(after[start : start + p], keys)
     rest = np.ones(k, bool)
-    rest[start:start + p] = False
-    np.testing.assert_array_equal(after[rest], before[rest])   # all other rows unchanged
+    rest[start : start + p] = False
+    np.testing.assert_array_equal(after[rest], before[rest])  # all other rows unchanged
 
 
 @pytest.mark.parametrize("k,p", [(16, 4), (12, 3), (8, 8)])
@@ -92,17 +93,18 @@ def test_wrap_around_replaces_the_oldest_keys_first():
   k, p = 16, 4
   for t, _, before, after, _ in _simulate(k, p, 1, 3 * k // p):
     start = (t * p) % k
-    overwritten = before[start:start + p, 0].astype(int)
+    overwritten = before[start : start + p, 0].astype(int)
     if t < k // p:
       np.testing.assert_array_equal(overwritten, -(np.arange(start, start + p) + 1))
-    else:                                      # the keys of step t - K/P, the oldest ones
+    else:  # the keys of step t - K/P, the oldest ones
       np.testing.assert_array_equal(overwritten, (t - k // p) * p + np.arange(p) + 1)
     # The queue holds the newest min(K, (t+1) P) keys and initial rows for the rest.
     written = min((t + 1) * p, k)
     newest = np.arange((t + 1) * p - written, (t + 1) * p) + 1
     initial = -(np.arange(written, k) + 1)
-    np.testing.assert_array_equal(np.sort(after[:, 0]).astype(int),
-                                  np.sort(np.concatenate([initial, newest])))
+    np.testing.assert_array_equal(
+        np.sort(after[:, 0]).astype(int), np.sort(np.concatenate([initial, newest]))
+    )
 
 
 @pytest.mark.parametrize("k,p,s", [(24, 6, 3), (16, 4, 2), (16, 8, 4), (8, 2, 2)])
@@ -112,8 +114,8 @@ def test_sharded_queue_matches_numpy_rule(k, p, s):
     # Shard j holds batch rows [j P/S, (j+1) P/S) at local offset (t P/S) mod (K/S).
     local = (t * p // s) % (k // s)
     for j in range(s):
-      rows = after[j * k // s + local:j * k // s + local + p // s]
-      np.testing.assert_array_equal(rows, keys[j * p // s:(j + 1) * p // s])
+      rows = after[j * k // s + local : j * k // s + local + p // s]
+      np.testing.assert_array_equal(rows, keys[j * p // s : (j + 1) * p // s])
 
 
 def test_sharded_queue_keeps_the_latest_keys_of_every_shard():
@@ -127,8 +129,15 @@ def test_sharded_queue_keeps_the_latest_keys_of_every_shard():
 
 def test_write_offset_formula():
   # offset = (t * P / S) mod (K / S), checked on hand-computed values.
-  cases = [(0, 4, 16, 1, 0), (3, 4, 16, 1, 12), (4, 4, 16, 1, 0), (5, 4, 16, 1, 4),
-           (3, 6, 24, 3, 6), (4, 6, 24, 3, 0), (7, 6, 24, 3, 6)]
+  cases = [
+      (0, 4, 16, 1, 0),
+      (3, 4, 16, 1, 12),
+      (4, 4, 16, 1, 0),
+      (5, 4, 16, 1, 4),
+      (3, 6, 24, 3, 6),
+      (4, 6, 24, 3, 0),
+      (7, 6, 24, 3, 6),
+  ]
   for step, p, k, s, want in cases:
     assert int(queue_lib.write_offset(jnp.asarray(step), p, k, s)) == want
 
@@ -167,16 +176,19 @@ def test_sharded_queue_holds_the_one_device_queue_in_every_step(k, p, s):
     keys = jnp.asarray(_step_keys(rng, t, p))
     ring = _enqueue(ring, keys, jnp.asarray(t), 1)
     sharded = _enqueue(sharded, keys, jnp.asarray(t), s)
-    np.testing.assert_array_equal(np.asarray(queue_lib.to_ring_order(sharded, s, p)),
-                                  np.asarray(ring))
+    np.testing.assert_array_equal(
+        np.asarray(queue_lib.to_ring_order(sharded, s, p)), np.asarray(ring)
+    )
 
 
 @pytest.mark.parametrize("s", [1, 2, 8])
 def test_each_device_holds_k_over_s_rows(s):
   k, p, d = 64, 16, 8
   mesh = _mesh(s)
-  init = jax.jit(lambda: queue_lib.init_queue(jax.random.key(0), k, d, s, p),
-                 out_shardings=parallel.batch_sharding(mesh))
+  init = jax.jit(
+      lambda: queue_lib.init_queue(jax.random.key(0), k, d, s, p),
+      out_shardings=parallel.batch_sharding(mesh),
+  )
   q = init()
   shards = q.addressable_shards
   assert len(shards) == s
@@ -184,8 +196,9 @@ def test_each_device_holds_k_over_s_rows(s):
   assert all(sh.data.nbytes == k * d * 4 // s for sh in shards)
   # The same initial keys in the same slots for every shard count.
   ring = queue_lib.init_queue(jax.random.key(0), k, d, 1, p)
-  np.testing.assert_allclose(np.asarray(queue_lib.to_ring_order(q, s, p)), np.asarray(ring),
-                             rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(
+      np.asarray(queue_lib.to_ring_order(q, s, p)), np.asarray(ring), rtol=1e-6, atol=1e-7
+  )
 
 
 @pytest.mark.parametrize("k,p,s", [(10, 4, 1), (8, 3, 2)])

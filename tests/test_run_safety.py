@@ -2,6 +2,7 @@
 from damaged checkpoints, the config written only by a start that succeeded, chunks
 that do not probe, and one-line errors for bad input (in subprocesses, as a user runs
 them)."""
+
 import glob
 import json
 import os
@@ -23,9 +24,14 @@ EXTRA = ("--config.optim.epochs=2", "--config.train.checkpoint_every=4", "--prob
 
 
 def _run(workdir, *extra, cwd=ROOT):
-  return subprocess.run([sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}",
-                         *tiny_run.FLAGS, *extra], cwd=cwd, capture_output=True, text=True,
-                        timeout=600, env=tiny_run.env())
+  return subprocess.run(
+      [sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}", *tiny_run.FLAGS, *extra],
+      cwd=cwd,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      env=tiny_run.env(),
+  )
 
 
 def _error_line(proc) -> str:
@@ -57,6 +63,7 @@ def finished_run(tmp_path_factory):
 
 # The resume rule, on configs (no training).
 
+
 def _config(**fields) -> ml_collections.ConfigDict:
   c = mocov2_patchns.get_config()
   for path, value in fields.items():
@@ -67,24 +74,38 @@ def _config(**fields) -> ml_collections.ConfigDict:
 
 def test_resume_rule_names_every_differing_field():
   stored = _config()
-  assert run_config.check_resume(stored, _config(), step=8, workdir="w",
-                                 allow_change=False) == []
+  assert run_config.check_resume(stored, _config(), step=8, workdir="w", allow_change=False) == []
   with pytest.raises(run_config.ConfigChangeError) as e:
-    run_config.check_resume(stored, _config(moco__temperature=0.5, model__head_out_dim=32,
-                                            optim__epochs=40),
-                            step=8, workdir="w", allow_change=True)
+    run_config.check_resume(
+        stored,
+        _config(moco__temperature=0.5, model__head_out_dim=32, optim__epochs=40),
+        step=8,
+        workdir="w",
+        allow_change=True,
+    )
   message = str(e.value)
   assert "moco.temperature: 0.2 -> 0.5" in message and "model.head_out_dim: 64 -> 32" in message
   assert "another --workdir" in message and "optim.epochs: 16 -> 40" in message
   with pytest.raises(run_config.ConfigChangeError, match="--allow_config_change"):
-    run_config.check_resume(stored, _config(optim__epochs=40), step=8, workdir="w",
-                            allow_change=False)
+    run_config.check_resume(
+        stored, _config(optim__epochs=40), step=8, workdir="w", allow_change=False
+    )
   accepted = run_config.check_resume(
-      stored, _config(optim__epochs=40, train__log_every=5, probe__epochs=3,
-                      data__workers=2, optim__lr=0.01),
-      step=8, workdir="w", allow_change=True)
-  assert accepted == ["data.workers: 0 -> 2", "optim.epochs: 16 -> 40", "optim.lr: 0.06 -> 0.01",
-                      "probe.epochs: 100 -> 3", "train.log_every: 10 -> 5"]
+      stored,
+      _config(
+          optim__epochs=40, train__log_every=5, probe__epochs=3, data__workers=2, optim__lr=0.01
+      ),
+      step=8,
+      workdir="w",
+      allow_change=True,
+  )
+  assert accepted == [
+      "data.workers: 0 -> 2",
+      "optim.epochs: 16 -> 40",
+      "optim.lr: 0.06 -> 0.01",
+      "probe.epochs: 100 -> 3",
+      "train.log_every: 10 -> 5",
+  ]
 
 
 def test_stored_config_reads_back_equal(tmp_path):
@@ -101,15 +122,16 @@ def test_resume_refuses_a_changed_config_and_touches_nothing(finished_run, tmp_p
   workdir = tmp_path / "run"
   shutil.copytree(finished_run, workdir)
   before = _snapshot(workdir)
-  refused = _run(workdir, *EXTRA, "--config.moco.temperature=0.5",
-                 "--config.model.width_multiplier=0.25")
+  refused = _run(
+      workdir, *EXTRA, "--config.moco.temperature=0.5", "--config.model.width_multiplier=0.25"
+  )
   line = _error_line(refused)
   assert "moco.temperature: 0.2 -> 0.5" in line and "model.width_multiplier: 0.125 -> 0.25" in line
   assert "another --workdir" in line
   longer = ("--config.optim.epochs=3", "--config.train.checkpoint_every=4", "--probe=false")
   line = _error_line(_run(workdir, *longer))
   assert "optim.epochs: 2 -> 3" in line and "--allow_config_change" in line
-  assert _snapshot(workdir) == before       # neither attempt changed a byte
+  assert _snapshot(workdir) == before  # neither attempt changed a byte
 
   accepted = _run(workdir, *longer, "--allow_config_change")
   assert accepted.returncode == 0, accepted.stderr[-3000:]
@@ -133,9 +155,11 @@ def test_failed_start_leaves_the_stored_config(tmp_path):
 
 # Damaged checkpoints.
 
+
 def _truncate_largest_array(step_dir):
-  files = sorted(glob.glob(os.path.join(step_dir, "state", "ocdbt.process_0", "d", "*")),
-                 key=os.path.getsize)
+  files = sorted(
+      glob.glob(os.path.join(step_dir, "state", "ocdbt.process_0", "d", "*")), key=os.path.getsize
+  )
   with open(files[-1], "r+b") as f:
     f.truncate(os.path.getsize(files[-1]) // 2)
 
@@ -165,7 +189,7 @@ def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished_run, tmp_path
   assert warning in proc.stdout and "moved to" in proc.stdout
   assert "resuming from the checkpoint at step 12 of 16" in proc.stdout
   assert warning in (workdir / "warnings.log").read_text()
-  assert (workdir / "checkpoints_damaged" / "16").is_dir()      # set aside, not deleted
+  assert (workdir / "checkpoints_damaged" / "16").is_dir()  # set aside, not deleted
   assert sorted(os.listdir(workdir / "checkpoints")) == ["12", "16"]
   # Steps 13-16 ran again from step 12: one row each, equal to the first run's.
   rows = metrics.read_jsonl(workdir / "metrics.jsonl")
@@ -176,9 +200,15 @@ def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished_run, tmp_path
 
 # What a user sees.
 
+
 def test_stop_at_step_chunk_does_not_probe(tmp_path):
-  proc = _run(tmp_path / "run", "--config.optim.epochs=2", "--config.train.checkpoint_every=4",
-              "--stop_at_step=4", "--probe=true")
+  proc = _run(
+      tmp_path / "run",
+      "--config.optim.epochs=2",
+      "--config.train.checkpoint_every=4",
+      "--stop_at_step=4",
+      "--probe=true",
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "stopped at step 4 of 16" in proc.stdout and "linear probe" not in proc.stdout
   assert not glob.glob(str(tmp_path / "run" / "probe_step*.json"))
@@ -189,9 +219,14 @@ def test_bad_inputs_get_one_line(tmp_path):
   a_file.write_text("")
   line = _error_line(_run(a_file))
   assert f"--workdir={a_file} is a file" in line
-  missing = subprocess.run([sys.executable, "-m", "cl_jax.main", "--config=configs/nope.py"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300,
-                           env=tiny_run.env())
+  missing = subprocess.run(
+      [sys.executable, "-m", "cl_jax.main", "--config=configs/nope.py"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env=tiny_run.env(),
+  )
   assert "config file configs/nope.py not found" in _error_line(missing)
   line = _error_line(_run(tmp_path / "w", "--config.moco.temprature=0.3"))
   assert "unknown config field moco.temprature" in line
@@ -209,7 +244,7 @@ def test_only_bad_input_becomes_one_line():
     with cli.report():
       raise UsageError("bad value")
   assert str(e.value) == "error: bad value"
-  with pytest.raises(ValueError, match="an internal bug"):   # keeps its traceback
+  with pytest.raises(ValueError, match="an internal bug"):  # keeps its traceback
     with cli.report():
       raise ValueError("an internal bug")
   assert issubclass(tfds_source.DatasetNotFoundError, UsageError)

@@ -3,6 +3,7 @@
 The 8 devices are simulated CPU devices (tests/conftest.py). The references are
 the same computation on one device, and per-device forwards of each device's rows.
 """
+
 import re
 
 import jax
@@ -10,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import parallel, queue as queue_lib, step as step_lib, train
+from cl_jax import parallel, train
+from cl_jax import queue as queue_lib
+from cl_jax import step as step_lib
 from cl_jax.errors import UsageError
 from cl_jax.steps import forward
 from configs import mocov2_patchns
@@ -24,8 +27,14 @@ def _config(bn_mode: str, groups: int):
   # The paper's head (no BN): a head BN over this test's groups of 2 rows amplifies
   # float32 summation-order noise past the tolerance; head BN across devices is
   # checked with the SimCLR and BYOL steps.
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8,
-                 bn_mode=bn_mode, bn_groups=groups, head_bn=False)
+  c.model.update(
+      width_multiplier=0.125,
+      head_hidden_dim=16,
+      head_out_dim=8,
+      bn_mode=bn_mode,
+      bn_groups=groups,
+      head_bn=False,
+  )
   c.moco.update(queue_size=K, momentum=0.9)
   c.nonsemantic.update(enabled=True, num_ns=2, patch_min=2, patch_max=6)
   c.optim.update(batch_size=B, epochs=1)
@@ -44,15 +53,19 @@ def _one_step(config, host_batch, devices: int):
   state = make_state()
   before = jax.device_get(state)
   train_step = step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4)
-  step = step_lib.jit_train_step(train_step, parallel.state_sharding(state, mesh),
-                                 parallel.batch_sharding(mesh))
+  step = step_lib.jit_train_step(
+      train_step, parallel.state_sharding(state, mesh), parallel.batch_sharding(mesh)
+  )
   after, metrics = step(state, jax.device_put(host_batch, parallel.batch_sharding(mesh)))
   return before, after, jax.device_get(metrics)
 
 
 def _close(a, b, rtol=1e-5, atol=1e-7):
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y),
-                                                       rtol=rtol, atol=atol), a, b)
+  jax.tree.map(
+      lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol),
+      a,
+      b,
+  )
 
 
 @pytest.mark.parametrize("bn_mode,groups", [("sync", 1), ("shuffle", 8)])
@@ -65,13 +78,24 @@ def test_eight_devices_take_the_one_device_step(bn_mode, groups, host_batch):
   p = step_lib.keys_per_step(config)
   # The same initial state, the queue in each run's layout.
   _close(before1.params, before8.params, rtol=0, atol=0)
-  np.testing.assert_allclose(queue_lib.to_ring_order(before8.queue, 8, p), before1.queue,
-                             rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(
+      queue_lib.to_ring_order(before8.queue, 8, p), before1.queue, rtol=1e-6, atol=1e-7
+  )
   assert set(m1) == set(m8)
   assert {n for n in m1 if not n.startswith("grad_norm/")} == {
-      "loss", "lr", "pos_mean", "neg_mean", "neg_var", "ns_mean", "health/std",
-      "health/std_sqrt_d", "health/rank", "health/align", "health/uniform"}
-  assert len(m1) > 40             # one gradient norm per layer
+      "loss",
+      "lr",
+      "pos_mean",
+      "neg_mean",
+      "neg_var",
+      "ns_mean",
+      "health/std",
+      "health/std_sqrt_d",
+      "health/rank",
+      "health/align",
+      "health/uniform",
+  }
+  assert len(m1) > 40  # one gradient norm per layer
   for name in m1:
     np.testing.assert_allclose(m8[name], m1[name], rtol=1e-5, atol=1e-7, err_msg=name)
   _close(eight.params, one.params)
@@ -81,15 +105,23 @@ def test_eight_devices_take_the_one_device_step(bn_mode, groups, host_batch):
   # The momentum buffer is the gradient itself, a sum over the batch: summed in another
   # order its near-zero entries differ by float32 rounding, so each array is compared
   # relative to its largest entry.
-  jax.tree.map(lambda x, y: np.testing.assert_array_less(
-      np.abs(np.asarray(x) - y), 1e-5 * np.abs(y).max() + 1e-12), eight.opt_state, one.opt_state)
-  np.testing.assert_allclose(queue_lib.to_ring_order(eight.queue, 8, p), one.queue,
-                             rtol=1e-5, atol=1e-6)
+  jax.tree.map(
+      lambda x, y: np.testing.assert_array_less(
+          np.abs(np.asarray(x) - y), 1e-5 * np.abs(y).max() + 1e-12
+      ),
+      eight.opt_state,
+      one.opt_state,
+  )
+  np.testing.assert_allclose(
+      queue_lib.to_ring_order(eight.queue, 8, p), one.queue, rtol=1e-5, atol=1e-6
+  )
   # The step's keys went into slots [0, P) of the ring; the parameters moved.
   assert not np.allclose(one.queue[:p], before1.queue[:p])
   np.testing.assert_array_equal(one.queue[p:], before1.queue[p:])
-  assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(one.params),
-                                                    jax.tree.leaves(before1.params)))
+  assert not all(
+      np.allclose(a, b)
+      for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(before1.params))
+  )
   # Each device holds K/8 rows of the queue.
   shards = eight.queue.addressable_shards
   assert len(shards) == 8
@@ -122,7 +154,7 @@ def test_local_bn_statistics_are_per_device(host_batch):
   xs = jax.device_put(x, parallel.batch_sharding(mesh))
   fwd8 = jax.jit(lambda v, x: _forward(encoder8, v, x))
   z, stats = fwd8(variables, xs)
-  refs = [_forward(encoder1, variables, x[i * B // 8:(i + 1) * B // 8]) for i in range(8)]
+  refs = [_forward(encoder1, variables, x[i * B // 8 : (i + 1) * B // 8]) for i in range(8)]
   for shard in z.addressable_shards:
     i = shard.index[0].start // (B // 8)
     np.testing.assert_allclose(shard.data, refs[i][0], rtol=1e-5, atol=1e-6)
@@ -131,6 +163,7 @@ def test_local_bn_statistics_are_per_device(host_batch):
 
   def all_reduces(fn):
     return len(re.findall(r" all-reduce(-start)?\(", fn.lower(variables, xs).compile().as_text()))
+
   fwd1 = jax.jit(lambda v, x: _forward(encoder1, v, x))
   layers = len(jax.tree.leaves(variables["batch_stats"])) // 2
   assert all_reduces(fwd8) <= 1 < layers <= all_reduces(fwd1)
@@ -146,21 +179,26 @@ def test_shuffle_bn_normalises_keys_with_a_random_group(groups, host_batch):
   encoder1 = _encoder_and_variables(1)[0]
   mesh = parallel.make_mesh()
   rng = jax.random.key(3)
-  keys, stats = jax.jit(lambda v, x: forward.encode_keys(
-      encoder, v["params"], v["batch_stats"], x, rng, shuffle=True))(
-          variables, jax.device_put(x, parallel.batch_sharding(mesh)))
+  keys, stats = jax.jit(
+      lambda v, x: forward.encode_keys(encoder, v["params"], v["batch_stats"], x, rng, shuffle=True)
+  )(variables, jax.device_put(x, parallel.batch_sharding(mesh)))
   perm = np.asarray(jax.random.permutation(rng, B))
   shuffled = x[perm]
   size = B // groups
-  refs = [_forward(encoder1, variables, shuffled[g * size:(g + 1) * size]) for g in range(groups)]
+  refs = [_forward(encoder1, variables, shuffled[g * size : (g + 1) * size]) for g in range(groups)]
   want = np.empty((B, keys.shape[1]), np.float32)
   want[perm] = np.concatenate([r[0] for r in refs])
   np.testing.assert_allclose(keys, want, rtol=1e-5, atol=1e-6)
-  _close(stats, jax.tree.map(lambda *s: np.mean(s, axis=0), *[r[1] for r in refs]),
-         rtol=1e-5, atol=1e-6)
+  _close(
+      stats,
+      jax.tree.map(lambda *s: np.mean(s, axis=0), *[r[1] for r in refs]),
+      rtol=1e-5,
+      atol=1e-6,
+  )
   # Not the unshuffled statistics: some key differs from its unshuffled value.
-  plain = np.concatenate([_forward(encoder1, variables, x[g * size:(g + 1) * size])[0]
-                          for g in range(groups)])
+  plain = np.concatenate(
+      [_forward(encoder1, variables, x[g * size : (g + 1) * size])[0] for g in range(groups)]
+  )
   assert np.abs(np.asarray(keys) - plain).max() > 1e-3
 
 
@@ -172,14 +210,18 @@ def test_a_run_resumed_on_fewer_devices_keeps_every_key_in_its_slot():
   mesh8, mesh2 = parallel.make_mesh(), parallel.make_mesh(jax.devices()[:2])
   state = train.build(config, 4 * B, mesh8)[3]()
   keys = jnp.arange(p * 4, dtype=jnp.float32).reshape(4, p)[:, :, None] * jnp.ones(8)
-  for t in range(3):   # three steps of distinct keys over the random initial queue
-    state = state.replace(queue=jax.jit(queue_lib.enqueue, static_argnums=3)(
-        state.queue, jax.device_put(keys[t], parallel.batch_sharding(mesh8)), t, mesh8))
+  for t in range(3):  # three steps of distinct keys over the random initial queue
+    state = state.replace(
+        queue=jax.jit(queue_lib.enqueue, static_argnums=3)(
+            state.queue, jax.device_put(keys[t], parallel.batch_sharding(mesh8)), t, mesh8
+        )
+    )
   # Restoring into the 2-device template puts the rows, still in the 8-shard layout, on 2.
   restored = state.replace(queue=jax.device_put(state.queue, parallel.batch_sharding(mesh2)))
   moved = train.relayout_queue(restored, {"queue_shards": 8, "keys_per_step": p}, mesh2, p)
-  np.testing.assert_array_equal(queue_lib.to_ring_order(moved.queue, 2, p),
-                                queue_lib.to_ring_order(state.queue, 8, p))
+  np.testing.assert_array_equal(
+      queue_lib.to_ring_order(moved.queue, 2, p), queue_lib.to_ring_order(state.queue, 8, p)
+  )
   assert [s.data.shape[0] for s in moved.queue.addressable_shards] == [K // 2, K // 2]
   with pytest.raises(UsageError, match="keys per step"):
     train.relayout_queue(restored, {"queue_shards": 8, "keys_per_step": 2 * p}, mesh2, p)

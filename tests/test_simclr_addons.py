@@ -11,6 +11,7 @@ drawn in the test with the same jax.random calls the loss makes (split the key
 in three: lambda, mu, permutation); the reference gradients are central finite
 differences with those coefficients fixed.
 """
+
 import functools
 
 import jax
@@ -40,40 +41,69 @@ NS = _cfg(enabled=True, alpha=2.0, alpha_mode="in")
 # ft keys: (negative, union, coefficients, renormalize, positive_extrapolation).
 FT_INTERPOLATE = ("interpolate", False, "scalar", False, True)
 FT_NEGATIVE_ONLY = ("interpolate", False, "scalar", False, False)
-FT_UNION = ("extrapolate", True, "dimension", True, True)   # union, per dimension, renormalised
+FT_UNION = ("extrapolate", True, "dimension", True, True)  # union, per dimension, renormalised
 FT_PER_SAMPLE = ("interpolate", False, "sample_dimension", False, True)
 
 
 def _ft(key):
   negative, union, coefficients, renormalize, positive_extrapolation = key
-  return _cfg(enabled=True, positive_extrapolation=positive_extrapolation, alpha_ex=2.0,
-              negative=negative, alpha_in=1.6, union=union, coefficients=coefficients,
-              renormalize=renormalize)
+  return _cfg(
+      enabled=True,
+      positive_extrapolation=positive_extrapolation,
+      alpha_ex=2.0,
+      negative=negative,
+      alpha_in=1.6,
+      union=union,
+      coefficients=coefficients,
+      renormalize=renormalize,
+  )
 
 
-@functools.partial(jax.jit, static_argnames=("ns_key", "ifm_key", "hcl_key", "ft_key",
-                                             "score_queries"))
+@functools.partial(
+    jax.jit, static_argnames=("ns_key", "ifm_key", "hcl_key", "ft_key", "score_queries")
+)
 def _jit_run(z1, z2, t, ft_rng, active, ns_key, ifm_key, hcl_key, ft_key, score_queries):
   ns = _cfg(enabled=t is not None, alpha_mode=ns_key[0], alpha=ns_key[1])
   ifm = OFF if ifm_key is None else _cfg(enabled=True, epsilon=ifm_key[0], alpha=ifm_key[1])
   hcl = OFF if hcl_key is None else _cfg(enabled=True, beta=hcl_key[0], tau_plus=hcl_key[1])
   ft = None if ft_key is None else _ft(ft_key)
-  fn = lambda a, b: simclr.simclr_loss(a, b, t, _cfg(temperature=T), ns, ifm, hcl, ft_cfg=ft,
-                                       ft_rng=ft_rng, ft_active=active,
-                                       score_queries=score_queries)
+  fn = lambda a, b: simclr.simclr_loss(
+      a,
+      b,
+      t,
+      _cfg(temperature=T),
+      ns,
+      ifm,
+      hcl,
+      ft_cfg=ft,
+      ft_rng=ft_rng,
+      ft_active=active,
+      score_queries=score_queries,
+  )
   (loss, stats), grads = jax.value_and_grad(fn, argnums=(0, 1), has_aux=True)(z1, z2)
   return loss, stats, grads
 
 
-def _run(z1, z2, t=None, ft_rng=None, active=True, ns_key=("in", 2.0), ifm_key=None,
-         hcl_key=None, ft_key=None, score_queries=0):
+def _run(
+    z1,
+    z2,
+    t=None,
+    ft_rng=None,
+    active=True,
+    ns_key=("in", 2.0),
+    ifm_key=None,
+    hcl_key=None,
+    ft_key=None,
+    score_queries=0,
+):
   """(loss, stats, (dL/dz1, dL/dz2)) of simclr_loss, jitted; the configs come from
   hashable keys (ifm_key = (epsilon, alpha), hcl_key = (beta, tau_plus)) and the
   arrays and ft_active are traced, so tests share compilations."""
   if ft_rng is None:
     ft_rng = jax.random.key(0)
-  return _jit_run(z1, z2, t, ft_rng, jnp.asarray(active), ns_key, ifm_key, hcl_key, ft_key,
-                  score_queries)
+  return _jit_run(
+      z1, z2, t, ft_rng, jnp.asarray(active), ns_key, ifm_key, hcl_key, ft_key, score_queries
+  )
 
 
 def _coefficients(key, ft, dim, n):
@@ -81,10 +111,10 @@ def _coefficients(key, ft, dim, n):
   r_pos, r_neg, r_perm = jax.random.split(key, 3)
   # Eq. 6 (Sec. 4.3): one coefficient per step, one (d,) vector per step, or one per row
   # (each of the n / 2 positive pairs, each of the n negatives).
-  shape = lambda rows: {"scalar": (), "dimension": (dim,),
-                        "sample_dimension": (rows, dim)}[ft.coefficients]
-  lam = 1 + np.asarray(jax.random.beta(r_pos, ft.alpha_ex, ft.alpha_ex, shape(n // 2)),
-                       np.float64)
+  shape = lambda rows: {"scalar": (), "dimension": (dim,), "sample_dimension": (rows, dim)}[
+      ft.coefficients
+  ]
+  lam = 1 + np.asarray(jax.random.beta(r_pos, ft.alpha_ex, ft.alpha_ex, shape(n // 2)), np.float64)
   # Eq. 5: mu ~ Beta(a_in, a_in); App. G.1, Eq. 7: mu ~ 1 + Beta(a_ex, a_ex).
   a = ft.alpha_ex if ft.negative == "extrapolate" else ft.alpha_in
   mu = np.asarray(jax.random.beta(r_neg, a, a, shape(n)), np.float64)
@@ -114,15 +144,19 @@ def _np_features(z1, z2, ft, coef):
 
 def _np_ce(sp, sn, sns, temperature, alpha, mode):
   """-log softmax of the positive among [sp, sn, ns logits], similarities before T."""
-  ns_logits = [] if sns is None else list(alpha * sns / temperature if mode == "in"
-                                          else sns / temperature + np.log(alpha))
+  ns_logits = (
+      []
+      if sns is None
+      else list(alpha * sns / temperature if mode == "in" else sns / temperature + np.log(alpha))
+  )
   den = np.exp(sp / temperature) + np.exp(np.asarray(sn) / temperature).sum()
   den += np.exp(ns_logits).sum() if ns_logits else 0.0
   return -np.log(np.exp(sp / temperature) / den)
 
 
-def _np_loss(z1, z2, temperature=T, t=None, ns=NS, ifm=None, ft=None, coef=None, hcl=None,
-             rows=None):
+def _np_loss(
+    z1, z2, temperature=T, t=None, ns=NS, ifm=None, ft=None, coef=None, hcl=None, rows=None
+):
   """(loss, stats) of the reference; ifm = (eps, alpha), hcl = (beta, tau_plus)."""
   anchors, sets = _np_features(z1, z2, ft, coef)
   b, n = len(z1), 2 * len(z1)
@@ -136,15 +170,23 @@ def _np_loss(z1, z2, temperature=T, t=None, ns=NS, ifm=None, ft=None, coef=None,
       beta, tau_plus = hcl
       s, s_pos, count = sn / temperature, sp / temperature, len(sn)
       w = np.exp(beta * s) / np.exp(beta * s).sum()
-      ng = max((count * np.sum(w * np.exp(s)) - tau_plus * count * np.exp(s_pos))
-               / (1 - tau_plus), count * np.exp(-1 / temperature))
+      ng = max(
+          (count * np.sum(w * np.exp(s)) - tau_plus * count * np.exp(s_pos)) / (1 - tau_plus),
+          count * np.exp(-1 / temperature),
+      )
       l = -np.log(np.exp(s_pos) / (np.exp(s_pos) + ng))
     else:
       l = _np_ce(sp, sn, sns, temperature, ns.alpha, ns.alpha_mode)
     if ifm is not None:
       eps, alpha = ifm
-      adv = _np_ce(sp - eps, sn + eps, None if sns is None else sns + eps, temperature,
-                   ns.alpha, ns.alpha_mode)
+      adv = _np_ce(
+          sp - eps,
+          sn + eps,
+          None if sns is None else sns + eps,
+          temperature,
+          ns.alpha,
+          ns.alpha_mode,
+      )
       l = (l + alpha * adv) / 2
     losses.append(l)
     pos_all.append(sp)
@@ -152,8 +194,11 @@ def _np_loss(z1, z2, temperature=T, t=None, ns=NS, ifm=None, ft=None, coef=None,
     neg_vars.append(sn.var())
     ns_all.append(sns)
   rows = rows or n
-  stats = {"pos_mean": np.mean(pos_all[:rows]), "neg_mean": np.mean(neg_means[:rows]),
-           "neg_var": np.mean(neg_vars[:rows])}
+  stats = {
+      "pos_mean": np.mean(pos_all[:rows]),
+      "neg_mean": np.mean(neg_means[:rows]),
+      "neg_var": np.mean(neg_vars[:rows]),
+  }
   if t is not None:
     stats["ns_mean"] = np.mean(ns_all[:rows])
   return np.mean(losses), stats
@@ -178,6 +223,7 @@ def _assert_close(got, want, grads=None, want_grads=None, rtol=2e-5):
 
 # --- add-ons off -------------------------------------------------------------------------
 
+
 def test_every_add_on_off_is_bit_identical_to_nt_xent():
   z1, z2 = _f32(*_pair(0))
   simclr_cfg = _cfg(temperature=T)
@@ -186,10 +232,11 @@ def test_every_add_on_off_is_bit_identical_to_nt_xent():
   @jax.jit
   def both(a, b):
     grad = lambda f: jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(a, b)
-    return (grad(lambda x, y: simclr.simclr_loss(x, y, None, simclr_cfg, NS, OFF, OFF)),
-            grad(lambda x, y: simclr.simclr_loss(x, y, None, simclr_cfg, NS, OFF, OFF,
-                                                 ft_cfg=ft_off)),
-            grad(lambda x, y: simclr.nt_xent_loss(x, y, T)))
+    return (
+        grad(lambda x, y: simclr.simclr_loss(x, y, None, simclr_cfg, NS, OFF, OFF)),
+        grad(lambda x, y: simclr.simclr_loss(x, y, None, simclr_cfg, NS, OFF, OFF, ft_cfg=ft_off)),
+        grad(lambda x, y: simclr.nt_xent_loss(x, y, T)),
+    )
 
   *runs, ((want, want_stats), want_grads) = both(z1, z2)
   for (loss, stats), grads in runs:
@@ -218,10 +265,11 @@ def test_inactive_feature_transformation_is_bit_identical_to_off(ft_key, with_ot
   for g, w in zip(inactive[2], off[2]):
     np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
   active = _run(z1, z2, ft_rng=key, active=True, ft_key=ft_key, **others)
-  assert abs(float(active[0]) - float(off[0])) > 1e-3    # active, it does transform
+  assert abs(float(active[0]) - float(off[0])) > 1e-3  # active, it does transform
 
 
 # --- non-semantic negatives --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode,num_ns", [("in", 1), ("out", 3)])
 def test_ns_negatives_enter_the_denominator(mode, num_ns):
@@ -234,7 +282,7 @@ def test_ns_negatives_enter_the_denominator(mode, num_ns):
   _assert_close(loss, want, grads, fd)
   assert set(stats) == {"pos_mean", "neg_mean", "neg_var", "ns_mean"}
   np.testing.assert_allclose(stats["ns_mean"], want_stats["ns_mean"], rtol=1e-5, atol=1e-7)
-  assert float(loss) > _np_loss(z1, z2)[0] + 1e-3          # the NS logits add to the loss
+  assert float(loss) > _np_loss(z1, z2)[0] + 1e-3  # the NS logits add to the loss
 
 
 def test_ns_features_get_no_gradient():
@@ -247,12 +295,14 @@ def test_ns_features_get_no_gradient():
 
 # --- IFM ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("eps,alpha,with_ns", [(0.1, 1.0, False), (0.2, 0.5, True)])
 def test_ifm_matches_numpy(eps, alpha, with_ns):
   z1, z2 = _pair(4)
   t = _unit(np.random.default_rng(40), 2 * B, 2, DIM) if with_ns else None
-  loss, _, grads = _run(*_f32(z1, z2), t=None if t is None else jnp.asarray(t, jnp.float32),
-                        ifm_key=(eps, alpha))
+  loss, _, grads = _run(
+      *_f32(z1, z2), t=None if t is None else jnp.asarray(t, jnp.float32), ifm_key=(eps, alpha)
+  )
   ref = lambda a, b: _np_loss(a, b, t=t, ifm=(eps, alpha))[0]
   _assert_close(loss, ref(z1, z2), grads, central_differences(ref, z1, z2))
   # L_eps > L, so (L + alpha L_eps) / 2 > (1 + alpha) L / 2.
@@ -260,6 +310,7 @@ def test_ifm_matches_numpy(eps, alpha, with_ns):
 
 
 # --- feature transformation --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("ft_key", [FT_INTERPOLATE, FT_PER_SAMPLE])
 def test_feature_transformation_matches_numpy(ft_key):
@@ -269,12 +320,12 @@ def test_feature_transformation_matches_numpy(ft_key):
   z1, z2 = _pair(5)
   ft, key = _ft(ft_key), jax.random.key(11)
   coef = _coefficients(key, ft, DIM, 2 * B)
-  assert not np.array_equal(coef[2], np.arange(2 * B))     # a real permutation
+  assert not np.array_equal(coef[2], np.arange(2 * B))  # a real permutation
   loss, stats, grads = _run(*_f32(z1, z2), ft_rng=key, ft_key=ft_key)
   ref = lambda a, b: _np_loss(a, b, ft=ft, coef=coef)
   want, want_stats = ref(z1, z2)
   _assert_close(loss, want, grads, central_differences(lambda a, b: ref(a, b)[0], z1, z2))
-  for name in ("pos_mean", "neg_mean", "neg_var"):         # on the transformed features
+  for name in ("pos_mean", "neg_mean", "neg_var"):  # on the transformed features
     np.testing.assert_allclose(stats[name], want_stats[name], rtol=1e-4, atol=1e-6)
   assert abs(float(loss) - _np_loss(z1, z2)[0]) > 1e-3
   # Extrapolation lowers the positive score (Eq. 4).
@@ -289,8 +340,9 @@ def test_all_add_ons_but_hcl_combine():
   ft, key = _ft(FT_UNION), jax.random.key(5)
   coef = _coefficients(key, ft, DIM, 2 * B)
   assert coef[0].shape == (DIM,) and np.all(coef[1] > 1)
-  loss, stats, grads = _run(*_f32(z1, z2), t=jnp.asarray(t, jnp.float32), ft_rng=key,
-                            ifm_key=(0.1, 1.0), ft_key=FT_UNION)
+  loss, stats, grads = _run(
+      *_f32(z1, z2), t=jnp.asarray(t, jnp.float32), ft_rng=key, ifm_key=(0.1, 1.0), ft_key=FT_UNION
+  )
   ref = lambda a, b: _np_loss(a, b, t=t, ifm=(0.1, 1.0), ft=ft, coef=coef)
   want, want_stats = ref(z1, z2)
   _assert_close(loss, want, grads, central_differences(lambda a, b: ref(a, b)[0], z1, z2))
@@ -299,6 +351,7 @@ def test_all_add_ons_but_hcl_combine():
 
 
 # --- hard-negative sampling --------------------------------------------------------------
+
 
 @pytest.mark.parametrize("beta,tau_plus", [(1.0, 0.1), (0.0, 0.0), (5.0, 0.05)])
 def test_hcl_matches_numpy(beta, tau_plus):
@@ -313,12 +366,15 @@ def test_hcl_matches_numpy(beta, tau_plus):
   assert set(stats) == {"pos_mean", "neg_mean", "neg_var"}
 
 
-@pytest.mark.parametrize("others,names", [
-    (dict(ifm=True), ["ifm.enabled"]),
-    (dict(ns=True), ["nonsemantic.enabled"]),
-    (dict(ft=True), ["ft.enabled"]),
-    (dict(ns=True, ft=True), ["nonsemantic.enabled", "ft.enabled"]),
-])
+@pytest.mark.parametrize(
+    "others,names",
+    [
+        (dict(ifm=True), ["ifm.enabled"]),
+        (dict(ns=True), ["nonsemantic.enabled"]),
+        (dict(ft=True), ["ft.enabled"]),
+        (dict(ns=True, ft=True), ["nonsemantic.enabled", "ft.enabled"]),
+    ],
+)
 def test_hcl_with_another_add_on_raises_naming_the_fields(others, names):
   z = jax.ShapeDtypeStruct((B, DIM), jnp.float32)
   t = jax.ShapeDtypeStruct((2 * B, 1, DIM), jnp.float32) if others.get("ns") else None
@@ -326,14 +382,20 @@ def test_hcl_with_another_add_on_raises_naming_the_fields(others, names):
   ft = _ft(FT_INTERPOLATE) if others.get("ft") else None
   hcl = _cfg(enabled=True, beta=1.0, tau_plus=0.1)
   with pytest.raises(ValueError, match="hcl.enabled") as err:
-    jax.eval_shape(lambda a, b, tt: simclr.simclr_loss(
-        a, b, tt, _cfg(temperature=T), NS, ifm, hcl, ft_cfg=ft,
-        ft_rng=jax.random.key(0)), z, z, t)
+    jax.eval_shape(
+        lambda a, b, tt: simclr.simclr_loss(
+            a, b, tt, _cfg(temperature=T), NS, ifm, hcl, ft_cfg=ft, ft_rng=jax.random.key(0)
+        ),
+        z,
+        z,
+        t,
+    )
   for name in names:
     assert name in str(err.value)
 
 
 # --- statistics, sharding and errors -----------------------------------------------------
+
 
 @pytest.mark.parametrize("score_queries,rows", [(2, 2), (B, 2 * B), (0, 2 * B), (B + 3, 2 * B)])
 def test_statistics_over_the_first_view_one_anchors(score_queries, rows):
@@ -358,19 +420,23 @@ def test_batch_sharded_over_eight_devices_matches_numpy():
   coef = _coefficients(key, ft, DIM, 2 * b)
   rows = parallel.batch_sharding(parallel.make_mesh(jax.devices()[:8]))
   s1, s2 = (jax.device_put(x, rows) for x in _f32(z1, z2))
-  loss, _, grads = _run(s1, s2, t=jnp.asarray(t, jnp.float32), ft_rng=key,
-                        ifm_key=(0.1, 1.0), ft_key=FT_NEGATIVE_ONLY)
+  loss, _, grads = _run(
+      s1, s2, t=jnp.asarray(t, jnp.float32), ft_rng=key, ifm_key=(0.1, 1.0), ft_key=FT_NEGATIVE_ONLY
+  )
   ref = lambda a, c: _np_loss(a, c, t=t, ifm=(0.1, 1.0), ft=ft, coef=coef)[0]
   _assert_close(loss, ref(z1, z2), grads, central_differences(ref, z1, z2))
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(ft=("hard", False, False, False, True)), "ft.negative"),
-    (dict(ft=FT_INTERPOLATE, ft_rng=None), "ft_rng"),
-    (dict(t=(B, 1, DIM)), r"\(2B, M, d\)"),
-    (dict(temperature=0.0), "simclr.temperature"),
-    (dict(score_queries=-1), "score_queries"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(ft=("hard", False, False, False, True)), "ft.negative"),
+        (dict(ft=FT_INTERPOLATE, ft_rng=None), "ft_rng"),
+        (dict(t=(B, 1, DIM)), r"\(2B, M, d\)"),
+        (dict(temperature=0.0), "simclr.temperature"),
+        (dict(score_queries=-1), "score_queries"),
+    ],
+)
 def test_bad_input_raises(kwargs, match):
   z = jax.ShapeDtypeStruct((B, DIM), jnp.float32)
   t = kwargs.get("t")
@@ -379,6 +445,20 @@ def test_bad_input_raises(kwargs, match):
   ft_rng = kwargs.get("ft_rng", jax.random.key(0))
   simclr_cfg = _cfg(temperature=kwargs.get("temperature", T))
   with pytest.raises(ValueError, match=match):
-    jax.eval_shape(lambda a, b, tt: simclr.simclr_loss(
-        a, b, tt, simclr_cfg, NS, OFF, OFF, ft_cfg=None if ft is None else _ft(ft),
-        ft_rng=ft_rng, score_queries=kwargs.get("score_queries", 0)), z, z, t)
+    jax.eval_shape(
+        lambda a, b, tt: simclr.simclr_loss(
+            a,
+            b,
+            tt,
+            simclr_cfg,
+            NS,
+            OFF,
+            OFF,
+            ft_cfg=None if ft is None else _ft(ft),
+            ft_rng=ft_rng,
+            score_queries=kwargs.get("score_queries", 0),
+        ),
+        z,
+        z,
+        t,
+    )

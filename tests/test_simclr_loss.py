@@ -5,6 +5,7 @@ The reference is a NumPy float64 double loop over the 2B anchors u = [z1; z2]:
   loss = mean_i l_i,
 and the reference gradients are central finite differences of that loop.
 """
+
 import functools
 
 import chex
@@ -49,8 +50,9 @@ def _f32(*arrays):
   return [jnp.asarray(a, jnp.float32) for a in arrays]
 
 
-@pytest.mark.parametrize("batch,dim,temperature", [(2, 3, 0.5), (4, 8, 0.1), (7, 5, 0.2),
-                                                   (16, 32, 0.07)])
+@pytest.mark.parametrize(
+    "batch,dim,temperature", [(2, 3, 0.5), (4, 8, 0.1), (7, 5, 0.2), (16, 32, 0.07)]
+)
 def test_loss_matches_numpy_double_loop(batch, dim, temperature):
   rng = np.random.default_rng(batch)
   z1, z2 = _unit(rng, batch, dim), _unit(rng, batch, dim)
@@ -66,7 +68,7 @@ def test_gradients_match_numpy_finite_differences(batch, dim, temperature):
   z1, z2 = _unit(rng, batch, dim), _unit(rng, batch, dim)
   _, _, (g1, g2) = _loss_and_grads(*_f32(z1, z2), None, temperature)
   n1, n2 = central_differences(lambda a, b: _np_loss(a, b, temperature), z1, z2)
-  assert np.abs(n1).max() > 1e-2                      # the loss does depend on z1
+  assert np.abs(n1).max() > 1e-2  # the loss does depend on z1
   np.testing.assert_allclose(g1, n1, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(g2, n2, rtol=1e-4, atol=1e-5)
 
@@ -152,8 +154,9 @@ def test_pair_scores_layout():
   b = 3
   z1, z2 = _unit(rng, b, 4), _unit(rng, b, 4)
   scores = jax.jit(simclr.pair_scores)(*_f32(z1, z2))
-  chex.assert_shape([scores.pos, scores.sim, scores.neg_mask], [(2 * b,), (2 * b, 2 * b),
-                                                                 (2 * b, 2 * b)])
+  chex.assert_shape(
+      [scores.pos, scores.sim, scores.neg_mask], [(2 * b,), (2 * b, 2 * b), (2 * b, 2 * b)]
+  )
   u = np.concatenate([z1, z2])
   np.testing.assert_allclose(scores.sim, u @ u.T, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(scores.pos, np.concatenate([np.sum(z1 * z2, 1)] * 2), rtol=1e-5)
@@ -190,12 +193,15 @@ def test_batch_sharded_over_eight_devices_gives_the_same_loss_and_gradients():
     np.testing.assert_allclose(stats[name], one_stats[name], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("z1_shape,z2_shape,extra_shape,match", [
-    ((4, 3), (5, 3), None, "same shape"),
-    ((4,), (4,), None, r"\(B, d\)"),
-    ((1, 3), (1, 3), None, "B >= 2"),
-    ((4, 3), (4, 3), (4, 2), "extra_negative_logits"),
-])
+@pytest.mark.parametrize(
+    "z1_shape,z2_shape,extra_shape,match",
+    [
+        ((4, 3), (5, 3), None, "same shape"),
+        ((4,), (4,), None, r"\(B, d\)"),
+        ((1, 3), (1, 3), None, "B >= 2"),
+        ((4, 3), (4, 3), (4, 2), "extra_negative_logits"),
+    ],
+)
 def test_bad_shapes_raise(z1_shape, z2_shape, extra_shape, match):
   extra = None if extra_shape is None else jax.ShapeDtypeStruct(extra_shape, jnp.float32)
   z1, z2 = (jax.ShapeDtypeStruct(s, jnp.float32) for s in (z1_shape, z2_shape))

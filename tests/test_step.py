@@ -1,10 +1,12 @@
 """One MoCo train step on a tiny config, checked against NumPy re-derivations."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import parallel, step as step_lib, train
+from cl_jax import parallel, train
+from cl_jax import step as step_lib
 from configs import mocov2_patchns
 
 B, S, K = 8, 16, 32
@@ -23,8 +25,9 @@ def _config(ns: bool):
 @pytest.fixture(scope="module")
 def batch():
   rng = np.random.default_rng(0)
-  return {v: jnp.asarray(rng.integers(0, 256, (B, S, S, 3), dtype=np.uint8))
-          for v in ("view1", "view2")}
+  return {
+      v: jnp.asarray(rng.integers(0, 256, (B, S, S, 3), dtype=np.uint8)) for v in ("view1", "view2")
+  }
 
 
 def _one_step(config, batch):
@@ -44,18 +47,24 @@ def test_step_updates_ema_queue_and_counter(ns, batch):
   m = config.moco.momentum
   # EMA (He et al. 2020, Eq. 2): theta_k <- m theta_k + (1 - m) theta_q, with the
   # query parameters of before the gradient step.
-  expect = jax.tree.map(lambda t, q: m * np.asarray(t) + (1 - m) * np.asarray(q),
-                        before.target_params, before.params)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-               after.target_params, expect)
+  expect = jax.tree.map(
+      lambda t, q: m * np.asarray(t) + (1 - m) * np.asarray(q), before.target_params, before.params
+  )
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+      after.target_params,
+      expect,
+  )
   assert int(after.step) == 1
   # Step 0 writes its B keys into rows [0, B); the rest of the queue is untouched.
   np.testing.assert_array_equal(after.queue[B:], before.queue[B:])
   assert not np.allclose(after.queue[:B], before.queue[:B])
   np.testing.assert_allclose(np.linalg.norm(after.queue[:B], axis=1), 1.0, rtol=1e-5)
   # Parameters moved; metrics are finite and NS statistics appear only with NS on.
-  assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(after.params),
-                                                    jax.tree.leaves(before.params)))
+  assert not all(
+      np.allclose(a, b)
+      for a, b in zip(jax.tree.leaves(after.params), jax.tree.leaves(before.params))
+  )
   assert ("ns_mean" in metrics) == ns
   assert all(np.isfinite(v) for v in metrics.values())
   assert -1 <= metrics["pos_mean"] <= 1 and metrics["neg_var"] >= 0

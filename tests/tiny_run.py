@@ -1,4 +1,5 @@
 """The tiny pretraining run shared by the subprocess tests: its flags and environment."""
+
 import os
 
 # MoCo-v2 + patch negatives on 16 px Trifeature, ResNet-18 x0.125, batch 32 (8 steps/epoch).

@@ -1,18 +1,19 @@
 """Feature transformation (Zhu et al. 2021, Sec. 4 and App. D, E.2, F, G).
 
-Mixing coefficients are sampled by the caller (`sample_coefficient`, with the
-shape of `coefficient_shape`) and passed in, so every function here is
-deterministic. A coefficient is a scalar (one value per step, the paper's
-default), a (d,) vector (dimension-level mixing, Sec. 4.3, one vector per step)
-or an (n, d) array (dimension-level mixing with one vector per sample: per
-positive pair, per negative; the form of the authors' code). Features are float32 (..., d) arrays, normally unit-norm;
-`renormalize` projects the mixed features back onto the unit sphere, which the
-paper recommends offering (App. F.2) but does not use by default.
+Mixing coefficients are sampled by the caller (`sample_coefficient`, with the shape of
+`coefficient_shape`) and passed in, so every function here is deterministic. A
+coefficient is a scalar (one value per step, the paper's default), a (d,) vector
+(dimension-level mixing, Sec. 4.3, one vector per step) or an (n, d) array (dimension-
+level mixing with one vector per sample: per positive pair, per negative; the form of
+the authors' code). Features are float32 (..., d) arrays, normally unit-norm;
+`renormalize` projects the mixed features back onto the unit sphere, which the paper
+recommends offering (App. F.2) but does not use by default.
 
 Identities used for the score-space forms, for unit vectors and a scalar
 coefficient c:
   |c a + (1 - c) b|^2 = c^2 + (1 - c)^2 + 2 c (1 - c) a.b = 1 - 2 c (1 - c) (1 - a.b).
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -38,12 +39,13 @@ def sample_coefficient(rng: jax.Array, a: float, b: float, shape: tuple[int, ...
   return jax.random.beta(rng, a, b, shape, jnp.float32)
 
 
-def negative_coefficient(rng: jax.Array, negative: str, alpha_in: float, alpha_ex: float,
-                         shape: tuple[int, ...]) -> jax.Array:
+def negative_coefficient(
+    rng: jax.Array, negative: str, alpha_in: float, alpha_ex: float, shape: tuple[int, ...]
+) -> jax.Array:
   """mu of the negative transform mu n + (1 - mu) n', float32 of `shape`:
 
-    "interpolate"   mu = Beta(a_in, a_in)        in (0, 1)   (Eq. 5, Sec. 4.2)
-    "extrapolate"   mu = 1 + Beta(a_ex, a_ex)    in (1, 2)   (App. G.1, Eq. 7)
+  "interpolate"   mu = Beta(a_in, a_in)        in (0, 1)   (Eq. 5, Sec. 4.2)
+  "extrapolate"   mu = 1 + Beta(a_ex, a_ex)    in (1, 2)   (App. G.1, Eq. 7)
   """
   if negative == "interpolate":
     return sample_coefficient(rng, alpha_in, alpha_in, shape)
@@ -58,9 +60,9 @@ COEFFICIENTS = ("scalar", "dimension", "sample_dimension")
 def coefficient_shape(mode: str, rows: int, dim: int) -> tuple[int, ...]:
   """Shape of the coefficients mixing `rows` features of dimension `dim`:
 
-    "scalar"             ()           one value per step (Sec. 4.1, 4.2)
-    "dimension"          (dim,)       one vector per step, shared by every row (Eq. 6)
-    "sample_dimension"   (rows, dim)  one vector per row (Eq. 6, as the authors' code draws it)
+  "scalar"             ()           one value per step (Sec. 4.1, 4.2)
+  "dimension"          (dim,)       one vector per step, shared by every row (Eq. 6)
+  "sample_dimension"   (rows, dim)  one vector per row (Eq. 6, as the authors' code draws it)
   """
   shapes = {"scalar": (), "dimension": (dim,), "sample_dimension": (rows, dim)}
   if mode not in shapes:
@@ -72,8 +74,10 @@ def _coefficient(coef, rows: int, dim: int, name: str, dtype) -> jax.Array:
   """coef as an array of `dtype`, after checking its shape is (), (dim,) or (rows, dim)."""
   shape = jnp.shape(coef)
   if shape not in ((), (dim,), (rows, dim)):
-    raise ValueError(f"{name} must be a scalar, a ({dim},) vector or a ({rows}, {dim}) array "
-                     f"matching the features, got shape {shape}")
+    raise ValueError(
+        f"{name} must be a scalar, a ({dim},) vector or a ({rows}, {dim}) array "
+        f"matching the features, got shape {shape}"
+    )
   return jnp.asarray(coef, dtype)
 
 
@@ -82,8 +86,9 @@ def _mix(x: jax.Array, y: jax.Array, coef: jax.Array) -> jax.Array:
   return coef * x + (1.0 - coef) * y
 
 
-def positive_extrapolation(q: jax.Array, k: jax.Array, lam, renormalize: bool
-                           ) -> tuple[jax.Array, jax.Array]:
+def positive_extrapolation(
+    q: jax.Array, k: jax.Array, lam, renormalize: bool
+) -> tuple[jax.Array, jax.Array]:
   """Positive extrapolation, Eq. 3 (Sec. 4.1):
 
     q' = lam q + (1 - lam) k,    k' = lam k + (1 - lam) q.
@@ -130,9 +135,11 @@ def positive_extrapolation_score(sim: jax.Array, lam, renormalize: bool) -> jax.
     Transformed scores, sim's shape.
   """
   if jnp.ndim(lam) != 0:
-    raise ValueError(f"positive_extrapolation_score takes a scalar lam only, got shape "
-                     f"{jnp.shape(lam)}; for dimension-level lam transform the vectors with "
-                     "positive_extrapolation")
+    raise ValueError(
+        f"positive_extrapolation_score takes a scalar lam only, got shape "
+        f"{jnp.shape(lam)}; for dimension-level lam transform the vectors with "
+        "positive_extrapolation"
+    )
   lam = jnp.asarray(lam, sim.dtype)
   shift = 2.0 * lam * (1.0 - lam) * (1.0 - sim)
   score = sim + shift
@@ -141,8 +148,9 @@ def positive_extrapolation_score(sim: jax.Array, lam, renormalize: bool) -> jax.
   return score
 
 
-def negative_interpolation(negatives: jax.Array, partner: jax.Array, mu, renormalize: bool
-                           ) -> jax.Array:
+def negative_interpolation(
+    negatives: jax.Array, partner: jax.Array, mu, renormalize: bool
+) -> jax.Array:
   """Negative interpolation, Eq. 5 (Sec. 4.2), and negative extrapolation, Eq. 7 (App. G.1):
 
     n'_j = mu n_j + (1 - mu) n_{partner[j]}.
@@ -166,8 +174,10 @@ def negative_interpolation(negatives: jax.Array, partner: jax.Array, mu, renorma
     raise ValueError(f"negatives must be (K, d), got shape {negatives.shape}")
   partner = jnp.asarray(partner)
   if partner.shape != negatives.shape[:1] or not jnp.issubdtype(partner.dtype, jnp.integer):
-    raise ValueError(f"partner must be a ({negatives.shape[0]},) integer index array, got "
-                     f"shape {partner.shape} and dtype {partner.dtype}")
+    raise ValueError(
+        f"partner must be a ({negatives.shape[0]},) integer index array, got "
+        f"shape {partner.shape} and dtype {partner.dtype}"
+    )
   mu = _coefficient(mu, negatives.shape[0], negatives.shape[1], "mu", negatives.dtype)
   mixed = _mix(negatives, negatives[partner], mu)
   return l2_normalize(mixed) if renormalize else mixed
@@ -193,19 +203,20 @@ def hard_negative_scores_from_similarity(sim: jax.Array, lam, renormalize: bool)
     (B, K) transformed negative scores.
   """
   if jnp.ndim(lam) != 0:
-    raise ValueError(f"hard_negative_scores_from_similarity takes a scalar lam only, got "
-                     f"shape {jnp.shape(lam)}; for dimension-level lam use "
-                     "hard_negative_scores with the feature vectors")
+    raise ValueError(
+        f"hard_negative_scores_from_similarity takes a scalar lam only, got "
+        f"shape {jnp.shape(lam)}; for dimension-level lam use "
+        "hard_negative_scores with the feature vectors"
+    )
   lam = jnp.asarray(lam, sim.dtype)
   score = lam + (1.0 - lam) * sim
   if renormalize:
-    sq_norm = lam**2 + (1.0 - lam)**2 + 2.0 * lam * (1.0 - lam) * sim
+    sq_norm = lam**2 + (1.0 - lam) ** 2 + 2.0 * lam * (1.0 - lam) * sim
     score = score / jnp.sqrt(jnp.maximum(sq_norm, _NORM_EPS**2))
   return score
 
 
-def hard_negative_scores(q: jax.Array, negatives: jax.Array, lam, renormalize: bool
-                         ) -> jax.Array:
+def hard_negative_scores(q: jax.Array, negatives: jax.Array, lam, renormalize: bool) -> jax.Array:
   """Scores q_i.h_ij of the hard negatives h_ij = lam q_i + (1 - lam) n_j (App. G.2, Eq. 8).
 
   Exact for features of any norm and for a scalar, (d,) or per-query (B, d) lam,
@@ -226,22 +237,28 @@ def hard_negative_scores(q: jax.Array, negatives: jax.Array, lam, renormalize: b
     (B, K) hard-negative scores.
   """
   if q.ndim != 2 or negatives.ndim != 2 or q.shape[1] != negatives.shape[1]:
-    raise ValueError(f"q must be (B, d) and negatives (K, d) with the same d, got "
-                     f"{q.shape} and {negatives.shape}")
+    raise ValueError(
+        f"q must be (B, d) and negatives (K, d) with the same d, got "
+        f"{q.shape} and {negatives.shape}"
+    )
   lam = _coefficient(lam, q.shape[0], q.shape[1], "lam", q.dtype)
   q_sq = jnp.square(q)
   score = jnp.sum(lam * q_sq, axis=1, keepdims=True) + ((1.0 - lam) * q) @ negatives.T
   if renormalize:
     # sum_k (1 - lam_ik)^2 n_jk^2: a (B, K) product when lam differs per query.
-    neg_sq = (jnp.broadcast_to((1.0 - lam)**2, q.shape) @ jnp.square(negatives).T)
-    sq_norm = (jnp.sum(lam**2 * q_sq, axis=1, keepdims=True) + neg_sq
-               + 2.0 * (lam * (1.0 - lam) * q) @ negatives.T)
+    neg_sq = jnp.broadcast_to((1.0 - lam) ** 2, q.shape) @ jnp.square(negatives).T
+    sq_norm = (
+        jnp.sum(lam**2 * q_sq, axis=1, keepdims=True)
+        + neg_sq
+        + 2.0 * (lam * (1.0 - lam) * q) @ negatives.T
+    )
     score = score / jnp.sqrt(jnp.maximum(sq_norm, _NORM_EPS**2))
   return score
 
 
-def siamese_positive_extrapolation(prediction: jax.Array, target: jax.Array, lam,
-                                   renormalize: bool) -> tuple[jax.Array, jax.Array]:
+def siamese_positive_extrapolation(
+    prediction: jax.Array, target: jax.Array, lam, renormalize: bool
+) -> tuple[jax.Array, jax.Array]:
   """Positive extrapolation for BYOL / SimSiam (App. E and E.2, Table 13).
 
   These methods have no negatives, so only positive extrapolation applies
@@ -268,5 +285,4 @@ def siamese_positive_extrapolation(prediction: jax.Array, target: jax.Array, lam
   Returns:
     (p', z'), each (B, d).
   """
-  return positive_extrapolation(l2_normalize(prediction), l2_normalize(target), lam,
-                                renormalize)
+  return positive_extrapolation(l2_normalize(prediction), l2_normalize(target), lam, renormalize)

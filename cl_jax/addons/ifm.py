@@ -9,11 +9,13 @@ raises every negative similarity by eps:
 and training minimises (L + alpha L_eps) / 2 (Sec. 3; alpha = 1 by default,
 where it equals the (L + alpha L_eps) / (1 + alpha) of the authors' code).
 """
+
 import jax
 
 
-def adversarial_similarities(pos: jax.Array, neg: jax.Array | None,
-                             epsilon: float) -> tuple[jax.Array, jax.Array | None]:
+def adversarial_similarities(
+    pos: jax.Array, neg: jax.Array | None, epsilon: float
+) -> tuple[jax.Array, jax.Array | None]:
   """(s+ - eps, s_i + eps): the similarities of Eq. 2, any shapes, before the temperature."""
   return pos - epsilon, (None if neg is None else neg + epsilon)
 

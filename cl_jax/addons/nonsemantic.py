@@ -4,6 +4,7 @@ A non-semantic (NS) image keeps the local statistics of the query view but not
 its global layout. Its key-encoder feature t enters the query's contrast as one
 extra negative logit per NS image, scaled by alpha.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -34,8 +35,9 @@ def ns_logits(sim: jax.Array, alpha: float, temperature: float, mode: str) -> ja
   raise ValueError(f"nonsemantic.alpha_mode must be one of {ALPHA_MODES}, got {mode!r}")
 
 
-def sample_patch_layout(rng: jax.Array, batch: int, image_size: int, d_min: int,
-                        d_max: int) -> dict[str, jax.Array]:
+def sample_patch_layout(
+    rng: jax.Array, batch: int, image_size: int, d_min: int, d_max: int
+) -> dict[str, jax.Array]:
   """Random parameters of B patch-based NS images (Sec. 2.3).
 
   One integer patch size d ~ U{d_min..d_max} per image, and for each of the
@@ -73,18 +75,19 @@ def render_patches(views: jax.Array, layout: dict[str, jax.Array]) -> jax.Array:
     (B, S, S, C) NS images, same dtype as views.
   """
   s = views.shape[1]
-  d = layout["size"][:, None, None]                       # (B, 1, 1)
+  d = layout["size"][:, None, None]  # (B, 1, 1)
   pos = jnp.arange(s, dtype=jnp.int32)
-  yy, xx = pos[None, :, None], pos[None, None, :]         # (1, S, 1), (1, 1, S)
+  yy, xx = pos[None, :, None], pos[None, None, :]  # (1, S, 1), (1, 1, S)
   b = jnp.arange(views.shape[0])[:, None, None]
-  corner = layout["corner"][b, yy // d, xx // d]          # (B, S, S, 2)
+  corner = layout["corner"][b, yy // d, xx // d]  # (B, S, S, 2)
   src_y = corner[..., 0] + yy % d
   src_x = corner[..., 1] + xx % d
   return views[b, src_y, src_x]
 
 
-def patch_negatives(rng: jax.Array, views: jax.Array, num_ns: int, d_min: int,
-                    d_max: int) -> jax.Array:
+def patch_negatives(
+    rng: jax.Array, views: jax.Array, num_ns: int, d_min: int, d_max: int
+) -> jax.Array:
   """num_ns patch-based NS images per query view.
 
   Args:
@@ -98,8 +101,10 @@ def patch_negatives(rng: jax.Array, views: jax.Array, num_ns: int, d_min: int,
   """
   bsz, s = views.shape[0], views.shape[1]
   if not 1 <= d_min <= d_max <= s:
-    raise ValueError(f"patch sizes must satisfy 1 <= d_min <= d_max <= view size; got "
-                     f"d_min={d_min}, d_max={d_max}, view size {s}")
+    raise ValueError(
+        f"patch sizes must satisfy 1 <= d_min <= d_max <= view size; got "
+        f"d_min={d_min}, d_max={d_max}, view size {s}"
+    )
   layout = sample_patch_layout(rng, bsz * num_ns, s, d_min, d_max)
   src = jnp.repeat(views, num_ns, axis=0)
   return render_patches(src, layout).reshape((bsz, num_ns) + views.shape[1:])

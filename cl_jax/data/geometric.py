@@ -30,6 +30,7 @@ class CropParams:
       end-exclusive, 0 <= y0 < y1 <= H, 0 <= x0 < x1 <= W).
     flip: whether the resized crop is mirrored left-right.
   """
+
   box: np.ndarray
   flip: bool
 
@@ -43,18 +44,21 @@ def _check_range(name: str, value, low_exclusive: float, high_inclusive: float |
     upper = "" if high_inclusive is None else f" <= {high_inclusive}"
     raise ValueError(
         f"{name} must satisfy {low_exclusive} < min <= max{upper}, got {value!r}; "
-        f"pass an ordered pair inside that range.")
+        f"pass an ordered pair inside that range."
+    )
 
 
 def _check_image(image: np.ndarray) -> None:
   if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
     raise ValueError(
         f"image must be a numpy uint8 array, got {type(image).__name__} of dtype "
-        f"{getattr(image, 'dtype', None)}; convert with np.asarray(image, np.uint8).")
+        f"{getattr(image, 'dtype', None)}; convert with np.asarray(image, np.uint8)."
+    )
   if image.ndim != 3 or image.shape[-1] != 3 or image.shape[0] < 1 or image.shape[1] < 1:
     raise ValueError(
         f"image must have shape (H, W, 3) with H, W >= 1, got {image.shape}; "
-        f"expand grayscale images to three channels first.")
+        f"expand grayscale images to three channels first."
+    )
 
 
 def _check_size(size: int) -> None:
@@ -62,10 +66,15 @@ def _check_size(size: int) -> None:
     raise ValueError(f"size must be an integer >= 1, got {size!r}.")
 
 
-def sample_crop(rng: np.random.Generator, height: int, width: int, *,
-                scale: tuple[float, float] = (0.2, 1.0),
-                ratio: tuple[float, float] = (3 / 4, 4 / 3),
-                flip_prob: float = 0.5) -> CropParams:
+def sample_crop(
+    rng: np.random.Generator,
+    height: int,
+    width: int,
+    *,
+    scale: tuple[float, float] = (0.2, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    flip_prob: float = 0.5,
+) -> CropParams:
   """Draws a RandomResizedCrop box and a horizontal flip for an image of shape (height, width).
 
   Args:
@@ -133,9 +142,11 @@ def apply_crop(image: np.ndarray, params: CropParams, size: int) -> np.ndarray:
     raise ValueError(
         f"params.box {box.tolist()} must satisfy 0 <= y0 < y1 <= {height} and "
         f"0 <= x0 < x1 <= {width} for an image of shape {image.shape}; sample it with "
-        f"sample_crop(rng, {height}, {width}).")
+        f"sample_crop(rng, {height}, {width})."
+    )
   resized = Image.fromarray(image).resize(
-      (size, size), resample=Image.Resampling.BILINEAR, box=(x0, y0, x1, y1))
+      (size, size), resample=Image.Resampling.BILINEAR, box=(x0, y0, x1, y1)
+  )
   out = np.asarray(resized)
   return np.ascontiguousarray(out[:, ::-1]) if params.flip else out
 
@@ -166,7 +177,8 @@ def eval_view(image: np.ndarray, size: int, crop_fraction: float) -> np.ndarray:
   else:
     new_h, new_w = short * height // width, short
   resized = np.asarray(
-      Image.fromarray(image).resize((new_w, new_h), resample=Image.Resampling.BILINEAR))
+      Image.fromarray(image).resize((new_w, new_h), resample=Image.Resampling.BILINEAR)
+  )
   top = int(round((new_h - size) / 2.0))
   left = int(round((new_w - size) / 2.0))
-  return np.ascontiguousarray(resized[top:top + size, left:left + size])
+  return np.ascontiguousarray(resized[top : top + size, left : left + size])

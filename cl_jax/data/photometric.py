@@ -32,8 +32,18 @@ import dm_pix as pix
 import jax
 import jax.numpy as jnp
 
-PARAM_KEYS = ("jitter", "brightness", "contrast", "saturation", "hue", "order", "grayscale",
-              "blur", "sigma", "solarize")
+PARAM_KEYS = (
+    "jitter",
+    "brightness",
+    "contrast",
+    "saturation",
+    "hue",
+    "order",
+    "grayscale",
+    "blur",
+    "sigma",
+    "solarize",
+)
 _LUMA = (0.299, 0.587, 0.114)
 _NUM_JITTER_OPS = 4  # order indices: 0 brightness, 1 contrast, 2 saturation, 3 hue
 
@@ -55,6 +65,7 @@ class PhotometricSpec:
     solarize_prob: probability of solarizing (x -> 1 - x where x >= 0.5), in [0, 1].
     mean, std: per-channel RGB normalisation constants (std > 0).
   """
+
   jitter_prob: float = 0.8
   brightness: float = 0.4
   contrast: float = 0.4
@@ -72,27 +83,37 @@ class PhotometricSpec:
     for name in ("jitter_prob", "grayscale_prob", "blur_prob", "solarize_prob"):
       value = getattr(self, name)
       if not 0.0 <= value <= 1.0:
-        raise ValueError(f"PhotometricSpec.{name} is a probability and must be in [0, 1], "
-                         f"got {value!r}.")
+        raise ValueError(
+            f"PhotometricSpec.{name} is a probability and must be in [0, 1], " f"got {value!r}."
+        )
     for name in ("brightness", "contrast", "saturation"):
       value = getattr(self, name)
       if not value >= 0.0:
-        raise ValueError(f"PhotometricSpec.{name} is a jitter strength and must be >= 0 "
-                         f"(0 turns it off), got {value!r}.")
+        raise ValueError(
+            f"PhotometricSpec.{name} is a jitter strength and must be >= 0 "
+            f"(0 turns it off), got {value!r}."
+        )
     if not 0.0 <= self.hue <= 0.5:
-      raise ValueError(f"PhotometricSpec.hue must be in [0, 0.5] (a shift of up to half the "
-                       f"colour wheel), got {self.hue!r}.")
+      raise ValueError(
+          f"PhotometricSpec.hue must be in [0, 0.5] (a shift of up to half the "
+          f"colour wheel), got {self.hue!r}."
+      )
     if len(self.blur_sigma) != 2 or not 0.0 < self.blur_sigma[0] <= self.blur_sigma[1]:
-      raise ValueError(f"PhotometricSpec.blur_sigma must be an ordered pair (min, max) with "
-                       f"0 < min <= max, got {self.blur_sigma!r}.")
+      raise ValueError(
+          f"PhotometricSpec.blur_sigma must be an ordered pair (min, max) with "
+          f"0 < min <= max, got {self.blur_sigma!r}."
+      )
     if not 0.0 < self.blur_kernel_fraction <= 1.0:
-      raise ValueError(f"PhotometricSpec.blur_kernel_fraction must be in (0, 1], got "
-                       f"{self.blur_kernel_fraction!r}.")
+      raise ValueError(
+          f"PhotometricSpec.blur_kernel_fraction must be in (0, 1], got "
+          f"{self.blur_kernel_fraction!r}."
+      )
     if len(self.mean) != 3:
       raise ValueError(f"PhotometricSpec.mean must have 3 (RGB) entries, got {self.mean!r}.")
     if len(self.std) != 3 or not all(s > 0.0 for s in self.std):
-      raise ValueError(f"PhotometricSpec.std must have 3 (RGB) entries, all > 0, got "
-                       f"{self.std!r}.")
+      raise ValueError(
+          f"PhotometricSpec.std must have 3 (RGB) entries, all > 0, got " f"{self.std!r}."
+      )
 
 
 def blur_radius(height: int, width: int, spec: PhotometricSpec) -> int:
@@ -100,8 +121,9 @@ def blur_radius(height: int, width: int, spec: PhotometricSpec) -> int:
   return int(spec.blur_kernel_fraction * min(height, width)) // 2
 
 
-def sample_photometric(rng: jax.Array, batch_size: int,
-                       spec: PhotometricSpec) -> dict[str, jax.Array]:
+def sample_photometric(
+    rng: jax.Array, batch_size: int, spec: PhotometricSpec
+) -> dict[str, jax.Array]:
   """Draws every random choice of B photometric views.
 
   Returns:
@@ -118,11 +140,13 @@ def sample_photometric(rng: jax.Array, batch_size: int,
 
   def factor(name: str) -> jax.Array:
     strength = getattr(spec, name)
-    return jax.random.uniform(keys[name], shape, jnp.float32, max(0.0, 1.0 - strength),
-                              1.0 + strength)
+    return jax.random.uniform(
+        keys[name], shape, jnp.float32, max(0.0, 1.0 - strength), 1.0 + strength
+    )
 
-  identity = jnp.broadcast_to(jnp.arange(_NUM_JITTER_OPS, dtype=jnp.int32),
-                              (batch_size, _NUM_JITTER_OPS))
+  identity = jnp.broadcast_to(
+      jnp.arange(_NUM_JITTER_OPS, dtype=jnp.int32), (batch_size, _NUM_JITTER_OPS)
+  )
   return {
       "jitter": jax.random.bernoulli(keys["jitter"], spec.jitter_prob, shape),
       "brightness": factor("brightness"),
@@ -204,26 +228,31 @@ def _blur(image: jax.Array, sigma: jax.Array, radius: int) -> jax.Array:
     return image
   height, width = image.shape[:2]
   taps = jnp.arange(-radius, radius + 1, dtype=jnp.float32)
-  weights = jnp.exp(-taps**2 / (2.0 * sigma**2))
+  weights = jnp.exp(-(taps**2) / (2.0 * sigma**2))
   weights = weights / jnp.sum(weights)
   padded = jnp.pad(image, ((radius, radius), (radius, radius), (0, 0)), mode="reflect")
-  rows = sum(weights[k] * padded[:, k:k + width] for k in range(2 * radius + 1))
-  return sum(weights[k] * rows[k:k + height] for k in range(2 * radius + 1))
+  rows = sum(weights[k] * padded[:, k : k + width] for k in range(2 * radius + 1))
+  return sum(weights[k] * rows[k : k + height] for k in range(2 * radius + 1))
 
 
 def _check_params(params: dict[str, jax.Array], batch_size: int) -> None:
   if set(params) != set(PARAM_KEYS):
-    raise ValueError(f"params must have exactly the keys {sorted(PARAM_KEYS)} (from "
-                     f"sample_photometric), got {sorted(params)}.")
+    raise ValueError(
+        f"params must have exactly the keys {sorted(PARAM_KEYS)} (from "
+        f"sample_photometric), got {sorted(params)}."
+    )
   for name in PARAM_KEYS:
     expected = (batch_size, _NUM_JITTER_OPS) if name == "order" else (batch_size,)
     if jnp.shape(params[name]) != expected:
-      raise ValueError(f"params[{name!r}] must have shape {expected} for a batch of "
-                       f"{batch_size} images, got {jnp.shape(params[name])}.")
+      raise ValueError(
+          f"params[{name!r}] must have shape {expected} for a batch of "
+          f"{batch_size} images, got {jnp.shape(params[name])}."
+      )
 
 
-def apply_photometric(images: jax.Array, params: dict[str, jax.Array],
-                      spec: PhotometricSpec) -> jax.Array:
+def apply_photometric(
+    images: jax.Array, params: dict[str, jax.Array], spec: PhotometricSpec
+) -> jax.Array:
   """Applies jitter, grayscale, blur and solarize, each where its per-example flag is set.
 
   Per example: x <- jitter ops in `order` if jitter; x <- [gray(x)] * 3 if grayscale;
@@ -241,8 +270,10 @@ def apply_photometric(images: jax.Array, params: dict[str, jax.Array],
   if images.ndim != 4 or images.shape[-1] != 3:
     raise ValueError(f"images must have shape (B, H, W, 3), got {images.shape}.")
   if not jnp.issubdtype(images.dtype, jnp.floating):
-    raise ValueError(f"images must be floating point in [0, 1], got dtype {images.dtype}; "
-                     f"convert uint8 images with to_float.")
+    raise ValueError(
+        f"images must be floating point in [0, 1], got dtype {images.dtype}; "
+        f"convert uint8 images with to_float."
+    )
   _check_params(params, images.shape[0])
   radius = blur_radius(images.shape[1], images.shape[2], spec)
   return _apply_batch(images.astype(jnp.float32), params, radius)
@@ -280,8 +311,9 @@ def normalize(images: jax.Array, spec: PhotometricSpec) -> jax.Array:
   return (images.astype(jnp.float32) - mean) / std
 
 
-def augment_batch(rng: jax.Array, images: jax.Array,
-                  spec: PhotometricSpec) -> tuple[jax.Array, dict[str, jax.Array]]:
+def augment_batch(
+    rng: jax.Array, images: jax.Array, spec: PhotometricSpec
+) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Samples, applies and normalises the photometric part of a batch of views.
 
   Args:

@@ -12,6 +12,7 @@ run on P hosts sees exactly the global batches of a run on one host. Every
 random choice is a function of (seed, epoch, position in the stream), so the
 iterator state saved in a checkpoint resumes the exact same stream.
 """
+
 import signal
 
 import grain
@@ -30,12 +31,20 @@ def _two_views(image_size: int, crop_scale: tuple[float, float]):
       out["box" + v] = params.box
       out["flip" + v] = np.bool_(params.flip)
     return out
+
   return transform
 
 
-def pretrain_dataset(source, *, batch_size: int, image_size: int,
-                     crop_scale: tuple[float, float], seed: int, process_index: int = 0,
-                     process_count: int = 1) -> grain.MapDataset:
+def pretrain_dataset(
+    source,
+    *,
+    batch_size: int,
+    image_size: int,
+    crop_scale: tuple[float, float],
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> grain.MapDataset:
   """Infinite dataset of this process's rows of the global pretraining batches.
 
   Each element: view1, view2 (b, S, S, 3) uint8 randomly cropped and flipped;
@@ -47,8 +56,9 @@ def pretrain_dataset(source, *, batch_size: int, image_size: int,
   stream is one infinite sequence).
   """
   if batch_size % process_count:
-    raise ValueError(f"global batch {batch_size} is not divisible by the process "
-                     f"count {process_count}")
+    raise ValueError(
+        f"global batch {batch_size} is not divisible by the process " f"count {process_count}"
+    )
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} is outside [0, {process_count})")
   ds = grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
@@ -68,15 +78,24 @@ def make_iterator(ds: grain.MapDataset, workers: int):
   """A checkpointable iterator (get_state / set_state) over `ds`."""
   it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=max(1, workers), prefetch_buffer_size=2))
   if workers > 0:
-    it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers),
-                              worker_init_fn=_ignore_ctrl_c)
+    it_ds = it_ds.mp_prefetch(
+        grain.MultiprocessingOptions(num_workers=workers), worker_init_fn=_ignore_ctrl_c
+    )
   return iter(it_ds)
 
 
-def probe_dataset(source, label_names: tuple[str, ...], *, image_size: int,
-                  eval_crop_fraction: float, batch_size: int, train_views: bool,
-                  crop_scale: tuple[float, float] = (0.08, 1.0), seed: int = 0,
-                  epochs: int = 1) -> grain.MapDataset:
+def probe_dataset(
+    source,
+    label_names: tuple[str, ...],
+    *,
+    image_size: int,
+    eval_crop_fraction: float,
+    batch_size: int,
+    train_views: bool,
+    crop_scale: tuple[float, float] = (0.08, 1.0),
+    seed: int = 0,
+    epochs: int = 1,
+) -> grain.MapDataset:
   """Labelled batches for the linear probe.
 
   train_views=False: every record once, in order, as its evaluation view
@@ -85,6 +104,7 @@ def probe_dataset(source, label_names: tuple[str, ...], *, image_size: int,
   resized crops (scale crop_scale) with flips, full batches only.
   Each element: image (b, S, S, 3) uint8 and one (b,) int32 array per label.
   """
+
   def eval_view(record):
     out = {k: np.int32(record[k]) for k in label_names}
     out["image"] = geometric.eval_view(record["image"], image_size, eval_crop_fraction)
@@ -92,8 +112,9 @@ def probe_dataset(source, label_names: tuple[str, ...], *, image_size: int,
 
   def train_view(record, rng):
     out = {k: np.int32(record[k]) for k in label_names}
-    params = geometric.sample_crop(rng, record["image"].shape[0], record["image"].shape[1],
-                                   scale=crop_scale)
+    params = geometric.sample_crop(
+        rng, record["image"].shape[0], record["image"].shape[1], scale=crop_scale
+    )
     out["image"] = geometric.apply_crop(record["image"], params, image_size)
     return out
 

@@ -4,10 +4,10 @@ A source is random access (`len(src)`, `src[i] -> {"image": (H, W, 3) uint8,
 <label name>: int, ...}`) with `src.num_classes -> {label name: classes}`.
 TFDS (and so TensorFlow) is imported only when a TFDS dataset is asked for.
 """
+
 import ml_collections
 
-from cl_jax.data import tfds_source
-from cl_jax.data import trifeature
+from cl_jax.data import tfds_source, trifeature
 
 DATASET_NAMES = ("trifeature",) + tuple(tfds_source.DATASETS)
 ROLES = ("pretrain", "probe_train", "test")
@@ -20,7 +20,12 @@ def open_source(data: ml_collections.ConfigDict, role: str):
   if data.name == "trifeature":
     split = "test" if role == "test" else "train"
     num = data.trifeature_test if role == "test" else data.trifeature_train
-    images = trifeature.load(split, image_size=data.image_size, num_images=num,
-                             seed=data.trifeature_seed, cache_dir=data.cache_dir or None)
+    images = trifeature.load(
+        split,
+        image_size=data.image_size,
+        num_images=num,
+        seed=data.trifeature_seed,
+        cache_dir=data.cache_dir or None,
+    )
     return trifeature.TrifeatureSource(images)
   return tfds_source.open_source(data.name, role, data.data_dir)

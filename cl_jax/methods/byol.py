@@ -4,6 +4,7 @@ The online network's prediction p of one view regresses onto the target (EMA)
 network's projection z of the other view; the target gets no gradient, and its
 weights follow the online ones with the cosine-scheduled momentum tau_k.
 """
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -19,8 +20,9 @@ def _cosine(a: jax.Array, b: jax.Array) -> jax.Array:
 
 def _check_pair(p: jax.Array, z: jax.Array) -> None:
   if p.ndim != 2 or p.shape != z.shape:
-    raise ValueError(f"p and z must both be (B, d) with the same shape; got {p.shape} and "
-                     f"{z.shape}")
+    raise ValueError(
+        f"p and z must both be (B, d) with the same shape; got {p.shape} and " f"{z.shape}"
+    )
 
 
 def byol_loss(p: jax.Array, z: jax.Array, stop_gradient: bool = True) -> tuple[jax.Array, dict]:
@@ -48,9 +50,15 @@ def byol_loss(p: jax.Array, z: jax.Array, stop_gradient: bool = True) -> tuple[j
   return jnp.mean(2.0 - 2.0 * cos), {"pos_mean": jax.lax.stop_gradient(cos.mean())}
 
 
-def byol_ns_loss(p: jax.Array, z: jax.Array, t: jax.Array, alpha: float, *,
-                 stop_gradient: bool = True,
-                 anchor: jax.Array | None = None) -> tuple[jax.Array, dict]:
+def byol_ns_loss(
+    p: jax.Array,
+    z: jax.Array,
+    t: jax.Array,
+    alpha: float,
+    *,
+    stop_gradient: bool = True,
+    anchor: jax.Array | None = None,
+) -> tuple[jax.Array, dict]:
   """BYOL with non-semantic negatives (Ge et al. 2021, Eq. 2), one view order.
 
   On unit vectors Eq. 2 reads
@@ -100,7 +108,7 @@ def ns_distance(p: jax.Array, t: jax.Array) -> tuple[jax.Array, jax.Array]:
   """
   if t.ndim != 3 or p.ndim != 2 or t.shape[0] != p.shape[0] or t.shape[2] != p.shape[1]:
     raise ValueError(f"t must be (B, M, d) = ({p.shape[0]}, M, {p.shape[-1]}); got {t.shape}")
-  ns_cos = _cosine(p[:, None, :], jax.lax.stop_gradient(t))       # (B, M)
+  ns_cos = _cosine(p[:, None, :], jax.lax.stop_gradient(t))  # (B, M)
   return jnp.mean(2.0 - 2.0 * ns_cos), jax.lax.stop_gradient(ns_cos.mean())
 
 

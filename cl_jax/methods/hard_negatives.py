@@ -15,14 +15,21 @@ N e^{-1/T} the estimator's theoretical minimum (every negative at similarity
 -1). beta = 0 weights the negatives uniformly, so with tau+ = 0 the loss is
 NT-Xent (the clamp cannot engage for logits of unit vectors, s_ik >= -1/T).
 """
+
 import jax
 import jax.numpy as jnp
 
 from cl_jax.methods.logit_shapes import check_logit_shapes
 
 
-def hcl_loss_from_logits(pos_logits: jax.Array, neg_logits: jax.Array, neg_mask: jax.Array,
-                         beta: float, tau_plus: float, temperature: float) -> jax.Array:
+def hcl_loss_from_logits(
+    pos_logits: jax.Array,
+    neg_logits: jax.Array,
+    neg_mask: jax.Array,
+    beta: float,
+    tau_plus: float,
+    temperature: float,
+) -> jax.Array:
   """Mean hard-negative loss l_i of the module docstring, computed in log space.
 
   With LSE_i(x) = log sum_{k: mask_ik} exp(x_ik) and N_i the number of negatives
@@ -66,7 +73,7 @@ def hcl_loss_from_logits(pos_logits: jax.Array, neg_logits: jax.Array, neg_mask:
   if tau_plus == 0:
     log_debiased = log_mean
   else:
-    gap = log_count + jnp.log(tau_plus) + pos - log_mean      # b_i - a_i
+    gap = log_count + jnp.log(tau_plus) + pos - log_mean  # b_i - a_i
     positive = gap < 0
     # Double where: the unused branch sees a finite argument, so no NaN gradient.
     safe_gap = jnp.where(positive, gap, -1.0)

@@ -4,6 +4,7 @@ For each query q_i, the positive is the key k_i of the other view from the EMA
 key encoder, the negatives are the K queued keys, and (Ge et al. 2021, Eq. 1)
 optionally M non-semantic keys t_i1..t_iM of the query's own NS images.
 """
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -14,8 +15,9 @@ from cl_jax.addons import feature_transform, ifm, nonsemantic
 from cl_jax.methods import queue_contrast
 
 
-def _hard_scores(lam: jax.Array, active: jax.Array | bool, renormalize: bool,
-                 unit_queries: bool) -> queue_contrast.ScoreFn:
+def _hard_scores(
+    lam: jax.Array, active: jax.Array | bool, renormalize: bool, unit_queries: bool
+) -> queue_contrast.ScoreFn:
   """Score function (for queue_terms) of the hard negatives of Zhu et al. 2021, App. G.2:
 
     h_ij = lam q_i + (1 - lam) n_j,    s_ij = q_i . h_ij  (or q_i . h_ij / |h_ij|),   (Eq. 8)
@@ -41,10 +43,12 @@ def _hard_scores(lam: jax.Array, active: jax.Array | bool, renormalize: bool,
   Returns:
     scores(q_all (B, d), queue_shard (K/S, d)) -> (B, K/S).
   """
+
   def hard(q_all, queue_shard):
     if jnp.ndim(lam) == 0 and unit_queries:
       return feature_transform.hard_negative_scores_from_similarity(
-          q_all @ queue_shard.T, lam, renormalize)
+          q_all @ queue_shard.T, lam, renormalize
+      )
     return feature_transform.hard_negative_scores(q_all, queue_shard, lam, renormalize)
 
   def plain(q_all, queue_shard):
@@ -66,8 +70,7 @@ def _transform(q, k, queue, ft, rng, active, mesh, keys_per_step):
   (rows, dim), keys = q.shape, queue.shape[0]
   shape = lambda n: feature_transform.coefficient_shape(ft.coefficients, n, dim)
   if ft.positive_extrapolation:
-    lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex,
-                                                     shape(rows))
+    lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex, shape(rows))
     q_ex, k_ex = feature_transform.positive_extrapolation(q, k, lam, ft.renormalize)
     q, k = jnp.where(active, q_ex, q), jnp.where(active, k_ex, k)
   plain = (queue, None)
@@ -78,19 +81,23 @@ def _transform(q, k, queue, ft, rng, active, mesh, keys_per_step):
     unit_queries = ft.renormalize or not ft.positive_extrapolation
     transformed = (queue, _hard_scores(lam, active, ft.renormalize, unit_queries))
   elif ft.negative in ("interpolate", "extrapolate"):
-    mu = feature_transform.negative_coefficient(r_neg, ft.negative, ft.alpha_in, ft.alpha_ex,
-                                                shape(keys))
+    mu = feature_transform.negative_coefficient(
+        r_neg, ft.negative, ft.alpha_in, ft.alpha_ex, shape(keys)
+    )
     order = jax.random.permutation(r_perm, queue.shape[0] // keys_per_step)
     mixed = queue_lib.mix_slots(queue, order, mu, mesh, keys_per_step, ft.renormalize)
     transformed = (jnp.where(active, mixed, queue), None)
   else:
-    raise ValueError(f"ft.negative must be one of 'none', 'interpolate', 'extrapolate', "
-                     f"'hard', got {ft.negative!r}")
+    raise ValueError(
+        f"ft.negative must be one of 'none', 'interpolate', 'extrapolate', "
+        f"'hard', got {ft.negative!r}"
+    )
   return q, k, ([plain, transformed] if ft.union else [transformed])
 
 
-def _union(terms: list[queue_contrast.QueueTerms], active: jax.Array | bool
-           ) -> queue_contrast.QueueTerms:
+def _union(
+    terms: list[queue_contrast.QueueTerms], active: jax.Array | bool
+) -> queue_contrast.QueueTerms:
   """QueueTerms of the union of equal-sized negative sets: log-sum-exp of the
   log-sum-exps, mean of the means, pooled variance (mean of the variances plus
   the variance of the means). While inactive (no transformation yet, every set
@@ -102,12 +109,19 @@ def _union(terms: list[queue_contrast.QueueTerms], active: jax.Array | bool
   variances = jnp.stack([t.var for t in terms])
   union = queue_contrast.QueueTerms(
       lse=jax.nn.logsumexp(jnp.stack([t.lse for t in terms]), axis=0),
-      mean=means.mean(axis=0), var=variances.mean(axis=0) + means.var(axis=0))
+      mean=means.mean(axis=0),
+      var=variances.mean(axis=0) + means.var(axis=0),
+  )
   return jax.tree.map(lambda u, first: jnp.where(active, u, first), union, terms[0])
 
 
-def _infonce(pos: jax.Array, queue_lse: jax.Array, ns_sim: jax.Array | None,
-             temperature: float, ns: ml_collections.ConfigDict) -> jax.Array:
+def _infonce(
+    pos: jax.Array,
+    queue_lse: jax.Array,
+    ns_sim: jax.Array | None,
+    temperature: float,
+    ns: ml_collections.ConfigDict,
+) -> jax.Array:
   """mean_i ( logsumexp([s+_i / T, LSE_i, ns_logits_i]) - s+_i / T ) from per-query parts.
 
   pos: (B,) positive similarities; queue_lse: (B,) log sum_j exp(s_ij / T) over
@@ -120,12 +134,21 @@ def _infonce(pos: jax.Array, queue_lse: jax.Array, ns_sim: jax.Array | None,
   return jnp.mean(lse - pos / temperature)
 
 
-def moco_loss(q: jax.Array, k: jax.Array, queue: jax.Array, t: jax.Array | None,
-              moco: ml_collections.ConfigDict, ns: ml_collections.ConfigDict,
-              ifm_cfg: ml_collections.ConfigDict, mesh: Mesh,
-              score_queries: int = 0, ft_cfg: ml_collections.ConfigDict | None = None,
-              ft_rng: jax.Array | None = None, ft_active: jax.Array | bool = True,
-              keys_per_step: int | None = None) -> tuple[jax.Array, dict]:
+def moco_loss(
+    q: jax.Array,
+    k: jax.Array,
+    queue: jax.Array,
+    t: jax.Array | None,
+    moco: ml_collections.ConfigDict,
+    ns: ml_collections.ConfigDict,
+    ifm_cfg: ml_collections.ConfigDict,
+    mesh: Mesh,
+    score_queries: int = 0,
+    ft_cfg: ml_collections.ConfigDict | None = None,
+    ft_rng: jax.Array | None = None,
+    ft_active: jax.Array | bool = True,
+    keys_per_step: int | None = None,
+) -> tuple[jax.Array, dict]:
   """InfoNCE of queries against their keys, the queue and NS keys, optionally with IFM.
 
   logits_i = [q_i.k_i / T, q_i.queue_j / T (j < K), ns_logit(q_i, t_im) (m < M)]
@@ -180,20 +203,29 @@ def moco_loss(q: jax.Array, k: jax.Array, queue: jax.Array, t: jax.Array | None,
   if ft_cfg is not None and ft_cfg.enabled:
     q, k, negatives = _transform(q, k, queue, ft_cfg, ft_rng, ft_active, mesh, keys_per_step)
   pos = jnp.sum(q * k, axis=1).astype(jnp.float32)
-  terms = _union([queue_contrast.queue_terms(q, keys, temperature, mesh, scores)
-                  for keys, scores in negatives], ft_active)
+  terms = _union(
+      [
+          queue_contrast.queue_terms(q, keys, temperature, mesh, scores)
+          for keys, scores in negatives
+      ],
+      ft_active,
+  )
   ns_sim = None if t is None else jnp.einsum("bd,bmd->bm", q, jax.lax.stop_gradient(t))
   loss = _infonce(pos, terms.lse, ns_sim, temperature, ns)
   if ifm_cfg.enabled:
     eps = ifm_cfg.epsilon
     adv_pos, adv_ns = ifm.adversarial_similarities(pos, ns_sim, eps)
-    adv = _infonce(adv_pos, ifm.shifted_logsumexp(terms.lse, eps, temperature), adv_ns,
-                   temperature, ns)
+    adv = _infonce(
+        adv_pos, ifm.shifted_logsumexp(terms.lse, eps, temperature), adv_ns, temperature, ns
+    )
     loss = ifm.combine(loss, adv, ifm_cfg.alpha)
 
   n = score_queries or q.shape[0]
-  stats = {"pos_mean": pos[:n].mean(), "neg_mean": terms.mean[:n].mean(),
-           "neg_var": terms.var[:n].mean()}
+  stats = {
+      "pos_mean": pos[:n].mean(),
+      "neg_mean": terms.mean[:n].mean(),
+      "neg_var": terms.var[:n].mean(),
+  }
   if ns_sim is not None:
     stats["ns_mean"] = ns_sim[:n].mean()
   return loss, jax.lax.stop_gradient(stats)

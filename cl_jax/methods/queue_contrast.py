@@ -17,14 +17,15 @@ gathered queries and a few length-B vectors. Gradients flow through the gather
 (its transpose is a reduce-scatter), so one device and S devices give the same
 loss and the same gradients.
 """
+
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from cl_jax.parallel import DATA_AXIS
-
 
 # scores(q_all, queue_shard): (B, d) gathered queries and a (K/S, d) queue shard
 # -> (B, K/S) scores s_ij, differentiable in the queries.
@@ -38,13 +39,15 @@ class QueueTerms(NamedTuple):
   mean, var: mean_j s_ij and var_j s_ij (before the temperature, no gradient),
     the negative-score statistics of Zhu et al. 2021, Sec. 3.
   """
+
   lse: jax.Array
   mean: jax.Array
   var: jax.Array
 
 
-def queue_terms(q: jax.Array, queue: jax.Array, temperature: float, mesh: Mesh,
-                scores: ScoreFn | None = None) -> QueueTerms:
+def queue_terms(
+    q: jax.Array, queue: jax.Array, temperature: float, mesh: Mesh, scores: ScoreFn | None = None
+) -> QueueTerms:
   """Log-sum-exp and score statistics of each query against the whole queue.
 
   Args:
@@ -67,26 +70,29 @@ def queue_terms(q: jax.Array, queue: jax.Array, temperature: float, mesh: Mesh,
   def local(q_shard, queue_shard):
     own = jax.lax.axis_index(DATA_AXIS)
     rows = q_shard.shape[0]
-    q_all = jax.lax.all_gather(q_shard, DATA_AXIS, tiled=True)           # (B, d)
+    q_all = jax.lax.all_gather(q_shard, DATA_AXIS, tiled=True)  # (B, d)
     s = q_all @ queue_shard.T if scores is None else scores(q_all, queue_shard)
     want = (q_all.shape[0], queue_shard.shape[0])
     if s.shape != want:
-      raise ValueError(f"the score function must return the (B, K/S) = {want} scores of the "
-                       f"gathered queries against the queue shard, got shape {s.shape}")
-    s = s.astype(jnp.float32)                                            # (B, K/S)
+      raise ValueError(
+          f"the score function must return the (B, K/S) = {want} scores of the "
+          f"gathered queries against the queue shard, got shape {s.shape}"
+      )
+    s = s.astype(jnp.float32)  # (B, K/S)
     logits = s / temperature
-    m = jax.lax.pmax(jax.lax.stop_gradient(logits).max(axis=1), DATA_AXIS)   # (B,)
+    m = jax.lax.pmax(jax.lax.stop_gradient(logits).max(axis=1), DATA_AXIS)  # (B,)
     sumexp = jnp.exp(logits - m[:, None]).sum(axis=1)
-    own_sumexp = jax.lax.psum_scatter(sumexp, DATA_AXIS, tiled=True)     # (B/S,)
+    own_sumexp = jax.lax.psum_scatter(sumexp, DATA_AXIS, tiled=True)  # (B/S,)
     own_m = jax.lax.dynamic_slice_in_dim(m, own * rows, rows)
     lse = own_m + jnp.log(own_sumexp)
 
     s = jax.lax.stop_gradient(s)
-    mean = jax.lax.psum(s.sum(axis=1), DATA_AXIS) / k                   # (B,)
+    mean = jax.lax.psum(s.sum(axis=1), DATA_AXIS) / k  # (B,)
     sq = jnp.square(s - mean[:, None]).sum(axis=1)
     var = jax.lax.psum_scatter(sq, DATA_AXIS, tiled=True) / k
     return QueueTerms(lse, jax.lax.dynamic_slice_in_dim(mean, own * rows, rows), var)
 
   spec = P(DATA_AXIS)
-  return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec),
-                       out_specs=QueueTerms(spec, spec, spec))(q, queue)
+  return jax.shard_map(
+      local, mesh=mesh, in_specs=(spec, spec), out_specs=QueueTerms(spec, spec, spec)
+  )(q, queue)

@@ -17,6 +17,7 @@ transformation and, in place of NT-Xent's negative term, hard-negative sampling.
 Everything is ordinary jnp on the global batch: under jit with the batch sharded
 over devices, XLA partitions it.
 """
+
 from typing import NamedTuple
 
 import jax
@@ -39,6 +40,7 @@ class PairScores(NamedTuple):
   neg_mask: (2B, 2B) bool, True where k is a negative of anchor i
     (k != i and k != p(i)); 2B - 2 entries per row.
   """
+
   pos: jax.Array
   sim: jax.Array
   neg_mask: jax.Array
@@ -56,18 +58,20 @@ def pair_scores(z1: jax.Array, z2: jax.Array) -> PairScores:
   """
   _check_pair(z1, z2)
   z1, z2 = z1.astype(jnp.float32), z2.astype(jnp.float32)
-  u = jnp.concatenate([z1, z2], axis=0)                        # (2B, d)
+  u = jnp.concatenate([z1, z2], axis=0)  # (2B, d)
   return PairScores(_positives(z1, z2), u @ u.T, _negative_mask(z1.shape[0]))
 
 
 def _check_pair(z1: jax.Array, z2: jax.Array) -> None:
   """ValueError unless z1 and z2 are both (B, d), B >= 2."""
   if z1.ndim != 2 or z1.shape != z2.shape:
-    raise ValueError(f"z1 and z2 must both be (B, d) with the same shape; got {z1.shape} "
-                     f"and {z2.shape}")
+    raise ValueError(
+        f"z1 and z2 must both be (B, d) with the same shape; got {z1.shape} " f"and {z2.shape}"
+    )
   if z1.shape[0] < 2:
-    raise ValueError(f"NT-Xent needs a batch of B >= 2 pairs to have negatives; got "
-                     f"B = {z1.shape[0]}")
+    raise ValueError(
+        f"NT-Xent needs a batch of B >= 2 pairs to have negatives; got " f"B = {z1.shape[0]}"
+    )
 
 
 def _positives(z1: jax.Array, z2: jax.Array) -> jax.Array:
@@ -83,8 +87,12 @@ def _negative_mask(bsz: int) -> jax.Array:
   return (idx[None, :] != idx[:, None]) & (idx[None, :] != partner[:, None])
 
 
-def nt_xent_from_logits(pos_logits: jax.Array, neg_logits: jax.Array, neg_mask: jax.Array,
-                        extra_negative_logits: jax.Array | None = None) -> jax.Array:
+def nt_xent_from_logits(
+    pos_logits: jax.Array,
+    neg_logits: jax.Array,
+    neg_mask: jax.Array,
+    extra_negative_logits: jax.Array | None = None,
+) -> jax.Array:
   """Mean cross-entropy of each anchor's positive against its negatives.
 
   loss = 1/N sum_i ( log( exp(a_i) + sum_{k: mask_ik} exp(n_ik) + sum_m exp(e_im) ) - a_i )
@@ -105,13 +113,17 @@ def nt_xent_from_logits(pos_logits: jax.Array, neg_logits: jax.Array, neg_mask: 
     () float32 loss.
   """
   check_logit_shapes(pos_logits, neg_logits, neg_mask)
-  parts = [pos_logits[:, None].astype(jnp.float32),
-           jnp.where(neg_mask, neg_logits.astype(jnp.float32), -jnp.inf)]
+  parts = [
+      pos_logits[:, None].astype(jnp.float32),
+      jnp.where(neg_mask, neg_logits.astype(jnp.float32), -jnp.inf),
+  ]
   if extra_negative_logits is not None:
     n = pos_logits.shape[0]
     if extra_negative_logits.ndim != 2 or extra_negative_logits.shape[0] != n:
-      raise ValueError(f"extra_negative_logits must be (N, M) with N = {n} anchors; got "
-                       f"{extra_negative_logits.shape}")
+      raise ValueError(
+          f"extra_negative_logits must be (N, M) with N = {n} anchors; got "
+          f"{extra_negative_logits.shape}"
+      )
     parts.append(extra_negative_logits.astype(jnp.float32))
   lse = jax.nn.logsumexp(jnp.concatenate(parts, axis=1), axis=1)
   return jnp.mean(lse - pos_logits.astype(jnp.float32))
@@ -134,8 +146,9 @@ def score_stats(scores: PairScores) -> dict:
   return {"pos_mean": pos.mean(), "neg_mean": mean.mean(), "neg_var": var.mean()}
 
 
-def nt_xent_loss(z1: jax.Array, z2: jax.Array, temperature: float,
-                 extra_negative_logits: jax.Array | None = None) -> tuple[jax.Array, dict]:
+def nt_xent_loss(
+    z1: jax.Array, z2: jax.Array, temperature: float, extra_negative_logits: jax.Array | None = None
+) -> tuple[jax.Array, dict]:
   """NT-Xent of the global batch, averaged over all 2B anchors.
 
   l_i = log( sum_{k != i} exp(s_ik / T) + sum_m exp(e_im) ) - s_ip(i) / T,
@@ -154,14 +167,19 @@ def nt_xent_loss(z1: jax.Array, z2: jax.Array, temperature: float,
   if not temperature > 0:
     raise ValueError(f"temperature must be > 0; got {temperature}")
   scores = pair_scores(z1, z2)
-  loss = nt_xent_from_logits(scores.pos / temperature, scores.sim / temperature,
-                             scores.neg_mask, extra_negative_logits)
+  loss = nt_xent_from_logits(
+      scores.pos / temperature, scores.sim / temperature, scores.neg_mask, extra_negative_logits
+  )
   return loss, score_stats(scores)
 
 
-def _transformed_scores(z1: jax.Array, z2: jax.Array, ft: ml_collections.ConfigDict,
-                        rng: jax.Array | None, active: jax.Array | bool
-                        ) -> tuple[jax.Array, PairScores]:
+def _transformed_scores(
+    z1: jax.Array,
+    z2: jax.Array,
+    ft: ml_collections.ConfigDict,
+    rng: jax.Array | None,
+    active: jax.Array | bool,
+) -> tuple[jax.Array, PairScores]:
   """(anchors, scores) of the feature transformation (Zhu et al. 2021, Sec. 4, App. E.1).
 
   anchors: (2B, d) float32 [z1'; z2'], the positively extrapolated pairs (Eq. 3),
@@ -175,9 +193,11 @@ def _transformed_scores(z1: jax.Array, z2: jax.Array, ft: ml_collections.ConfigD
   the union's mixed set is masked out: the scores equal pair_scores(z1, z2)'s.
   """
   if ft.negative not in FT_NEGATIVES:
-    raise ValueError(f"ft.negative = {ft.negative!r} is not available for SimCLR: use one of "
-                     f"{FT_NEGATIVES} (hard negatives, App. G.2, are built against the MoCo "
-                     "queue)")
+    raise ValueError(
+        f"ft.negative = {ft.negative!r} is not available for SimCLR: use one of "
+        f"{FT_NEGATIVES} (hard negatives, App. G.2, are built against the MoCo "
+        "queue)"
+    )
   if rng is None:
     raise ValueError("ft.enabled needs ft_rng, the PRNG key of the step's mixing coefficients")
   r_pos, r_neg, r_perm = jax.random.split(rng, 3)
@@ -187,44 +207,59 @@ def _transformed_scores(z1: jax.Array, z2: jax.Array, ft: ml_collections.ConfigD
   keep = lambda new, old: jnp.where(active, new, old)
   u = jnp.concatenate([z1, z2], axis=0)
   if ft.positive_extrapolation:
-    lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex,
-                                                     shape(bsz))
+    lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex, shape(bsz))
     e1, e2 = feature_transform.positive_extrapolation(z1, z2, lam, ft.renormalize)
     z1, z2 = keep(e1, z1), keep(e2, z2)
   anchors = jnp.concatenate([z1, z2], axis=0)
   mask = _negative_mask(bsz)
   if ft.negative == "none":
     return anchors, PairScores(_positives(z1, z2), anchors @ u.T, mask)
-  mu = feature_transform.negative_coefficient(r_neg, ft.negative, ft.alpha_in, ft.alpha_ex,
-                                              shape(2 * bsz))
+  mu = feature_transform.negative_coefficient(
+      r_neg, ft.negative, ft.alpha_in, ft.alpha_ex, shape(2 * bsz)
+  )
   perm = jax.random.permutation(r_perm, 2 * bsz)
   mixed = feature_transform.negative_interpolation(u, perm, mu, ft.renormalize)
   if not ft.union:
     return anchors, PairScores(_positives(z1, z2), anchors @ keep(mixed, u).T, mask)
   sim = jnp.concatenate([anchors @ u.T, anchors @ mixed.T], axis=1)
-  return anchors, PairScores(_positives(z1, z2), sim,
-                             jnp.concatenate([mask, mask & active], axis=1))
+  return anchors, PairScores(
+      _positives(z1, z2), sim, jnp.concatenate([mask, mask & active], axis=1)
+  )
 
 
 def _check_combination(t, ifm_cfg, hcl_cfg, ft_cfg) -> None:
   """ValueError when hard-negative sampling is combined with another add-on."""
   if not hcl_cfg.enabled:
     return
-  others = [name for name, on in (("ifm.enabled", ifm_cfg.enabled),
-                                  ("nonsemantic.enabled (NS features t were given)",
-                                   t is not None),
-                                  ("ft.enabled", ft_cfg is not None and ft_cfg.enabled)) if on]
+  others = [
+      name
+      for name, on in (
+          ("ifm.enabled", ifm_cfg.enabled),
+          ("nonsemantic.enabled (NS features t were given)", t is not None),
+          ("ft.enabled", ft_cfg is not None and ft_cfg.enabled),
+      )
+      if on
+  ]
   if others:
-    raise ValueError(f"hcl.enabled replaces NT-Xent's negative term and is not combined with "
-                     f"other add-ons: switch off {', '.join(others)} or hcl.enabled")
+    raise ValueError(
+        f"hcl.enabled replaces NT-Xent's negative term and is not combined with "
+        f"other add-ons: switch off {', '.join(others)} or hcl.enabled"
+    )
 
 
-def simclr_loss(z1: jax.Array, z2: jax.Array, t: jax.Array | None,
-                simclr_cfg: ml_collections.ConfigDict, ns_cfg: ml_collections.ConfigDict,
-                ifm_cfg: ml_collections.ConfigDict, hcl_cfg: ml_collections.ConfigDict,
-                ft_cfg: ml_collections.ConfigDict | None = None, ft_rng: jax.Array | None = None,
-                ft_active: jax.Array | bool = True, score_queries: int = 0
-                ) -> tuple[jax.Array, dict]:
+def simclr_loss(
+    z1: jax.Array,
+    z2: jax.Array,
+    t: jax.Array | None,
+    simclr_cfg: ml_collections.ConfigDict,
+    ns_cfg: ml_collections.ConfigDict,
+    ifm_cfg: ml_collections.ConfigDict,
+    hcl_cfg: ml_collections.ConfigDict,
+    ft_cfg: ml_collections.ConfigDict | None = None,
+    ft_rng: jax.Array | None = None,
+    ft_active: jax.Array | bool = True,
+    score_queries: int = 0,
+) -> tuple[jax.Array, dict]:
   """SimCLR's NT-Xent over the global batch with its add-ons.
 
   Anchors u_i, i < 2B, are [z1; z2]; anchor i's positive is p(i) = (i + B) mod 2B
@@ -302,8 +337,9 @@ def simclr_loss(z1: jax.Array, z2: jax.Array, t: jax.Array | None,
   if not temperature > 0:
     raise ValueError(f"simclr.temperature must be > 0; got {temperature}")
   if not (isinstance(score_queries, int) and score_queries >= 0):
-    raise ValueError(f"score_queries must be an int >= 0 (0: all anchors); got "
-                     f"{score_queries!r}")
+    raise ValueError(
+        f"score_queries must be an int >= 0 (0: all anchors); got " f"{score_queries!r}"
+    )
   _check_combination(t, ifm_cfg, hcl_cfg, ft_cfg)
   _check_pair(z1, z2)
   bsz, dim = z1.shape
@@ -316,19 +352,29 @@ def simclr_loss(z1: jax.Array, z2: jax.Array, t: jax.Array | None,
   ns_sim = None
   if t is not None:
     if t.ndim != 3 or t.shape[0] != 2 * bsz or t.shape[2] != dim:
-      raise ValueError(f"t must be (2B, M, d) = ({2 * bsz}, M, {dim}), the NS features of "
-                       f"each anchor in the order [view 1; view 2]; got {t.shape}")
+      raise ValueError(
+          f"t must be (2B, M, d) = ({2 * bsz}, M, {dim}), the NS features of "
+          f"each anchor in the order [view 1; view 2]; got {t.shape}"
+      )
     ns_sim = jnp.einsum("nd,nmd->nm", anchors, jax.lax.stop_gradient(t).astype(jnp.float32))
 
   def nt_xent(pos, sim, ns):
-    extra = None if ns is None else nonsemantic.ns_logits(ns, ns_cfg.alpha, temperature,
-                                                          ns_cfg.alpha_mode)
+    extra = (
+        None
+        if ns is None
+        else nonsemantic.ns_logits(ns, ns_cfg.alpha, temperature, ns_cfg.alpha_mode)
+    )
     return nt_xent_from_logits(pos / temperature, sim / temperature, scores.neg_mask, extra)
 
   if hcl_cfg.enabled:
     loss = hard_negatives.hcl_loss_from_logits(
-        scores.pos / temperature, scores.sim / temperature, scores.neg_mask, hcl_cfg.beta,
-        hcl_cfg.tau_plus, temperature)
+        scores.pos / temperature,
+        scores.sim / temperature,
+        scores.neg_mask,
+        hcl_cfg.beta,
+        hcl_cfg.tau_plus,
+        temperature,
+    )
   else:
     loss = nt_xent(scores.pos, scores.sim, ns_sim)
   if ifm_cfg.enabled:

@@ -74,8 +74,11 @@ class GroupBatchNorm(nn.Module):
 
     In training mode B must be divisible by ``num_groups``; eval mode takes any B.
     """
-    if isinstance(self.num_groups, bool) or not isinstance(self.num_groups, int) or (
-        self.num_groups < 1):
+    if (
+        isinstance(self.num_groups, bool)
+        or not isinstance(self.num_groups, int)
+        or (self.num_groups < 1)
+    ):
       raise ValueError(f'num_groups must be a positive integer, got {self.num_groups!r}')
     if x.ndim < 2:
       raise ValueError(f'GroupBatchNorm expects input of shape (B, ..., C), got {x.shape}')
@@ -91,12 +94,14 @@ class GroupBatchNorm(nn.Module):
       if batch % self.num_groups:
         raise ValueError(
             f'batch size {batch} is not divisible by num_groups {self.num_groups}; '
-            'choose a batch size that is a multiple of the number of BN groups')
+            'choose a batch size that is a multiple of the number of BN groups'
+        )
       shards = _explicit_batch_shards(x)
       if self.num_groups > 1 and self.num_groups % shards:
         raise ValueError(
             f'num_groups {self.num_groups} must be 1 or a multiple of the {shards} shards of '
-            'the batch axis, so that every group lies on one device')
+            'the batch axis, so that every group lies on one device'
+        )
       grouped = x32.reshape((self.num_groups, batch // self.num_groups) + x.shape[1:])
       axes = tuple(range(1, grouped.ndim - 1))
       mean = jnp.mean(grouped, axis=axes, keepdims=True)

@@ -39,8 +39,9 @@ class Encoder(nn.Module):
     if self.predictor is not None and (predict or self.is_initializing()):
       out['p'] = self.predictor(projection, train=train).astype(jnp.float32)
     elif predict:
-      raise ValueError('predict=True needs an encoder built with a predictor '
-                       '(model.predictor_hidden_dim > 0)')
+      raise ValueError(
+          'predict=True needs an encoder built with a predictor ' '(model.predictor_hidden_dim > 0)'
+      )
     return out
 
 
@@ -60,9 +61,19 @@ def build_encoder(model_cfg: ml_collections.ConfigDict) -> Encoder:
   Linear-BN-ReLU-Linear predictor back to head_out_dim), dtype ('float32' | 'bfloat16'),
   bn_groups (positive integer, used by every BN).
   """
-  fields = ('depth', 'stem', 'width_multiplier', 'head_hidden_dim', 'head_out_dim',
-            'head_layers', 'head_bn', 'head_out_bn', 'predictor_hidden_dim', 'dtype',
-            'bn_groups')
+  fields = (
+      'depth',
+      'stem',
+      'width_multiplier',
+      'head_hidden_dim',
+      'head_out_dim',
+      'head_layers',
+      'head_bn',
+      'head_out_bn',
+      'predictor_hidden_dim',
+      'dtype',
+      'bn_groups',
+  )
   missing = [field for field in fields if field not in model_cfg]
   if missing:
     raise ValueError(f'model config is missing field(s) {missing}')
@@ -76,21 +87,38 @@ def build_encoder(model_cfg: ml_collections.ConfigDict) -> Encoder:
   except ValueError as error:
     raise ValueError(f'model.{error}') from None
   if model_cfg.dtype not in _DTYPES:
-    raise ValueError(
-        f"model.dtype must be 'float32' or 'bfloat16', got {model_cfg.dtype!r}")
+    raise ValueError(f"model.dtype must be 'float32' or 'bfloat16', got {model_cfg.dtype!r}")
   for field in ('head_hidden_dim', 'head_out_dim', 'head_layers', 'bn_groups'):
     _positive_int(model_cfg, field)
 
-  backbone = ResNet(depth=model_cfg.depth, stem=model_cfg.stem,
-                    width_multiplier=model_cfg.width_multiplier,
-                    dtype=_DTYPES[model_cfg.dtype], bn_groups=model_cfg.bn_groups)
+  backbone = ResNet(
+      depth=model_cfg.depth,
+      stem=model_cfg.stem,
+      width_multiplier=model_cfg.width_multiplier,
+      dtype=_DTYPES[model_cfg.dtype],
+      bn_groups=model_cfg.bn_groups,
+  )
   groups = model_cfg.bn_groups
-  head = MLPHead(hidden_dim=model_cfg.head_hidden_dim, out_dim=model_cfg.head_out_dim,
-                 num_layers=model_cfg.head_layers, use_bn=model_cfg.head_bn,
-                 out_bn=model_cfg.head_out_bn, bn_groups=groups)
+  head = MLPHead(
+      hidden_dim=model_cfg.head_hidden_dim,
+      out_dim=model_cfg.head_out_dim,
+      num_layers=model_cfg.head_layers,
+      use_bn=model_cfg.head_bn,
+      out_bn=model_cfg.head_out_bn,
+      bn_groups=groups,
+  )
   hidden = model_cfg.predictor_hidden_dim
   if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
     raise ValueError(f'model.predictor_hidden_dim must be a non-negative integer, got {hidden!r}')
-  predictor = (MLPHead(hidden_dim=hidden, out_dim=model_cfg.head_out_dim, num_layers=2,
-                       use_bn=True, bn_groups=groups) if hidden else None)
+  predictor = (
+      MLPHead(
+          hidden_dim=hidden,
+          out_dim=model_cfg.head_out_dim,
+          num_layers=2,
+          use_bn=True,
+          bn_groups=groups,
+      )
+      if hidden
+      else None
+  )
   return Encoder(backbone=backbone, head=head, predictor=predictor)

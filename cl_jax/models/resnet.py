@@ -35,7 +35,8 @@ def base_width(width_multiplier: float) -> int:
   if width < 1 or width != int(width):
     raise ValueError(
         f'width_multiplier must make 64 * width_multiplier a positive integer, got '
-        f'{width_multiplier!r} (64 * w = {width}); use e.g. 0.125, 0.25, 0.5, 1, 2, 4')
+        f'{width_multiplier!r} (64 * w = {width}); use e.g. 0.125, 0.25, 0.5, 1, 2, 4'
+    )
   return int(width)
 
 
@@ -49,9 +50,17 @@ def resnet_feature_dim(depth: int, width_multiplier: float) -> int:
 def _conv(features: int, kernel: int, stride: int, dtype: Any, name: str) -> nn.Conv:
   """Bias-free k x k convolution with torch-style symmetric padding k // 2."""
   pad = kernel // 2
-  return nn.Conv(features, (kernel, kernel), strides=(stride, stride),
-                 padding=((pad, pad), (pad, pad)), use_bias=False, dtype=dtype,
-                 param_dtype=jnp.float32, kernel_init=conv_init, name=name)
+  return nn.Conv(
+      features,
+      (kernel, kernel),
+      strides=(stride, stride),
+      padding=((pad, pad), (pad, pad)),
+      use_bias=False,
+      dtype=dtype,
+      param_dtype=jnp.float32,
+      kernel_init=conv_init,
+      name=name,
+  )
 
 
 class ResidualBlock(nn.Module):
@@ -72,8 +81,7 @@ class ResidualBlock(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
     norm = functools.partial(GroupBatchNorm, num_groups=self.bn_groups, dtype=self.dtype)
-    last_scale_init = (nn.initializers.zeros if self.zero_init_residual
-                       else nn.initializers.ones)
+    last_scale_init = nn.initializers.zeros if self.zero_init_residual else nn.initializers.ones
     out_features = self.planes * _EXPANSION[self.kind]
     if self.kind == 'basic':
       y = _conv(self.planes, 3, self.stride, self.dtype, 'conv1')(x)
@@ -142,18 +150,21 @@ class ResNet(nn.Module):
       x = _conv(width, 7, 2, self.dtype, 'stem_conv')(x)
     else:
       x = _conv(width, 3, 1, self.dtype, 'stem_conv')(x)
-    x = GroupBatchNorm(num_groups=self.bn_groups, dtype=self.dtype, name='stem_bn')(
-        x, not train)
+    x = GroupBatchNorm(num_groups=self.bn_groups, dtype=self.dtype, name='stem_bn')(x, not train)
     x = nn.relu(x)
     if self.stem == 'imagenet':
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for stage, num_blocks in enumerate(blocks):
       for index in range(num_blocks):
         x = ResidualBlock(
-            kind=kind, planes=width * 2**stage,
+            kind=kind,
+            planes=width * 2**stage,
             stride=2 if stage > 0 and index == 0 else 1,
-            bn_groups=self.bn_groups, zero_init_residual=self.zero_init_residual,
-            dtype=self.dtype, name=f'stage{stage + 1}_block{index + 1}')(x, train)
+            bn_groups=self.bn_groups,
+            zero_init_residual=self.zero_init_residual,
+            dtype=self.dtype,
+            name=f'stage{stage + 1}_block{index + 1}',
+        )(x, train)
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
     return {'pooled': pooled, 'feature_map': x}
 

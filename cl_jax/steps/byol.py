@@ -7,6 +7,7 @@ and positive extrapolation (Zhu et al. 2021, App. E.2).
   3. the online network's predictions regress onto the other view's target
      projection, L = l(p1, z2) + l(p2, z1), minus alpha times the NS distance.
 """
+
 import jax
 import ml_collections
 import optax
@@ -39,12 +40,18 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
     target_bs = state.target_batch_stats
     z, t = [], []
     for i, v in enumerate((x.v1, x.v2)):
-      zi, target_bs = encode_keys(encoder, target_params, target_bs, v,
-                                  jax.random.fold_in(x.r_key, i), shuffle=False)
+      zi, target_bs = encode_keys(
+          encoder, target_params, target_bs, v, jax.random.fold_in(x.r_key, i), shuffle=False
+      )
       z.append(zi)
       # Kept apart from the running statistics, as for MoCo's NS keys.
-      t.append(ns_features(encoder, target_params, target_bs, v, jax.random.fold_in(x.r_ns, i),
-                           ns, shuffle=False)[0] if ns.enabled else None)
+      t.append(
+          ns_features(
+              encoder, target_params, target_bs, v, jax.random.fold_in(x.r_ns, i), ns, shuffle=False
+          )[0]
+          if ns.enabled
+          else None
+      )
 
     def loss_fn(params):
       out1, bs = encode(encoder, params, state.batch_stats, x.v1, predict=True)
@@ -58,16 +65,18 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
         if ns_t is None:
           term, st = byol.byol_loss(p, target, stop_gradient=not extrapolate)
         else:
-          term, st = byol.byol_ns_loss(p, target, ns_t, ns.alpha, stop_gradient=not extrapolate,
-                                       anchor=pred)
+          term, st = byol.byol_ns_loss(
+              p, target, ns_t, ns.alpha, stop_gradient=not extrapolate, anchor=pred
+          )
         loss = loss + term
         stats.append(st)
       health = embedding_health(out1["z"], out2["z"])
       return loss, (bs, {**jax.tree.map(lambda a, b: (a + b) / 2, *stats), **health})
 
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates = dict(batch_stats=batch_stats, target_params=target_params,
-                   target_batch_stats=target_bs)
+    updates = dict(
+        batch_stats=batch_stats, target_params=target_params, target_batch_stats=target_bs
+    )
     return loss, grads, updates, {**stats, "tau": tau}
 
   return objective

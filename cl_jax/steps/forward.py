@@ -1,6 +1,7 @@
 """Forward passes shared by the methods' steps: online features with their
 batch-norm update, no-gradient target features (with shuffle-BN), and the
 non-semantic images of a batch of views."""
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -18,13 +19,17 @@ def encode(encoder, params, batch_stats, images: jax.Array, predict: bool = Fals
     (encoder outputs: dict with z (N, d) unit and, with predict, p (N, d); updated
     batch_stats).
   """
-  out, mutated = encoder.apply({"params": params, "batch_stats": batch_stats}, images,
-                               train=True, predict=predict, mutable=["batch_stats"])
+  out, mutated = encoder.apply(
+      {"params": params, "batch_stats": batch_stats},
+      images,
+      train=True,
+      predict=predict,
+      mutable=["batch_stats"],
+  )
   return out, mutated["batch_stats"]
 
 
-def encode_keys(encoder, params, batch_stats, images: jax.Array, rng: jax.Array,
-                shuffle: bool):
+def encode_keys(encoder, params, batch_stats, images: jax.Array, rng: jax.Array, shuffle: bool):
   """Key / target features of `images`, in train-mode batch norm, without gradient.
 
   With shuffle=True the batch is permuted before the encoder and un-permuted
@@ -47,8 +52,15 @@ def encode_keys(encoder, params, batch_stats, images: jax.Array, rng: jax.Array,
   return jax.lax.stop_gradient(z), batch_stats
 
 
-def ns_features(encoder, params, batch_stats, views: jax.Array, rng: jax.Array,
-                ns: ml_collections.ConfigDict, shuffle: bool):
+def ns_features(
+    encoder,
+    params,
+    batch_stats,
+    views: jax.Array,
+    rng: jax.Array,
+    ns: ml_collections.ConfigDict,
+    shuffle: bool,
+):
   """Features of M patch-based NS images of each view (Ge et al. 2021, Sec. 2.3).
 
   Args:

@@ -1,11 +1,12 @@
 """The MoCo step (He et al. 2020, Alg. 1; Chen et al. 2020 for v2), with NS, FT and IFM.
 
-  1. EMA update of the key encoder, theta_k <- m theta_k + (1 - m) theta_q;
-  2. keys of the other view (and of the NS images) from the key encoder,
-     without gradient, under shuffle-BN when model.bn_mode = "shuffle";
-  3. loss and gradient of the query encoder (cl_jax.methods.moco.moco_loss);
-  4. the step's keys replace the oldest keys of the queue.
+1. EMA update of the key encoder, theta_k <- m theta_k + (1 - m) theta_q;
+2. keys of the other view (and of the NS images) from the key encoder,
+   without gradient, under shuffle-BN when model.bn_mode = "shuffle";
+3. loss and gradient of the query encoder (cl_jax.methods.moco.moco_loss);
+4. the step's keys replace the oldest keys of the queue.
 """
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -25,8 +26,7 @@ def keys_per_step(config: ml_collections.ConfigDict) -> int:
   return config.optim.batch_size * (2 if config.moco.symmetric else 1)
 
 
-def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh,
-                   steps_per_epoch: int):
+def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps_per_epoch: int):
   """objective(state, views) -> (loss, grads, state updates, stats) of one MoCo step.
 
   The updates are the new batch_stats, target_params, target_batch_stats and
@@ -46,14 +46,19 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh,
     target_bs = state.target_batch_stats
     keys, ns_feats = [], []
     for i, (vq, vk) in enumerate(pairs):
-      k, target_bs = encode_keys(encoder, target_params, target_bs, vk,
-                                 jax.random.fold_in(x.r_key, i), shuffle)
+      k, target_bs = encode_keys(
+          encoder, target_params, target_bs, vk, jax.random.fold_in(x.r_key, i), shuffle
+      )
       keys.append(k)
       # The NS forward's batch statistics are not kept: the running statistics
       # follow the real views only.
-      ns_feats.append(ns_features(encoder, target_params, target_bs, vq,
-                                  jax.random.fold_in(x.r_ns, i), ns, shuffle)[0]
-                      if ns.enabled else None)
+      ns_feats.append(
+          ns_features(
+              encoder, target_params, target_bs, vq, jax.random.fold_in(x.r_ns, i), ns, shuffle
+          )[0]
+          if ns.enabled
+          else None
+      )
 
     def loss_fn(params):
       bs = state.batch_stats
@@ -62,10 +67,20 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh,
         out, bs = encode(encoder, params, bs, vq)
         queries.append(out["z"])
         loss, st = moco.moco_loss(
-            out["z"], k, state.queue, t, config.moco, ns, config.ifm, mesh,
-            config.train.score_queries, ft_cfg=config.ft,
-            ft_rng=jax.random.fold_in(x.r_ft, len(losses)), ft_active=state.step >= ft_start,
-            keys_per_step=num_keys)
+            out["z"],
+            k,
+            state.queue,
+            t,
+            config.moco,
+            ns,
+            config.ifm,
+            mesh,
+            config.train.score_queries,
+            ft_cfg=config.ft,
+            ft_rng=jax.random.fold_in(x.r_ft, len(losses)),
+            ft_active=state.step >= ft_start,
+            keys_per_step=num_keys,
+        )
         losses.append(loss)
         stats.append(st)
       mean = lambda xs: sum(xs) / len(xs)
@@ -75,10 +90,15 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh,
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     # The keys of one example stay adjacent, (B, V, d) -> (B * V, d), so the
     # rows a device holds stay on that device.
-    new_queue = queue_lib.enqueue(state.queue, jnp.stack(keys, axis=1).reshape(-1, k.shape[-1]),
-                                  state.step, mesh)
-    updates = dict(batch_stats=batch_stats, target_params=target_params,
-                   target_batch_stats=target_bs, queue=new_queue)
+    new_queue = queue_lib.enqueue(
+        state.queue, jnp.stack(keys, axis=1).reshape(-1, k.shape[-1]), state.step, mesh
+    )
+    updates = dict(
+        batch_stats=batch_stats,
+        target_params=target_params,
+        target_batch_stats=target_bs,
+        queue=new_queue,
+    )
     return loss, grads, updates, stats
 
   return objective

@@ -5,6 +5,7 @@ Each view goes through the encoder in its own forward, so batch-norm statistics
 are those of one view's global batch (as for MoCo's queries); concatenating the
 views would move every image of one view to other devices.
 """
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -32,18 +33,37 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
   def objective(state: TrainState, x: Views):
     t = None
     if ns.enabled:
-      t = jnp.concatenate([
-          ns_features(encoder, state.params, state.batch_stats, v,
-                      jax.random.fold_in(x.r_ns, i), ns, shuffle=False)[0]
-          for i, v in enumerate((x.v1, x.v2))])                           # (2B, M, d)
+      t = jnp.concatenate(
+          [
+              ns_features(
+                  encoder,
+                  state.params,
+                  state.batch_stats,
+                  v,
+                  jax.random.fold_in(x.r_ns, i),
+                  ns,
+                  shuffle=False,
+              )[0]
+              for i, v in enumerate((x.v1, x.v2))
+          ]
+      )  # (2B, M, d)
 
     def loss_fn(params):
       out1, bs = encode(encoder, params, state.batch_stats, x.v1)
       out2, bs = encode(encoder, params, bs, x.v2)
       loss, stats = simclr.simclr_loss(
-          out1["z"], out2["z"], t, config.simclr, ns, config.ifm, config.hcl,
-          ft_cfg=config.ft, ft_rng=x.r_ft, ft_active=state.step >= ft_start,
-          score_queries=config.train.score_queries)
+          out1["z"],
+          out2["z"],
+          t,
+          config.simclr,
+          ns,
+          config.ifm,
+          config.hcl,
+          ft_cfg=config.ft,
+          ft_rng=x.r_ft,
+          ft_active=state.step >= ft_start,
+          score_queries=config.train.score_queries,
+      )
       return loss, (bs, {**stats, **embedding_health(out1["z"], out2["z"])})
 
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)

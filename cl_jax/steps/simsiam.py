@@ -1,5 +1,6 @@
 """The SimSiam step (Chen & He 2021, Alg. 1), with positive extrapolation (Zhu et al. 2021,
 App. E.2): L = D(p1, sg(z2))/2 + D(p2, sg(z1))/2, one network, no target, no negatives."""
+
 import jax
 import ml_collections
 
@@ -27,8 +28,9 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
       out2, bs = encode(encoder, params, bs, x.v2, predict=True)
       p1, z1, p2, z2 = out1["p"], out1["z"], out2["p"], out2["z"]
       if extrapolate:
-        (p1, z2), (p2, z1) = extrapolate_pairs([(p1, z2), (p2, z1)], ft, x.r_ft,
-                                               state.step >= ft_start)
+        (p1, z2), (p2, z1) = extrapolate_pairs(
+            [(p1, z2), (p2, z1)], ft, x.r_ft, state.step >= ft_start
+        )
       loss, stats = simsiam.simsiam_loss(p1, p2, z1, z2, stop_gradient=not extrapolate)
       return loss, (bs, {**stats, **embedding_health(out1["z"], out2["z"])})
 

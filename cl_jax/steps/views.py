@@ -1,4 +1,5 @@
 """What a method's step receives: the two augmented views and its random keys."""
+
 from typing import NamedTuple
 
 import jax
@@ -12,6 +13,7 @@ class Views(NamedTuple):
   r_ns: PRNG key of the non-semantic images.
   r_ft: PRNG key of the feature-transformation coefficients.
   """
+
   v1: jax.Array
   v2: jax.Array
   r_key: jax.Array

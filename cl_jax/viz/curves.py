@@ -8,6 +8,7 @@ features) and, with non-semantic negatives, ns_mean = mean_{i,m} q_i.t_im. Each 
 its directory name and the config fields in which the runs differ, so a sweep
 over the EMA momentum reads "run (moco.momentum=0.9)" (their Figs. 3, 5).
 """
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,10 +17,12 @@ from matplotlib import ticker
 from matplotlib.figure import Figure
 
 SCORE_KEYS = ("pos_mean", "neg_mean", "neg_var", "ns_mean")
-_TITLES = {"pos_mean": "mean positive score  q·k+",
-           "neg_mean": "mean negative score  q·n",
-           "neg_var": "variance of negative scores",
-           "ns_mean": "mean non-semantic score  q·t"}
+_TITLES = {
+    "pos_mean": "mean positive score  q·k+",
+    "neg_mean": "mean negative score  q·n",
+    "neg_var": "variance of negative scores",
+    "ns_mean": "mean non-semantic score  q·t",
+}
 _MISSING = object()
 
 
@@ -55,8 +58,9 @@ def run_labels(names: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> li
     One label per run; just the name when the configs are identical.
   """
   if len(names) != len(configs):
-    raise ValueError(f"got {len(names)} run names for {len(configs)} configs; pass one "
-                     "config per run")
+    raise ValueError(
+        f"got {len(names)} run names for {len(configs)} configs; pass one " "config per run"
+    )
   fields = differing_fields(configs)
   labels = []
   for name, config in zip(names, configs):
@@ -73,8 +77,7 @@ def series(records: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, 
   return steps, np.asarray([v for _, v in rows], dtype=np.float64)
 
 
-def plot_score_stats(labels: Sequence[str],
-                     runs: Sequence[Sequence[Mapping[str, Any]]]) -> Figure:
+def plot_score_stats(labels: Sequence[str], runs: Sequence[Sequence[Mapping[str, Any]]]) -> Figure:
   """One panel per score statistic against step, one line per run.
 
   Args:
@@ -85,13 +88,17 @@ def plot_score_stats(labels: Sequence[str],
     The figure; ns_mean gets a panel only when some run logged it.
   """
   if not runs or len(labels) != len(runs):
-    raise ValueError(f"need one label per run and at least one run; got {len(labels)} labels "
-                     f"for {len(runs)} runs")
+    raise ValueError(
+        f"need one label per run and at least one run; got {len(labels)} labels "
+        f"for {len(runs)} runs"
+    )
   keys = [k for k in SCORE_KEYS if any(k in r for recs in runs for r in recs)]
   missing = [k for k in SCORE_KEYS[:3] if k not in keys]
   if missing:
-    raise ValueError(f"no run logged {missing}: these metrics.jsonl files hold no score "
-                     "statistics (the train step logs pos_mean, neg_mean and neg_var)")
+    raise ValueError(
+        f"no run logged {missing}: these metrics.jsonl files hold no score "
+        "statistics (the train step logs pos_mean, neg_mean and neg_var)"
+    )
   fig = Figure(figsize=(4.2 * len(keys), 4.2), layout="constrained")
   axes = fig.subplots(1, len(keys), squeeze=False)[0]
   handles = {}
@@ -107,7 +114,12 @@ def plot_score_stats(labels: Sequence[str],
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
   order = sorted(handles)
-  fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center",
-             ncols=min(len(order), 3), fontsize=9)
+  fig.legend(
+      [handles[i] for i in order],
+      [labels[i] for i in order],
+      loc="outside lower center",
+      ncols=min(len(order), 3),
+      fontsize=9,
+  )
   fig.suptitle("Score statistics of the query features (before the temperature)")
   return fig

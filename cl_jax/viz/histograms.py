@@ -15,6 +15,7 @@ Both encoders run in evaluation mode (running batch-norm statistics). The NS
 images use the config's `nonsemantic` patch sizes and M even when the run did
 not train with them. Each kind is drawn as a density histogram over [-1, 1].
 """
+
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -39,13 +40,15 @@ class NoCheckpoint(FileNotFoundError):
 class Tally(NamedTuple):
   """Running histogram of one kind: counts (num_bins,) int64 over fixed bin edges,
   total = sum of the values, n = number of values."""
+
   counts: np.ndarray
   total: float
   n: int
 
 
-def pair_similarities(q: jax.Array, k: jax.Array, queue: jax.Array,
-                      t: jax.Array) -> dict[str, jax.Array]:
+def pair_similarities(
+    q: jax.Array, k: jax.Array, queue: jax.Array, t: jax.Array
+) -> dict[str, jax.Array]:
   """Cosine similarities of unit queries with their pairs.
 
   Args:
@@ -55,9 +58,11 @@ def pair_similarities(q: jax.Array, k: jax.Array, queue: jax.Array,
     {"positive": (B,) q_i.k_i, "negative": (B K,) q_i.queue_j (row-major in i, j),
      "non-semantic": (B M,) q_i.t_im}, float32.
   """
-  return {"positive": jnp.sum(q * k, axis=1),
-          "negative": (q @ queue.T).reshape(-1),
-          "non-semantic": jnp.einsum("bd,bmd->bm", q, t).reshape(-1)}
+  return {
+      "positive": jnp.sum(q * k, axis=1),
+      "negative": (q @ queue.T).reshape(-1),
+      "non-semantic": jnp.einsum("bd,bmd->bm", q, t).reshape(-1),
+  }
 
 
 def tally(previous: Tally | None, values: np.ndarray, edges: np.ndarray) -> Tally:
@@ -70,8 +75,9 @@ def tally(previous: Tally | None, values: np.ndarray, edges: np.ndarray) -> Tall
   counts, _ = np.histogram(np.clip(values, edges[0], edges[-1]), edges)
   if previous is None:
     return Tally(counts.astype(np.int64), float(values.sum()), values.size)
-  return Tally(previous.counts + counts, previous.total + float(values.sum()),
-               previous.n + values.size)
+  return Tally(
+      previous.counts + counts, previous.total + float(values.sum()), previous.n + values.size
+  )
 
 
 def density(t: Tally, edges: np.ndarray) -> np.ndarray:
@@ -88,8 +94,11 @@ def _similarity_fn(encoder, spec: photometric.PhotometricSpec, ns: ml_collection
     x1, _ = photometric.augment_batch(r1, view1, spec)
     x2, _ = photometric.augment_batch(r2, view2, spec)
     online = {"params": state.params, "batch_stats": state.batch_stats}
-    target = online if state.target_params is None else {
-        "params": state.target_params, "batch_stats": state.target_batch_stats}
+    target = (
+        online
+        if state.target_params is None
+        else {"params": state.target_params, "batch_stats": state.target_batch_stats}
+    )
     q = encoder.apply(online, x1, train=False)["z"]
     k = encoder.apply(target, x2, train=False)["z"]
     images = nonsemantic.patch_negatives(r_ns, x1, ns.num_ns, ns.patch_min, ns.patch_max)
@@ -107,8 +116,9 @@ def _similarity_fn(encoder, spec: photometric.PhotometricSpec, ns: ml_collection
   return similarities
 
 
-def collect(workdir: str, step: int | None, batches: int,
-            num_bins: int = 100) -> tuple[int, np.ndarray, dict[str, Tally]]:
+def collect(
+    workdir: str, step: int | None, batches: int, num_bins: int = 100
+) -> tuple[int, np.ndarray, dict[str, Tally]]:
   """Similarity histograms of the checkpoint at `step` (None: the latest) of a run.
 
   The first `batches` global batches of the run's pretraining stream (its seed)
@@ -122,8 +132,9 @@ def collect(workdir: str, step: int | None, batches: int,
     ValueError: batches < 1 or num_bins < 1.
   """
   if batches < 1 or num_bins < 1:
-    raise ValueError(f"need at least one batch and one bin; got batches={batches}, "
-                     f"num_bins={num_bins}")
+    raise ValueError(
+        f"need at least one batch and one bin; got batches={batches}, " f"num_bins={num_bins}"
+    )
   config = run_config.read(workdir)
   manager = checkpoint.make_manager(workdir, read_only=True)
   if not manager.all_steps():
@@ -133,24 +144,33 @@ def collect(workdir: str, step: int | None, batches: int,
   encoder, _, _, make_state, _ = train.build(config, len(source), mesh)
   state, _ = checkpoint.restore(manager, jax.eval_shape(make_state), step)
   data = pipeline.pretrain_dataset(
-      source, batch_size=config.optim.batch_size, image_size=config.data.image_size,
-      crop_scale=tuple(config.data.crop_scale), seed=config.seed)
-  similarities = _similarity_fn(encoder, step_lib.photometric_spec(config.aug),
-                                config.nonsemantic)
+      source,
+      batch_size=config.optim.batch_size,
+      image_size=config.data.image_size,
+      crop_scale=tuple(config.data.crop_scale),
+      seed=config.seed,
+  )
+  similarities = _similarity_fn(encoder, step_lib.photometric_spec(config.aug), config.nonsemantic)
   edges = np.linspace(-1.0, 1.0, num_bins + 1)
   tallies: dict[str, Tally | None] = dict.fromkeys(KINDS)
   rng = jax.random.key(config.seed)
   for i in range(batches):
     batch = data[i]
-    sims = jax.device_get(similarities(state, batch["view1"], batch["view2"],
-                                       jax.random.fold_in(rng, i)))
+    sims = jax.device_get(
+        similarities(state, batch["view1"], batch["view2"], jax.random.fold_in(rng, i))
+    )
     tallies = {kind: tally(tallies[kind], sims[kind], edges) for kind in KINDS}
   return int(state.step), edges, tallies
 
 
-def plot_similarity_histograms(edges: np.ndarray, tallies: Mapping[str, Tally], run_name: str,
-                               step: int, ns: ml_collections.ConfigDict,
-                               queue: bool = True) -> Figure:
+def plot_similarity_histograms(
+    edges: np.ndarray,
+    tallies: Mapping[str, Tally],
+    run_name: str,
+    step: int,
+    ns: ml_collections.ConfigDict,
+    queue: bool = True,
+) -> Figure:
   """Overlaid density histograms of the KINDS, each labelled with its mean similarity.
 
   Args:
@@ -160,19 +180,28 @@ def plot_similarity_histograms(edges: np.ndarray, tallies: Mapping[str, Tally], 
     queue: the negatives are the MoCo queue (False: the other images' second views).
   """
   used = "used in training" if ns.enabled else "not used in training"
-  title = (f"{run_name}, step {step}: similarities of query features\n"
-           f"NS = patch NS images of the query view, d ~ U{{{ns.patch_min}..{ns.patch_max}}}, "
-           f"M = {ns.num_ns} per query ({used})")
+  title = (
+      f"{run_name}, step {step}: similarities of query features\n"
+      f"NS = patch NS images of the query view, d ~ U{{{ns.patch_min}..{ns.patch_max}}}, "
+      f"M = {ns.num_ns} per query ({used})"
+  )
   fig = Figure(figsize=(8.0, 4.8), layout="constrained")
   ax = fig.subplots()
-  names = {"positive": "positive  q·k+",
-           "negative": "negative  q·queue" if queue else "negative  q·k_j, j ≠ i",
-           "non-semantic": "patch NS  q·t"}
+  names = {
+      "positive": "positive  q·k+",
+      "negative": "negative  q·queue" if queue else "negative  q·k_j, j ≠ i",
+      "non-semantic": "patch NS  q·t",
+  }
   for i, kind in enumerate(KINDS):
     t = tallies[kind]
     ax.stairs(density(t, edges), edges, fill=True, alpha=0.35, color=f"C{i}")
-    ax.stairs(density(t, edges), edges, color=f"C{i}", linewidth=1.2,
-              label=f"{names[kind]}  (mean {t.total / t.n:.3f}, n={t.n})")
+    ax.stairs(
+        density(t, edges),
+        edges,
+        color=f"C{i}",
+        linewidth=1.2,
+        label=f"{names[kind]}  (mean {t.total / t.n:.3f}, n={t.n})",
+    )
   ax.set_xlim(edges[0], edges[-1])
   ax.set_xlabel("cosine similarity with the query (before temperature)")
   ax.set_ylabel("density")

@@ -14,6 +14,7 @@ The logged keys come in the sorted order of a pytree's dict keys (stage4 before
 stem), so the rows are put in network order from the encoder itself: the
 order in which its forward pass first calls each module (network_order).
 """
+
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -35,6 +36,7 @@ class Landscape(NamedTuple):
   """layers: L layer paths (without PREFIX), in network order; epochs: (E,) int64
   consecutive epochs; norms: (L, E) float64 mean gradient norm, NaN where an epoch
   logged no norm of that layer."""
+
   layers: tuple[str, ...]
   epochs: np.ndarray
   norms: np.ndarray
@@ -62,8 +64,9 @@ def layer_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
   return list(dict.fromkeys(k for r in records for k in r if k.startswith(PREFIX)))
 
 
-def epoch_means(records: Sequence[Mapping[str, Any]], steps_per_epoch: int,
-                order: Sequence[str] | None = None) -> Landscape:
+def epoch_means(
+    records: Sequence[Mapping[str, Any]], steps_per_epoch: int, order: Sequence[str] | None = None
+) -> Landscape:
   """G[l, e] above, for the epochs from the first to the last that logged a gradient norm.
 
   Args:
@@ -80,15 +83,18 @@ def epoch_means(records: Sequence[Mapping[str, Any]], steps_per_epoch: int,
     raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
   keys = layer_keys(records)
   if not keys:
-    raise ValueError(f"no record holds a '{PREFIX}<layer>' entry: the run logged no "
-                     "per-layer gradient norms")
+    raise ValueError(
+        f"no record holds a '{PREFIX}<layer>' entry: the run logged no " "per-layer gradient norms"
+    )
   if order is not None:
     rank = {layer: i for i, layer in enumerate(order)}
-    unknown = [k[len(PREFIX):] for k in keys if k[len(PREFIX):] not in rank]
+    unknown = [k[len(PREFIX) :] for k in keys if k[len(PREFIX) :] not in rank]
     if unknown:
-      raise ValueError(f"logged layers {unknown} are not modules of the run's encoder: the "
-                       "metrics do not belong to this config's model")
-    keys.sort(key=lambda k: rank[k[len(PREFIX):]])
+      raise ValueError(
+          f"logged layers {unknown} are not modules of the run's encoder: the "
+          "metrics do not belong to this config's model"
+      )
+    keys.sort(key=lambda k: rank[k[len(PREFIX) :]])
   logged = [r for r in records if any(k in r for k in keys)]
   epoch_of = np.asarray([(r["step"] - 1) // steps_per_epoch for r in logged], dtype=np.int64)
   first, last = int(epoch_of.min()), int(epoch_of.max())
@@ -101,8 +107,9 @@ def epoch_means(records: Sequence[Mapping[str, Any]], steps_per_epoch: int,
         counts[i, e] += 1
   with np.errstate(invalid="ignore", divide="ignore"):
     norms = np.where(counts > 0, sums / counts, np.nan)
-  return Landscape(tuple(k[len(PREFIX):] for k in keys),
-                   np.arange(first, last + 1, dtype=np.int64), norms)
+  return Landscape(
+      tuple(k[len(PREFIX) :] for k in keys), np.arange(first, last + 1, dtype=np.int64), norms
+  )
 
 
 def plot_landscape(landscape: Landscape, title: str) -> Figure:
@@ -114,15 +121,20 @@ def plot_landscape(landscape: Landscape, title: str) -> Figure:
   layers, epochs, norms = landscape
   positive = norms[np.isfinite(norms) & (norms > 0)]
   if positive.size == 0:
-    raise ValueError("every logged gradient norm is zero or missing: nothing to draw on a "
-                     "log scale")
+    raise ValueError(
+        "every logged gradient norm is zero or missing: nothing to draw on a " "log scale"
+    )
   height = min(2.5 + 0.16 * len(layers), 40.0)
   fig = Figure(figsize=(max(8.0, 4.0 + 0.25 * len(epochs)), height), layout="constrained")
   ax = fig.subplots()
   cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.75")
-  mesh = ax.pcolormesh(np.append(epochs, epochs[-1] + 1) - 0.5, np.arange(len(layers) + 1) - 0.5,
-                       np.ma.masked_invalid(np.where(norms > 0, norms, np.nan)), cmap=cmap,
-                       norm=colors.LogNorm(vmin=positive.min(), vmax=positive.max()))
+  mesh = ax.pcolormesh(
+      np.append(epochs, epochs[-1] + 1) - 0.5,
+      np.arange(len(layers) + 1) - 0.5,
+      np.ma.masked_invalid(np.where(norms > 0, norms, np.nan)),
+      cmap=cmap,
+      norm=colors.LogNorm(vmin=positive.min(), vmax=positive.max()),
+  )
   ax.set_yticks(np.arange(len(layers)), layers, fontsize=max(4.0, min(8.0, 400 / len(layers))))
   ax.invert_yaxis()
   ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))

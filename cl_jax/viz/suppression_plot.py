@@ -16,6 +16,7 @@ The rows are cl_jax.suppression.Row objects: `.spec` (a RunSpec with
 `.temperature`, `.ifm`, `.beta`, beta None for runs without hard-negative
 sampling), `.mean` and `.std` (feature -> percent; std None for one seed).
 """
+
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,10 +27,10 @@ from matplotlib.lines import Line2D
 
 FEATURES = ("colour", "shape", "texture")
 FEATURE_COLOURS = {"colour": "C3", "shape": "C0", "texture": "C2"}
-CHANCE = 10.0           # percent: each Trifeature feature takes 10 values
-FIGSIZE = (12.0, 4.8)   # inches
-DPI = 100               # the PNG is FIGSIZE * DPI pixels: 1200 x 480
-DODGE = 1.03            # multiplicative x offset of IFM off / on points on the log T axis
+CHANCE = 10.0  # percent: each Trifeature feature takes 10 values
+FIGSIZE = (12.0, 4.8)  # inches
+DPI = 100  # the PNG is FIGSIZE * DPI pixels: 1200 x 480
+DODGE = 1.03  # multiplicative x offset of IFM off / on points on the log T axis
 
 
 def _err(rows, feature: str):
@@ -50,9 +51,18 @@ def _temperature_panel(ax, rows) -> None:
     x = [r.spec.temperature * (DODGE if ifm else 1.0 / DODGE) for r in line]
     for f in FEATURES:
       c = FEATURE_COLOURS[f]
-      ax.errorbar(x, [r.mean[f] for r in line], yerr=_err(line, f), color=c, linestyle=style,
-                  marker="o", markerfacecolor=face or c, markeredgecolor=c, capsize=3,
-                  linewidth=1.5)
+      ax.errorbar(
+          x,
+          [r.mean[f] for r in line],
+          yerr=_err(line, f),
+          color=c,
+          linestyle=style,
+          marker="o",
+          markerfacecolor=face or c,
+          markeredgecolor=c,
+          capsize=3,
+          linewidth=1.5,
+      )
   ax.set_xscale("log")
   ax.xaxis.set_major_locator(ticker.FixedLocator(temps))
   ax.xaxis.set_major_formatter(ticker.FixedFormatter([f"{t:g}" for t in temps]))
@@ -67,8 +77,15 @@ def _beta_panel(ax, rows, reference) -> None:
   x = [r.spec.beta for r in line]
   for f in FEATURES:
     c = FEATURE_COLOURS[f]
-    ax.errorbar(x, [r.mean[f] for r in line], yerr=_err(line, f), color=c, marker="s",
-                capsize=3, linewidth=1.5)
+    ax.errorbar(
+        x,
+        [r.mean[f] for r in line],
+        yerr=_err(line, f),
+        color=c,
+        marker="s",
+        capsize=3,
+        linewidth=1.5,
+    )
     if reference is not None:
       ax.axhline(reference.mean[f], color=c, linestyle=":", linewidth=1.2)
   ax.xaxis.set_major_locator(ticker.FixedLocator(x))
@@ -109,10 +126,13 @@ def plot_suppression(rows: Sequence) -> Figure:
   lo = min(min(r.mean[f] for f in FEATURES) for r in rows)
   axes[0].set_ylim(min(CHANCE, lo) - 5.0, 100.0)
   handles = [Line2D([], [], color=FEATURE_COLOURS[f], linewidth=2.5, label=f) for f in FEATURES]
-  handles += [Line2D([], [], color="k", linestyle="--", marker="o", markerfacecolor="white",
-                     label="IFM off"),
-              Line2D([], [], color="k", linestyle="-", marker="o", label="IFM on (ε 0.1)"),
-              Line2D([], [], color="0.6", label=f"chance ({CHANCE:g}%)")]
+  handles += [
+      Line2D(
+          [], [], color="k", linestyle="--", marker="o", markerfacecolor="white", label="IFM off"
+      ),
+      Line2D([], [], color="k", linestyle="-", marker="o", label="IFM on (ε 0.1)"),
+      Line2D([], [], color="0.6", label=f"chance ({CHANCE:g}%)"),
+  ]
   if beta_rows:
     handles.insert(5, Line2D([], [], color="k", marker="s", label="hard negatives"))
   fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=9)
