@@ -1,11 +1,11 @@
 """The MoCo memory queue: a ring buffer of the K most recent keys, sharded over devices.
 
-The (K, d) queue is split into S contiguous shards of K / S rows, one per device
-of the `data` mesh axis (DESIGN principle 4). Shard j receives the keys of batch
-rows [j P/S, (j+1) P/S) of every step (the rows device j computed), at the same
-local offset in every shard, so each device writes only into its own shard.
-With S = 1 this is the plain ring buffer of He et al. 2020: keys in batch order,
-oldest replaced first. The write pointer is derived from the step, never stored.
+The (K, d) queue is split into S contiguous shards of K / S rows, one per device of the
+`data` mesh axis, so the queue's memory is divided among them. Shard j receives the keys of
+batch rows [j P/S, (j+1) P/S) of every step (the rows device j computed), at the same local
+offset in every shard, so each device writes only into its own shard. With S = 1 this is the
+plain ring buffer of He et al. 2020: keys in batch order, oldest replaced first. The write
+pointer is derived from the step, never stored.
 
 Ring order and sharded layout. Let n = K / P be the number of steps the queue
 holds. In ring order (the S = 1 layout) key i of the step in slot t sits in row

@@ -2,7 +2,7 @@
 repository on sys.path.
 
 Tests that are not about sharding build their mesh over one device; the
-8 devices serve the one-device-vs-many equivalence tests (DESIGN principle 9).
+8 devices serve the one-device-vs-many equivalence tests.
 The device count is set through jax.config, not XLA_FLAGS, so subprocesses
 (the end-to-end runs) start with the machine's own single CPU device.
 """

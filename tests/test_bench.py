@@ -4,9 +4,11 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 
-from cl_jax import bench
+from cl_jax import bench, parallel, train
+from cl_jax import step as step_lib
 from configs import mocov2_patchns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +32,30 @@ def test_measure_reports_the_queue_shard_of_one_device():
   assert out["queue_mb_total"] == 256 * 8 * 4 / 2**20
   assert out["queue_mb_per_device"] == out["queue_mb_total"] / 4
   assert np.isfinite(out["loss"]) and out["step_ms"] > 0
-  np.testing.assert_allclose(out["img_per_s"], 32 / (out["step_ms"] / 1e3), rtol=0.01)
+
+
+def test_measure_times_the_training_step():
+  """The timed function is the train step of cl_jax.train: after warmup + 1 + steps calls
+  on the benchmark's synthetic batch, its loss is the one the training path reaches."""
+  c = mocov2_patchns.get_config(None)
+  c.data.image_size = 16
+  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.moco.queue_size, c.optim.batch_size = 256, 32
+  out = bench.measure(c, devices=1, steps=2, warmup=1)
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  encoder, tx, schedule, make_state, _ = train.build(c, 32, mesh)
+  state = make_state()
+  step = step_lib.jit_train_step(
+      step_lib.make_train_step(c, encoder, tx, schedule, mesh, 1),
+      parallel.state_sharding(state, mesh),
+      parallel.batch_sharding(mesh),
+  )
+  rng = np.random.default_rng(0)
+  batch = {v: rng.integers(0, 256, (32, 16, 16, 3), dtype=np.uint8) for v in ("view1", "view2")}
+  for _ in range(1 + 1 + 2):
+    state, metrics = step(state, jax.device_put(batch, parallel.batch_sharding(mesh)))
+  assert int(state.step) == 4
+  np.testing.assert_allclose(out["loss"], float(metrics["loss"]), rtol=1e-6)
 
 
 def test_cli_runs_each_device_count_in_its_own_process():

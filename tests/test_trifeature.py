@@ -7,7 +7,7 @@ import pytest
 
 from cl_jax.data import trifeature
 
-# Factor tables as given in the specification (Hermann & Lampinen 2020 / REFERENCE.md).
+# Factor tables of the Trifeature dataset (Hermann & Lampinen 2020).
 EXPECTED_SHAPES = (
     "triangle",
     "square",

@@ -1,11 +1,12 @@
 """Geometric part of the MoCo-v2 "aug-plus" views: random resized crop and horizontal flip.
 
 Runs on the host in the input pipeline, one example at a time, on full-resolution images of any
-size (numpy + PIL only). Follows DESIGN.md principle 3: `sample_crop` draws every random choice
-into an explicit `CropParams`, `apply_crop` is a deterministic function of the image and those
-parameters, so other parts (DICR, texture negatives) can read or reuse them.
+size (numpy + PIL only). Randomness is explicit: `sample_crop` draws every random choice into a
+`CropParams`, and `apply_crop` is a deterministic function of the image and those parameters, so
+other parts (DICR, texture negatives) can read or reuse them.
 
-Sampling rule (RandomResizedCrop, REFERENCE.md "aug-plus" views): the crop's area fraction
+Sampling rule (RandomResizedCrop of the MoCo-v2 "aug-plus" views, Chen et al. 2020, "Improved
+baselines with momentum contrastive learning"): the crop's area fraction
 s ~ U(scale) and log aspect ratio log(r) ~ U(log ratio_min, log ratio_max); the box is
 w = round(sqrt(s * H * W * r)), h = round(sqrt(s * H * W / r)) with r = w / h, placed uniformly
 where it fits. Up to 10 attempts; if none fits, the whole image cropped centrally to the nearest
@@ -154,9 +155,10 @@ def apply_crop(image: np.ndarray, params: CropParams, size: int) -> np.ndarray:
 def eval_view(image: np.ndarray, size: int, crop_fraction: float) -> np.ndarray:
   """Evaluation view: resize the shorter side to round(size / crop_fraction), centre-crop size.
 
-  With size=224, crop_fraction=0.875 this is the linear probe's Resize(256) + CenterCrop(224)
-  (REFERENCE.md); crop_fraction=1.0 keeps small fixed-size images (CIFAR, STL) whole. The longer
-  side keeps the aspect ratio, truncated to an integer; the resize is antialiased bilinear.
+  With size=224, crop_fraction=0.875 this is the linear probe's Resize(256) +
+  CenterCrop(224) of the MoCo evaluation protocol (He et al. 2020); crop_fraction=1.0 keeps
+  small fixed-size images (CIFAR, STL) whole. The longer side keeps the aspect ratio,
+  truncated to an integer; the resize is antialiased bilinear.
 
   Args:
     image: (H, W, 3) uint8.

@@ -1,8 +1,9 @@
 """Photometric part of the MoCo-v2 "aug-plus" views, batched in JAX on the accelerator.
 
-REFERENCE.md "aug-plus": ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8, grayscale p=0.2, Gaussian
-blur sigma ~ U[0.1, 2] with p=0.5, then ImageNet mean/std normalisation (solarize p=0 here; BYOL
-recipes turn it on). Following DESIGN.md principle 3, `sample_photometric` draws every random
+MoCo-v2 "aug-plus" (Chen et al. 2020, "Improved baselines with momentum contrastive learning"):
+ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8, grayscale p=0.2, Gaussian blur sigma ~ U[0.1, 2]
+with p=0.5, then ImageNet mean/std normalisation (solarize p=0 here; BYOL recipes turn it on).
+Randomness is explicit: `sample_photometric` draws every random
 choice of a batch of views into a flat dict of arrays with leading dimension B, and
 `apply_photometric` is a deterministic, jit-able function of images and that dict, so one view
 can take another view's parameters (LooC copies the colour keys: jitter, brightness, contrast,

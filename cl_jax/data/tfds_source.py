@@ -41,7 +41,7 @@ class Splits:
 
   Attributes:
     pretrain: split for self-supervised pretraining (labels unused).
-    probe_train: labelled split the linear probe / kNN bank is fitted on.
+    probe_train: labelled split the linear probe is fitted on.
     test: labelled split the probe is evaluated on.
   """
 

@@ -3,7 +3,7 @@
 Each device holds a K/S-row shard of the queue and B/S queries. The queries are
 gathered (B x d, small), every device scores all B queries against its own
 shard, and the negatives' log-sum-exp is combined across devices with a
-max-shifted sum (DESIGN principle 4):
+max-shifted sum, so no device ever holds the whole queue:
 
   m_i   = max over all shards of max_j s_ij / T
   LSE_i = m_i + log( sum over shards of sum_{j in shard} exp(s_ij / T - m_i) )

@@ -19,7 +19,6 @@ sampling), `.mean` and `.std` (feature -> percent; std None for one seed).
 
 from collections.abc import Sequence
 
-import numpy as np
 from matplotlib import ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -145,8 +144,3 @@ def write_png(fig: Figure, path) -> None:
   FigureCanvasAgg(fig)
   with path.open("wb") as f:
     fig.savefig(f, format="png", dpi=DPI)
-
-
-def png_shape() -> tuple[int, int]:
-  """(height, width) in pixels of the PNGs write_png makes of plot_suppression figures."""
-  return int(np.rint(FIGSIZE[1] * DPI)), int(np.rint(FIGSIZE[0] * DPI))
