@@ -22,7 +22,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from cl_jax import config_check, parallel, train
-from cl_jax import step as step_lib
+from cl_jax import train_step as step_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",

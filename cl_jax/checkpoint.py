@@ -102,6 +102,37 @@ def restore(manager: ocp.CheckpointManager, template, step: int | None = None, d
   return out["state"], out["meta"]
 
 
+def restore_variables(manager: ocp.CheckpointManager, template: dict, step: int | None = None):
+  """(step, {"params", "batch_stats"}) of the online encoder in checkpoint `step` (default:
+  the latest), or None if there is none. Only those arrays are read, not the optimizer
+  state, the EMA target or the queue.
+
+  Args:
+    template: {"params", "batch_stats"} abstract arrays (shape, dtype, sharding).
+  """
+  step = manager.latest_step() if step is None else step
+  if step is None:
+    return None
+  if step not in manager.all_steps():
+    raise UsageError(
+        f"no checkpoint at step {step} in {manager.directory}; "
+        f"available steps: {sorted(manager.all_steps())}"
+    )
+  item = {**template, "step": jax.ShapeDtypeStruct((), np.int32, sharding=_sharding(template))}
+  args = ocp.args.PyTreeRestore(
+      item=item,
+      restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+      partial_restore=True,
+  )
+  state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+  return int(state["step"]), {"params": state["params"], "batch_stats": state["batch_stats"]}
+
+
+def _sharding(tree):
+  """The sharding of the first leaf of `tree`."""
+  return jax.tree.leaves(tree)[0].sharding
+
+
 @dataclasses.dataclass
 class Restored:
   """A checkpoint read back: its state, meta and the input iterator at its position."""

@@ -22,6 +22,7 @@ The report is written next to the checkpoints:
 <workdir>/probe_step<N>_<protocol>[_val].json.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -35,10 +36,12 @@ import optax
 import tqdm
 from etils import epath
 
-from cl_jax import checkpoint, config_check, parallel, run_config, train
+from cl_jax import checkpoint, config_check, parallel, run_config
 from cl_jax.data import photometric, pipeline, sources
 from cl_jax.errors import UsageError
+from cl_jax.models.encoder import build_encoder
 from cl_jax.models.resnet import resnet_feature_dim
+from cl_jax.state import init_variables
 
 # Bumped whenever the probe's procedure changes, so stale baselines are never read.
 BASELINE_CACHE_VERSION = 1
@@ -192,12 +195,15 @@ def logreg_probe(
 
 
 class _Probe(NamedTuple):
-  """What probing any variables of a run needs: its data, encoder and feature function."""
+  """What probing any variables of a run needs: its data, the encoder's variables at
+  initialisation (a () -> {"params", "batch_stats"} function, replicated over the mesh;
+  jax.eval_shape of it is the template of a checkpoint's variables) and the feature
+  function."""
 
   config: ml_collections.ConfigDict
   train_src: object
   test_src: object
-  make_state: object
+  init_variables: object
   features: object
 
 
@@ -205,10 +211,13 @@ def _setup(config: ml_collections.ConfigDict) -> _Probe:
   mesh = parallel.make_mesh()
   train_src = sources.open_source(config.data, "probe_train")
   test_src = sources.open_source(config.data, "test")
-  pre_len = len(sources.open_source(config.data, "pretrain"))
-  encoder, _, _, make_state, _ = train.build(config, pre_len, mesh)
+  encoder = build_encoder(config.model)
+  init = jax.jit(
+      functools.partial(init_variables, config.seed, encoder, config.data.image_size),
+      out_shardings=parallel.replicated(mesh),
+  )
   spec = photometric.PhotometricSpec()
-  return _Probe(config, train_src, test_src, make_state, _features_fn(encoder, spec.mean, spec.std))
+  return _Probe(config, train_src, test_src, init, _features_fn(encoder, spec.mean, spec.std))
 
 
 def validation_split(x: np.ndarray, y: dict) -> tuple:
@@ -312,10 +321,7 @@ def random_init_accuracy(ctx: _Probe, protocol: str, validation: bool = False) -
   path = _baseline_dir() / f"{baseline_key(ctx.config, protocol, validation)}.json"
   if path.exists():
     return json.loads(path.read_text())["accuracy"]
-  state = ctx.make_state()
-  accuracy = probe_variables(
-      ctx, {"params": state.params, "batch_stats": state.batch_stats}, protocol, validation
-  )
+  accuracy = probe_variables(ctx, ctx.init_variables(), protocol, validation)
   if jax.process_index() == 0:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{path.name}.{os.getpid()}.tmp"
@@ -342,17 +348,15 @@ def run(
     )
   ctx = _setup(config)
   manager = checkpoint.make_manager(workdir, read_only=True)
-  restored = checkpoint.restore(manager, jax.eval_shape(ctx.make_state), step)
+  restored = checkpoint.restore_variables(manager, jax.eval_shape(ctx.init_variables), step)
   if restored is None:
     raise UsageError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
-  state = restored[0]
-  accuracy = probe_variables(
-      ctx, {"params": state.params, "batch_stats": state.batch_stats}, protocol, validation
-  )
+  step, variables = restored
+  accuracy = probe_variables(ctx, variables, protocol, validation)
   where = workdir if "://" in workdir else os.path.abspath(workdir)
   report = {
       "workdir": where,
-      "step": int(state.step),
+      "step": step,
       "protocol": protocol,
       "dataset": config.data.name,
       "feature_dim": resnet_feature_dim(config.model.depth, config.model.width_multiplier),

@@ -36,6 +36,19 @@ class TrainState:
   rng: jax.Array
 
 
+def init_variables(seed: int, encoder, image_size: int) -> dict:
+  """{"params", "batch_stats"} of the online encoder at initialisation (init_state's).
+
+  Parameters are drawn with the "rbg" PRNG (XLA's RngBitGenerator), which
+  compiles in a fraction of threefry's time for the many parameter shapes of a
+  ResNet; the run's own stream (augmentation, shuffles) is threefry, whose
+  numbers do not depend on how arrays are sharded.
+  """
+  example = jnp.zeros((encoder.backbone.bn_groups, image_size, image_size, 3))
+  variables = encoder.init(jax.random.key(seed, impl="rbg"), example, train=False)
+  return {"params": variables["params"], "batch_stats": variables["batch_stats"]}
+
+
 def init_state(
     seed: int,
     encoder,
@@ -48,12 +61,8 @@ def init_state(
     keys_per_step: int,
     target: bool = True,
 ) -> TrainState:
-  """Fresh state: random online encoder, target = online, random unit queue.
-
-  Parameters are drawn with the "rbg" PRNG (XLA's RngBitGenerator), which
-  compiles in a fraction of threefry's time for the many parameter shapes of a
-  ResNet; the run's own stream (augmentation, shuffles) is threefry, whose
-  numbers do not depend on how arrays are sharded.
+  """Fresh state: random online encoder (init_variables), target = online, random
+  unit queue.
 
   Args:
     seed: the run's seed.
@@ -66,10 +75,8 @@ def init_state(
       queue layout.
     target: keep an EMA target network (MoCo, BYOL).
   """
-  r_init = jax.random.key(seed, impl="rbg")
   r_queue, r_run = jax.random.split(jax.random.key(seed))
-  example = jnp.zeros((encoder.backbone.bn_groups, image_size, image_size, 3))
-  variables = encoder.init(r_init, example, train=False)
+  variables = init_variables(seed, encoder, image_size)
   params, batch_stats = variables["params"], variables["batch_stats"]
   return TrainState(
       step=jnp.zeros((), jnp.int32),

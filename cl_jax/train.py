@@ -20,6 +20,8 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,13 +31,13 @@ from etils import epath
 
 from cl_jax import checkpoint, config_check, health, optim, parallel, run_config, summary
 from cl_jax import queue as queue_lib
-from cl_jax import step as step_lib
+from cl_jax import train_step as step_lib
 from cl_jax.data import pipeline, sources
 from cl_jax.errors import UsageError
 from cl_jax.metrics import MetricWriter
-from cl_jax.models.encoder import build_encoder
+from cl_jax.models.encoder import Encoder, build_encoder
 from cl_jax.progress import Progress
-from cl_jax.state import init_state
+from cl_jax.state import TrainState, init_state
 
 
 class TrainingDiverged(RuntimeError):
@@ -117,13 +119,24 @@ def resume_changes(
   )
 
 
-def build(config: ml_collections.ConfigDict, num_records: int, mesh):
-  """(encoder, optimizer, schedule, make_state, total steps) of a run on `mesh`.
+class Built(NamedTuple):
+  """The parts of a run on a mesh (train.build).
 
   make_state() -> the initial TrainState, laid out with
   cl_jax.parallel.state_sharding (queue rows over `data`); jax.eval_shape(make_state)
   is its abstract shape, a template for restoring a checkpoint.
   """
+
+  encoder: Encoder
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  make_state: Callable[[], TrainState]
+  total_steps: int
+
+
+def build(config: ml_collections.ConfigDict, num_records: int, mesh) -> Built:
+  """The encoder, optimizer, lr schedule, state constructor and length of a run of
+  `config` over `num_records` pretraining images on `mesh`."""
   spe = steps_per_epoch(num_records, config.optim.batch_size)
   schedule = optim.lr_schedule(config.optim, spe)
   tx = optim.make_optimizer(config.optim, schedule)
@@ -142,7 +155,7 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh):
       target=config.method in ("moco", "byol"),
   )
   make_state = jax.jit(init, out_shardings=parallel.state_sharding(jax.eval_shape(init), mesh))
-  return encoder, tx, schedule, make_state, config.optim.epochs * spe
+  return Built(encoder, tx, schedule, make_state, config.optim.epochs * spe)
 
 
 def relayout_queue(state, meta: dict, mesh, keys: int):

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 from cl_jax import bench, parallel, train
-from cl_jax import step as step_lib
+from cl_jax import train_step as step_lib
 from configs import mocov2_patchns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

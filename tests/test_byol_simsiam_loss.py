@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax.methods import byol, simsiam
+from cl_jax.losses import byol, simsiam
 
 
 def _normalise(x):
@@ -263,7 +263,7 @@ def test_siamese_extrapolation_draws_one_vector_per_pair():
   pair (Eq. 6, Sec. 4.3), lambda = 1 + Beta(a_ex, a_ex)."""
   import ml_collections
 
-  from cl_jax.steps.siamese_ft import extrapolate_pairs
+  from cl_jax.objectives.siamese_ft import extrapolate_pairs
 
   ft = ml_collections.ConfigDict(
       dict(

@@ -196,7 +196,7 @@ def test_diverging_run_stops_before_saving_and_its_advice_resumes(tmp_path):
 
   config = run_config.read(workdir)
   mesh = parallel.make_mesh(jax.devices()[:1])
-  _, _, _, make_state, _ = train.build(config, 256, mesh)
+  make_state = train.build(config, 256, mesh).make_state
   state, meta = checkpoint.restore(
       checkpoint.make_manager(workdir, read_only=True), jax.eval_shape(make_state)
   )

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax.methods import hard_negatives, simclr
+from cl_jax.losses import hard_negatives, simclr
 from tests.finite_differences import central_differences
 
 

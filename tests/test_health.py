@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from cl_jax import health, parallel, train
-from cl_jax import step as step_lib
+from cl_jax import train_step as step_lib
 from cl_jax.data import photometric
 from cl_jax.progress import Progress
 from configs import default, mocov2, simsiam
@@ -199,7 +199,7 @@ def _step_and_query_embeddings(config):
   _, metrics = jax.jit(step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4))(
       state, batch
   )
-  # The step's views, re-derived from the state's seed at step 0 (cl_jax.step).
+  # The step's views, re-derived from the state's seed at step 0 (cl_jax.train_step).
   r_aug1, r_aug2, *_ = jax.random.split(
       jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0), 5
   )

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from cl_jax import parallel
-from cl_jax import step as step_lib
-from cl_jax.methods import moco
+from cl_jax import train_step as step_lib
+from cl_jax.losses import moco
 
 DIM, QUEUE = 8, 16
 

@@ -8,7 +8,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from cl_jax import parallel, train
-from cl_jax import step as step_lib
+from cl_jax import train_step as step_lib
 from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric
 from configs import byol, simclr, simsiam

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from cl_jax import parallel
-from cl_jax.methods import moco
+from cl_jax.losses import moco
 
 DIM, QUEUE = 8, 16
 

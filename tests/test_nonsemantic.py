@@ -19,7 +19,7 @@ import pytest
 
 from cl_jax import parallel
 from cl_jax.addons import nonsemantic
-from cl_jax.methods import moco
+from cl_jax.losses import moco
 
 DIM, QUEUE = 8, 16
 

@@ -1,4 +1,4 @@
-"""Tests for cl_jax.optim (schedule, SGD) and the key-encoder EMA of cl_jax.step.
+"""Tests for cl_jax.optim (schedule, SGD) and the key-encoder EMA of cl_jax.train_step.
 
 References: the cosine schedule lr * 0.5 * (1 + cos(pi t / T)) with an optional linear
 warm-up, torch.optim.SGD with momentum and coupled weight decay written out in NumPy, and

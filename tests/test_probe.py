@@ -84,9 +84,7 @@ def test_baseline_key_follows_the_network_data_and_probe_only():
   assert linear_probe.baseline_key(simclr.get_config(), "fast") != key  # head with BN
 
 
-class _FakeState:
-  params = {"w": np.zeros(1)}
-  batch_stats = {}
+_VARIABLES = {"params": {"w": np.zeros(1)}, "batch_stats": {}}
 
 
 def test_random_init_baseline_is_computed_once_per_config(tmp_path, monkeypatch):
@@ -102,7 +100,7 @@ def test_random_init_baseline_is_computed_once_per_config(tmp_path, monkeypatch)
   def ctx(seed):
     c = mocov2.get_config()
     c.seed = seed
-    return linear_probe._Probe(c, None, None, _FakeState, None)
+    return linear_probe._Probe(c, None, None, lambda: _VARIABLES, None)
 
   first = linear_probe.random_init_accuracy(ctx(0), "fast")
   again = linear_probe.random_init_accuracy(ctx(0), "fast")

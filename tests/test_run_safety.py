@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import ml_collections
 import pytest
 
@@ -250,3 +251,25 @@ def test_only_bad_input_becomes_one_line():
   assert issubclass(tfds_source.DatasetNotFoundError, UsageError)
   with pytest.raises(UsageError, match="holds no cl_jax pretraining run"):
     linear_probe.run("/nonexistent/run")
+
+
+def test_probe_reads_only_the_encoder_variables(finished_run, monkeypatch):
+  """The probe needs the online encoder's params and batch statistics, and the probe
+  splits: it neither opens the pretraining split nor restores the optimizer or queue."""
+  from cl_jax import checkpoint
+  from cl_jax.data import sources
+
+  opened = []
+  real_open = sources.open_source
+
+  def open_source(data, role):
+    opened.append(role)
+    return real_open(data, role)
+
+  monkeypatch.setattr(sources, "open_source", open_source)
+  report = linear_probe.run(str(finished_run), baseline=False)
+  assert report["step"] == 16 and "pretrain" not in opened
+  manager = checkpoint.make_manager(str(finished_run), read_only=True)
+  template = jax.eval_shape(linear_probe._setup(run_config.read(finished_run)).init_variables)
+  step, variables = checkpoint.restore_variables(manager, template)
+  assert step == 16 and set(variables) == {"params", "batch_stats"}

@@ -13,9 +13,9 @@ import pytest
 
 from cl_jax import parallel, train
 from cl_jax import queue as queue_lib
-from cl_jax import step as step_lib
+from cl_jax import train_step as step_lib
 from cl_jax.errors import UsageError
-from cl_jax.steps import forward
+from cl_jax.objectives import forward
 from configs import mocov2_patchns
 
 B, S, K = 16, 16, 64
@@ -132,7 +132,8 @@ def test_eight_devices_take_the_one_device_step(bn_mode, groups, host_batch):
 def _encoder_and_variables(groups):
   config = _config("local", groups)
   mesh = parallel.make_mesh(jax.devices()[:1])
-  encoder, _, _, make_state, _ = train.build(config, 4 * B, mesh)
+  built = train.build(config, 4 * B, mesh)
+  encoder, make_state = built.encoder, built.make_state
   state = jax.device_get(make_state())
   return encoder, {"params": state.params, "batch_stats": state.batch_stats}
 
@@ -208,7 +209,7 @@ def test_a_run_resumed_on_fewer_devices_keeps_every_key_in_its_slot():
   config = _config("shuffle", 8)
   p = step_lib.keys_per_step(config)
   mesh8, mesh2 = parallel.make_mesh(), parallel.make_mesh(jax.devices()[:2])
-  state = train.build(config, 4 * B, mesh8)[3]()
+  state = train.build(config, 4 * B, mesh8).make_state()
   keys = jnp.arange(p * 4, dtype=jnp.float32).reshape(4, p)[:, :, None] * jnp.ones(8)
   for t in range(3):  # three steps of distinct keys over the random initial queue
     state = state.replace(

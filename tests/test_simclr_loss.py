@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cl_jax import parallel
-from cl_jax.methods import simclr
+from cl_jax.losses import simclr
 from tests.finite_differences import central_differences
 
 

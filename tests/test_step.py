@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cl_jax import parallel, train
-from cl_jax import step as step_lib
+from cl_jax import train_step as step_lib
 from configs import mocov2_patchns
 
 B, S, K = 8, 16, 32

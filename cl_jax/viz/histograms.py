@@ -26,7 +26,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from cl_jax import checkpoint, parallel, run_config, train
-from cl_jax import step as step_lib
+from cl_jax import train_step as step_lib
 from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric, pipeline, sources
 
@@ -141,7 +141,8 @@ def collect(
     raise NoCheckpoint(f"{workdir} holds no checkpoint")
   mesh = parallel.make_mesh(jax.devices()[:1])
   source = sources.open_source(config.data, "pretrain")
-  encoder, _, _, make_state, _ = train.build(config, len(source), mesh)
+  built = train.build(config, len(source), mesh)
+  encoder, make_state = built.encoder, built.make_state
   state, _ = checkpoint.restore(manager, jax.eval_shape(make_state), step)
   data = pipeline.pretrain_dataset(
       source,

@@ -3,7 +3,7 @@
 1. EMA update of the key encoder, theta_k <- m theta_k + (1 - m) theta_q;
 2. keys of the other view (and of the NS images) from the key encoder,
    without gradient, under shuffle-BN when model.bn_mode = "shuffle";
-3. loss and gradient of the query encoder (cl_jax.methods.moco.moco_loss);
+3. loss and gradient of the query encoder (cl_jax.losses.moco.moco_loss);
 4. the step's keys replace the oldest keys of the queue.
 """
 
@@ -15,10 +15,9 @@ from jax.sharding import Mesh
 
 from cl_jax import queue as queue_lib
 from cl_jax.health import embedding_health
-from cl_jax.methods import moco
+from cl_jax.losses import moco
+from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features
 from cl_jax.state import TrainState
-from cl_jax.steps.forward import encode, encode_keys, ns_features
-from cl_jax.steps.views import Views
 
 
 def keys_per_step(config: ml_collections.ConfigDict) -> int:

@@ -11,10 +11,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from cl_jax.health import embedding_health
-from cl_jax.methods import simclr
+from cl_jax.losses import simclr
+from cl_jax.objectives.forward import Views, encode, ns_features
 from cl_jax.state import TrainState
-from cl_jax.steps.forward import encode, ns_features
-from cl_jax.steps.views import Views
 
 
 def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):

@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 
 from cl_jax import queue as queue_lib
 from cl_jax.addons import feature_transform, ifm, nonsemantic
-from cl_jax.methods import queue_contrast
+from cl_jax.losses import queue_contrast
 
 
 def _hard_scores(
@@ -171,7 +171,7 @@ def moco_loss(
   is never changed.
 
   The queue's part of the log-sum-exp comes from the sharded queue
-  (cl_jax.methods.queue_contrast); the positive and NS logits are per query.
+  (cl_jax.losses.queue_contrast); the positive and NS logits are per query.
 
   Args:
     q: (B, d) unit queries, with gradient.

@@ -2,7 +2,7 @@
 and positive extrapolation (Zhu et al. 2021, App. E.2).
 
   1. target <- tau_k target + (1 - tau_k) online, tau_k the cosine schedule
-     (cl_jax.methods.byol.target_momentum);
+     (cl_jax.losses.byol.target_momentum);
   2. target projections of both views (and of the NS images of each view), no gradient;
   3. the online network's predictions regress onto the other view's target
      projection, L = l(p1, z2) + l(p2, z1), minus alpha times the NS distance.
@@ -13,11 +13,10 @@ import ml_collections
 import optax
 
 from cl_jax.health import embedding_health
-from cl_jax.methods import byol
+from cl_jax.losses import byol
+from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features
+from cl_jax.objectives.siamese_ft import extrapolate_pairs, uses_extrapolation
 from cl_jax.state import TrainState
-from cl_jax.steps.forward import encode, encode_keys, ns_features
-from cl_jax.steps.siamese_ft import extrapolate_pairs, uses_extrapolation
-from cl_jax.steps.views import Views
 
 
 def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):

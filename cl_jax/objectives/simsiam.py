@@ -5,11 +5,10 @@ import jax
 import ml_collections
 
 from cl_jax.health import embedding_health
-from cl_jax.methods import simsiam
+from cl_jax.losses import simsiam
+from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.siamese_ft import extrapolate_pairs, uses_extrapolation
 from cl_jax.state import TrainState
-from cl_jax.steps.forward import encode
-from cl_jax.steps.siamese_ft import extrapolate_pairs, uses_extrapolation
-from cl_jax.steps.views import Views
 
 
 def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):

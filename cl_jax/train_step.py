@@ -2,7 +2,7 @@
 
 One step:
   1. photometric augmentation of both host-cropped views, on the device;
-  2. the method's objective (cl_jax.steps.<method>): its target forward, loss
+  2. the method's objective (cl_jax.objectives.<method>): its target forward, loss
      and gradient, and its state updates (batch statistics, EMA target, queue);
   3. the optimizer update of the online parameters.
 All randomness comes from fold_in(state.rng, state.step), so a resumed run
@@ -24,10 +24,10 @@ import optax
 from jax.sharding import Mesh
 
 from cl_jax.data import photometric
+from cl_jax.objectives import byol, moco, simclr, simsiam
+from cl_jax.objectives.forward import Views
+from cl_jax.objectives.moco import keys_per_step
 from cl_jax.state import TrainState
-from cl_jax.steps import byol, moco, simclr, simsiam
-from cl_jax.steps.moco import keys_per_step
-from cl_jax.steps.views import Views
 
 __all__ = [
     "photometric_spec",
@@ -97,8 +97,8 @@ def make_train_step(
 
   batch: view1, view2 (B, S, S, 3) uint8 host-cropped views (other entries of
   the host batch are ignored). metrics: loss, lr, the method's statistics (score
-  statistics of the contrastive methods, cl_jax.methods.moco.moco_loss and
-  cl_jax.methods.simclr.simclr_loss; pos_mean and BYOL's tau for the others), the
+  statistics of the contrastive methods, cl_jax.losses.moco.moco_loss and
+  cl_jax.losses.simclr.simclr_loss; pos_mean and BYOL's tau for the others), the
   embeddings' health signals (cl_jax.health.embedding_health, health/*) and the
   per-layer gradient norms of layer_grad_norms, float32 scalars.
   """

@@ -1,12 +1,30 @@
-"""Forward passes shared by the methods' steps: online features with their
-batch-norm update, no-gradient target features (with shuffle-BN), and the
-non-semantic images of a batch of views."""
+"""What the methods' objectives share: their inputs (Views), and the forward passes:
+online features with their batch-norm update, no-gradient target features (with
+shuffle-BN), and the non-semantic images of a batch of views."""
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
 from cl_jax.addons import nonsemantic
+
+
+class Views(NamedTuple):
+  """The step's inputs after on-device augmentation.
+
+  v1, v2: (B, S, S, 3) float32 normalised views, rows sharded over `data`.
+  r_key: PRNG key of the target forward (shuffle-BN permutations).
+  r_ns: PRNG key of the non-semantic images.
+  r_ft: PRNG key of the feature-transformation coefficients.
+  """
+
+  v1: jax.Array
+  v2: jax.Array
+  r_key: jax.Array
+  r_ns: jax.Array
+  r_ft: jax.Array
 
 
 def encode(encoder, params, batch_stats, images: jax.Array, predict: bool = False):

@@ -25,8 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from cl_jax.addons import feature_transform, ifm, nonsemantic
-from cl_jax.methods import hard_negatives
-from cl_jax.methods.logit_shapes import check_logit_shapes
+from cl_jax.losses import hard_negatives
 
 # Negative transforms of the in-batch negatives; "hard" (App. G.2) is built against a queue.
 FT_NEGATIVES = ("none", "interpolate", "extrapolate")
@@ -112,7 +111,7 @@ def nt_xent_from_logits(
   Returns:
     () float32 loss.
   """
-  check_logit_shapes(pos_logits, neg_logits, neg_mask)
+  hard_negatives.check_logit_shapes(pos_logits, neg_logits, neg_mask)
   parts = [
       pos_logits[:, None].astype(jnp.float32),
       jnp.where(neg_mask, neg_logits.astype(jnp.float32), -jnp.inf),
