@@ -374,11 +374,11 @@ def _stop_if_diverged(
   limit = config.train.max_param_growth
   if finite and growth <= limit:
     return
-  times = f"{growth:.3g} times" if math.isfinite(growth) else "beyond float32 range,"
+  norm = f"is {growth:.3g} times" if math.isfinite(growth) else "overflowed float32, beyond"
   reason = (
       "the loss or the state is no longer finite"
       if not finite
-      else f"the parameter norm is {times} its initial value (limit "
+      else f"the parameter norm {norm} its initial value (limit "
       f"train.max_param_growth = {limit:g})"
   )
   manager.wait_until_finished()

@@ -190,7 +190,7 @@ def test_diverging_run_stops_before_saving_and_its_advice_resumes(tmp_path):
   bad = _run(workdir, *lr, "--config.optim.lr=1e30")
   assert bad.returncode == 1
   message = bad.stderr.strip().splitlines()[-1]
-  assert message.startswith("error: training diverged at step 9: the parameter norm is "), message
+  assert message.startswith("error: training diverged at step 9: the parameter norm "), message
   assert "resume from step 8" in message and "lower --config.optim.lr" in message
   assert _steps(workdir) == [4, 8]  # nothing saved after the divergence
 
