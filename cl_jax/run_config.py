@@ -38,6 +38,8 @@ CHANGEABLE = (
     "optim.lr_recipe",
     "train.max_param_growth",
 )
+# The value `differences` shows for a field that one config lacks.
+ABSENT = "<absent>"
 # Fields stored as JSON lists that the config holds as tuples.
 _TUPLES = (("data", "crop_scale"), ("aug", "blur_sigma"), ("probe", "decay_epochs"))
 
@@ -88,11 +90,10 @@ def differences(stored, new) -> list[tuple[str, object, object]]:
   """(field, stored value, new value) for every field that differs; a field that one
   side lacks shows as "<absent>"."""
   a, b = flatten(stored), flatten(new)
-  absent = "<absent>"
   return [
-      (k, a.get(k, absent), b.get(k, absent))
+      (k, a.get(k, ABSENT), b.get(k, ABSENT))
       for k in sorted(set(a) | set(b))
-      if a.get(k, absent) != b.get(k, absent)
+      if a.get(k, ABSENT) != b.get(k, ABSENT)
   ]
 
 

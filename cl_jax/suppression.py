@@ -56,8 +56,9 @@ from ml_collections import config_flags
 from cl_jax import cli, linear_probe, train
 from cl_jax.data import sources
 from cl_jax.errors import UsageError
+from cl_jax.run_config import ABSENT, differences
+from cl_jax.run_config import read as read_stored_config
 from cl_jax.viz import suppression_plot
-from cl_jax.viz.curves import flatten_config
 
 FEATURES = suppression_plot.FEATURES
 TEMPERATURES = (0.05, 0.2, 0.5)
@@ -198,11 +199,13 @@ def check_run_config(config: ml_collections.ConfigDict, workdir: epath.Path) -> 
   path = workdir / "config.json"
   if not path.exists():
     return
-  stored = flatten_config(json.loads(path.read_text()))
-  wanted = flatten_config(json.loads(config.to_json()))
-  differ = sorted(k for k in stored.keys() & wanted.keys() if stored[k] != wanted[k])
+  differ = [
+      (k, a, b)
+      for k, a, b in differences(read_stored_config(str(workdir)), config)
+      if ABSENT not in (a, b)
+  ]
   if differ:
-    shown = ", ".join(f"{k}: {stored[k]!r} there, {wanted[k]!r} now" for k in differ[:4])
+    shown = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in differ[:4])
     raise UsageError(
         f"{workdir} holds a run with another config ({shown}"
         f"{', ...' if len(differ) > 4 else ''}); use a fresh --workdir for a "

@@ -16,6 +16,8 @@ import numpy as np
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
+from cl_jax import run_config
+
 SCORE_KEYS = ("pos_mean", "neg_mean", "neg_var", "ns_mean")
 _TITLES = {
     "pos_mean": "mean positive score  q·k+",
@@ -26,24 +28,12 @@ _TITLES = {
 _MISSING = object()
 
 
-def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-  """Nested config dict -> {"block.field": leaf value} (dicts are descended, other values kept)."""
-  flat = {}
-  for key, value in config.items():
-    name = f"{prefix}{key}"
-    if isinstance(value, Mapping):
-      flat.update(flatten_config(value, name + "."))
-    else:
-      flat[name] = value
-  return flat
-
-
 def differing_fields(configs: Sequence[Mapping[str, Any]]) -> list[str]:
   """Sorted flattened field names whose value is not the same in every config.
 
   A field present in some configs and absent from others counts as differing.
   """
-  flats = [flatten_config(c) for c in configs]
+  flats = [run_config.flatten(c) for c in configs]
   names = sorted(set().union(*flats)) if flats else []
   return [n for n in names if len({repr(f.get(n, _MISSING)) for f in flats}) > 1]
 
@@ -64,7 +54,7 @@ def run_labels(names: Sequence[str], configs: Sequence[Mapping[str, Any]]) -> li
   fields = differing_fields(configs)
   labels = []
   for name, config in zip(names, configs):
-    flat = flatten_config(config)
+    flat = run_config.flatten(config)
     parts = [f"{f}={flat[f]}" if f in flat else f"{f} unset" for f in fields]
     labels.append(f"{name} ({', '.join(parts)})" if parts else name)
   return labels
