@@ -6,10 +6,13 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from cl_jax import bench, parallel, train
 from cl_jax import train_step as step_lib
 from configs import mocov2_patchns
+
+pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [

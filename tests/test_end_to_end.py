@@ -15,10 +15,13 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from cl_jax import checkpoint, metrics, parallel, run_config, train
 from tests import tiny_run
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
 
 TINY = [
     *tiny_run.FLAGS,

@@ -112,6 +112,7 @@ def _np_loss(q, k, queue, rng, ft):
   return total / len(q), q2 @ negs.T, np.sum(q2 * k2, axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "ft_key",
     [
@@ -139,6 +140,7 @@ def test_ft_loss_matches_numpy_on_any_device_count(ft_key, devices):
   assert np.all(np.isfinite(grad)) and np.abs(grad).max() > 0
 
 
+@pytest.mark.slow
 def test_negative_extrapolation_draws_its_coefficient_from_alpha_ex():
   """App. G.1, Eq. 7: the extrapolated queue is mu n + (1 - mu) n' with mu ~ 1 + Beta(a_ex,
   a_ex). With a_ex = 500, mu = 1.5 +- 0.08 (5 sd), so each mixed key is 1.5 n - 0.5 n' and the
@@ -261,6 +263,7 @@ HARD_KEYS = [
 ]  # one lam vector per query
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ft_key", HARD_KEYS)
 def test_hard_negative_loss_and_grad_match_numpy_on_four_devices(ft_key):
   rng = np.random.default_rng(4)
@@ -289,6 +292,7 @@ def test_hard_negative_loss_and_grad_match_numpy_on_four_devices(ft_key):
   np.testing.assert_allclose(stats["neg_var"], neg.var(axis=1).mean(), rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ft_key", [HARD_KEYS[0], HARD_KEYS[4], HARD_KEYS[5]])
 def test_hard_negatives_give_the_same_loss_and_grad_on_one_and_four_devices(ft_key):
   rng = np.random.default_rng(4)
@@ -330,6 +334,7 @@ def test_mix_slots_leaves_the_stored_queue_unchanged():
   np.testing.assert_allclose(mixed[:P], 0.3 * saved[:P] + 0.7 * saved[P : 2 * P], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_all_add_ons_combine_in_one_step():
   # MoCo-v2 + patch NS + FT + IFM: one step of the combined config trains.
   c = mocov2_patchns_ft_ifm.get_config(None)

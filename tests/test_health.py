@@ -223,6 +223,7 @@ def _step_and_query_embeddings(config):
   return jax.device_get(metrics), z
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", [mocov2, simsiam])
 def test_a_train_step_logs_the_health_of_the_first_views_projections(module):
   config = _tiny(module)

@@ -125,6 +125,7 @@ def test_ifm_off_leaves_the_loss_bit_identical(with_ns):
   )
 
 
+@pytest.mark.slow
 def test_score_statistics_over_the_first_queries():
   q, k, queue, t = _inputs(4, batch=6)
   mesh = parallel.make_mesh(jax.devices()[:1])

@@ -650,6 +650,7 @@ def test_slurm_without_dry_run_needs_sbatch(bare_path):
   assert proc.returncode != 0 and "sbatch not found" in proc.stderr
 
 
+@pytest.mark.slow
 def test_tpu_remote_run_and_logs_commands_work_in_bash(bare_path, tmp_path):
   """The run and logs remote commands, executed by bash in a fake worker home directory."""
   [(_, _, run_options)] = tpu_dry_run(

@@ -14,6 +14,8 @@ from cl_jax import metrics
 from tests import tiny_run
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
+
 # The tiny run's data and model sizes (tests/tiny_run.py) without its MoCo-only flags.
 SIZES = [
     f

@@ -13,6 +13,8 @@ from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric
 from configs import byol, simclr, simsiam
 
+pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
+
 B, S = 8, 16
 
 

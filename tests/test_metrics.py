@@ -118,6 +118,7 @@ def test_only_process_zero_writes_or_cuts(tmp_path, monkeypatch):
   assert _losses(tmp_path) == [(1, 1.0), (2, 2.0), (3, 3.0)]
 
 
+@pytest.mark.slow
 def test_tensorboard_shows_one_scalar_per_step_after_resumes(tmp_path):
   event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

@@ -216,6 +216,7 @@ def test_resnet_output_shapes(depth, stem, width, size, hw, channels):
   assert module.feature_dim == resnet_feature_dim(depth, width) == channels
 
 
+@pytest.mark.slow
 def test_resnet_float32_and_bfloat16_forward():
   """One set of float32 parameters runs in both dtypes; bf16 stays close to float32."""
   x = jax.random.normal(_key(1), (4, 32, 32, 3))
@@ -343,6 +344,7 @@ def test_build_encoder_maps_config_to_modules():
   assert (encoder.head.out_dim, encoder.head.num_layers) == (16, 1)
 
 
+@pytest.mark.slow
 def test_encoder_outputs_normalised_projection_of_pooled_features():
   # float32: the bfloat16 forward pass is covered above and compiles twice as slowly on CPU.
   encoder = build_encoder(_model_config(dtype='float32'))
@@ -396,6 +398,7 @@ def _dense_chain(head_params, names, x):
   return x
 
 
+@pytest.mark.slow
 def test_predictor_maps_the_unnormalised_projection():
   """p = q(g(f(x))) on the raw projection: recomputed in NumPy from the pooled features
   (eval-mode BN with fresh running statistics is x / sqrt(1 + eps))."""
@@ -425,6 +428,7 @@ def test_predict_without_predictor_is_an_error():
     encoder.apply(variables, x, train=False, predict=True)
 
 
+@pytest.mark.slow
 def test_simsiam_projector_has_bn_after_every_layer():
   head = MLPHead(hidden_dim=8, out_dim=6, num_layers=3, use_bn=True, out_bn=True)
   variables = head.init(jax.random.key(0), jnp.ones((4, 5)), train=True)

@@ -12,9 +12,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from cl_jax import metrics
 from tests import tiny_run
+
+pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "TPU_", "MEGASCALE_", "KUBERNETES_", "JAX_")
 CHILD = """
@@ -71,6 +73,7 @@ def test_no_coordinator_names_the_flags():
     assert flag in line
 
 
+@pytest.mark.slow
 def test_missing_peer_is_named_after_the_timeout():
   port = _free_port()
   line, seconds = _start(f"'localhost:{port}', 2, 0, timeout_s=5")
@@ -79,6 +82,7 @@ def test_missing_peer_is_named_after_the_timeout():
   assert f"localhost:{port}" in line and "5 s" in line
 
 
+@pytest.mark.slow
 def test_unreachable_coordinator_is_named():
   port = _free_port()
   line, seconds = _start(f"'localhost:{port}', 2, 1, timeout_s=3")

@@ -119,6 +119,7 @@ def test_stored_config_reads_back_equal(tmp_path):
   assert json.loads((tmp_path / "config.step12.json").read_text())["optim"]["epochs"] == 5
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_config_and_touches_nothing(finished_run, tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(finished_run, workdir)
@@ -178,6 +179,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished_run, tmp_path, damage):
   workdir = tmp_path / "run"
@@ -202,6 +204,7 @@ def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished_run, tmp_path
 # What a user sees.
 
 
+@pytest.mark.slow
 def test_stop_at_step_chunk_does_not_probe(tmp_path):
   proc = _run(
       tmp_path / "run",
@@ -215,6 +218,7 @@ def test_stop_at_step_chunk_does_not_probe(tmp_path):
   assert not glob.glob(str(tmp_path / "run" / "probe_step*.json"))
 
 
+@pytest.mark.slow
 def test_bad_inputs_get_one_line(tmp_path):
   a_file = tmp_path / "a_file"
   a_file.write_text("")
@@ -234,6 +238,7 @@ def test_bad_inputs_get_one_line(tmp_path):
   assert "did you mean moco.temperature?" in line
 
 
+@pytest.mark.slow
 def test_commands_work_from_another_directory(tmp_path):
   proc = _run(tmp_path / "run", "--config.optim.epochs=1", "--stop_at_step=1", cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -253,6 +258,7 @@ def test_only_bad_input_becomes_one_line():
     linear_probe.run("/nonexistent/run")
 
 
+@pytest.mark.slow
 def test_probe_reads_only_the_encoder_variables(finished_run, monkeypatch):
   """The probe needs the online encoder's params and batch statistics, and the probe
   splits: it neither opens the pretraining split nor restores the optimizer or queue."""

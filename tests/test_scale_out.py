@@ -18,6 +18,8 @@ from cl_jax.errors import UsageError
 from cl_jax.objectives import forward
 from configs import mocov2_patchns
 
+pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
+
 B, S, K = 16, 16, 64
 
 

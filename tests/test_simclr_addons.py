@@ -312,6 +312,7 @@ def test_ifm_matches_numpy(eps, alpha, with_ns):
 # --- feature transformation --------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ft_key", [FT_INTERPOLATE, FT_PER_SAMPLE])
 def test_feature_transformation_matches_numpy(ft_key):
   # Positive extrapolation and negative interpolation, with one coefficient per step or

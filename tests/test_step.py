@@ -9,6 +9,8 @@ from cl_jax import parallel, train
 from cl_jax import train_step as step_lib
 from configs import mocov2_patchns
 
+pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
+
 B, S, K = 8, 16, 32
 
 

@@ -221,6 +221,7 @@ def _tiny_base():
   return c
 
 
+@pytest.mark.slow
 def test_study_loop_resumes_from_reports_and_goes_on_after_a_divergence(tmp_path):
   base, root = _tiny_base(), str(tmp_path / "study")
   calls = []
@@ -300,6 +301,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 def test_command_trains_a_two_run_subset_then_resumes_without_training(tmp_path):
   root = tmp_path / "study"
   cmd = [

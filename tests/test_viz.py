@@ -190,6 +190,7 @@ def _write_run(workdir, config: dict, momentum: float, grad_norms: bool, seed: i
       f.write(json.dumps(record) + "\n")
 
 
+@pytest.mark.slow
 def test_cli_renders_every_plot(tmp_path):
   real, out = tmp_path / "m099", tmp_path / "plots"
   proc = subprocess.run(
