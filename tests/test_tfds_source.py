@@ -7,17 +7,16 @@ ImageNet-100), or, in the last tests, from tiny genuine ArrayRecord shards writt
 """
 
 import io
+import json
 import os
 import pathlib
 import pickle
 import subprocess
 import sys
 
-import grain
 import numpy as np
 import PIL.Image
 import pytest
-from absl import flags
 
 import cl_jax.data
 from cl_jax.data import tfds_source
@@ -380,20 +379,30 @@ def test_cifar10_from_array_record_files_through_a_grain_worker(tmp_path):
       for i, (image, label) in enumerate(zip(images, labels))
   ]
   write_prepared_dataset(tmp_path, "cifar10", {"train": 2, "test": examples})
-  source = tfds_source.open_source("cifar10", "test", str(tmp_path))
-  if not flags.FLAGS.is_parsed():  # grain's worker processes read absl flags
-    flags.FLAGS.mark_as_parsed()
-  loader = grain.DataLoader(
-      data_source=source,
-      sampler=grain.samplers.IndexSampler(
-          num_records=len(source),
-          shard_options=grain.sharding.NoSharding(),
-          shuffle=False,
-          num_epochs=1,
-      ),
-      worker_count=1,
+  # The loader runs in a fresh process: a grain worker spawned from the test process,
+  # which by now holds the threads of every earlier test, can deadlock at start-up.
+  code = (
+      "import json, sys\n"
+      "import grain, numpy as np\n"
+      "from absl import flags\n"
+      "from cl_jax.data import tfds_source\n"
+      "flags.FLAGS.mark_as_parsed()  # grain's worker processes read absl flags\n"
+      f"source = tfds_source.open_source('cifar10', 'test', {str(tmp_path)!r})\n"
+      "loader = grain.DataLoader(data_source=source, sampler=grain.samplers.IndexSampler(\n"
+      "    num_records=len(source), shard_options=grain.sharding.NoSharding(),\n"
+      "    shuffle=False, num_epochs=1), worker_count=1)\n"
+      "loaded = list(loader)\n"
+      "np.save(sys.argv[1], np.stack([e['image'] for e in loaded]))\n"
+      "print(json.dumps([int(e['label']) for e in loaded]))\n"
   )
-  loaded = list(loader)
-  assert [example["label"] for example in loaded] == labels
-  for example, image in zip(loaded, images):
-    np.testing.assert_array_equal(example["image"], image)
+  out = tmp_path / "images.npy"
+  proc = subprocess.run(
+      [sys.executable, "-c", code, str(out)],
+      cwd=REPO_ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads(proc.stdout.strip().splitlines()[-1]) == labels
+  np.testing.assert_array_equal(np.load(out), images)
