@@ -15,6 +15,7 @@ ones out of the way (never deleting them).
 """
 
 import dataclasses
+import logging as std_logging
 import os
 import sys
 
@@ -164,6 +165,20 @@ def _quiet_aborted_reads(unraisable) -> None:
     sys.__unraisablehook__(unraisable)
 
 
+def _drop_aborted_read_logs(record) -> bool:
+  """Log filter: False (drop) for the error logs of the reads an aborted orbax restore
+  leaves behind (orbax's own, and asyncio's "Task exception was never retrieved" for its
+  read tasks), which may arrive after restore_intact has reported the checkpoint."""
+  orbax = f"{os.sep}orbax{os.sep}"
+  return not (
+      record.levelno >= std_logging.ERROR
+      and (orbax in record.pathname or orbax in record.getMessage())
+  )
+
+
+_ABORTED_READ_LOGGERS = ("absl", "asyncio")
+
+
 def restore_intact(
     manager: ocp.CheckpointManager, template, make_iterator
 ) -> tuple[Restored | None, list[tuple[int, str]]]:
@@ -177,6 +192,9 @@ def restore_intact(
   """
   damaged = []
   hook = sys.unraisablehook
+  loggers = [std_logging.getLogger(name) for name in _ABORTED_READ_LOGGERS]
+  for logger in loggers:
+    logger.addFilter(_drop_aborted_read_logs)
   for step in sorted(manager.all_steps(), reverse=True):
     iterator = make_iterator()
     sys.unraisablehook = _quiet_aborted_reads
@@ -190,6 +208,8 @@ def restore_intact(
     if _all_processes(error is None):
       if not damaged:  # nothing failed: no aborted reads to silence
         sys.unraisablehook = hook
+        for logger in loggers:
+          logger.removeFilter(_drop_aborted_read_logs)
       return Restored(state, meta, iterator), damaged
     damaged.append((step, error or "unreadable on another process"))
   return None, damaged
