@@ -79,6 +79,18 @@ def save(manager: ocp.CheckpointManager, state, data_iterator, meta: dict) -> No
   )
 
 
+def _existing_step(manager: ocp.CheckpointManager, step: int | None) -> int | None:
+  """`step`, or the latest step if None (None if there is no checkpoint); UsageError for a
+  step that was not saved."""
+  step = manager.latest_step() if step is None else step
+  if step is not None and step not in manager.all_steps():
+    raise UsageError(
+        f"no checkpoint at step {step} in {manager.directory}; "
+        f"available steps: {sorted(manager.all_steps())}"
+    )
+  return step
+
+
 def restore(manager: ocp.CheckpointManager, template, step: int | None = None, data_iterator=None):
   """(state, meta) of `step` (default: the latest), or None if there is none.
 
@@ -88,14 +100,9 @@ def restore(manager: ocp.CheckpointManager, template, step: int | None = None, d
     data_iterator: a grain iterator to move to the saved position (in place),
       or None to leave the input position alone (e.g. for a probe).
   """
-  step = manager.latest_step() if step is None else step
+  step = _existing_step(manager, step)
   if step is None:
     return None
-  if step not in manager.all_steps():
-    raise UsageError(
-        f"no checkpoint at step {step} in {manager.directory}; "
-        f"available steps: {sorted(manager.all_steps())}"
-    )
   items = {"state": ocp.args.StandardRestore(template), "meta": ocp.args.JsonRestore()}
   if data_iterator is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
@@ -111,14 +118,9 @@ def restore_variables(manager: ocp.CheckpointManager, template: dict, step: int 
   Args:
     template: {"params", "batch_stats"} abstract arrays (shape, dtype, sharding).
   """
-  step = manager.latest_step() if step is None else step
+  step = _existing_step(manager, step)
   if step is None:
     return None
-  if step not in manager.all_steps():
-    raise UsageError(
-        f"no checkpoint at step {step} in {manager.directory}; "
-        f"available steps: {sorted(manager.all_steps())}"
-    )
   item = {**template, "step": jax.ShapeDtypeStruct((), np.int32, sharding=_sharding(template))}
   args = ocp.args.PyTreeRestore(
       item=item,

@@ -33,15 +33,21 @@ HARD_A, HARD_B = 2.0, 1.0
 
 
 def _ft(
-    negative="interpolate", union=False, coefficients="scalar", renormalize=False, positive=True
+    negative="interpolate",
+    union=False,
+    coefficients="scalar",
+    renormalize=False,
+    positive=True,
+    alpha_ex=2.0,
+    alpha_in=1.6,
 ):
   return ml_collections.ConfigDict(
       dict(
           enabled=True,
           positive_extrapolation=positive,
-          alpha_ex=2.0,
+          alpha_ex=alpha_ex,
           negative=negative,
-          alpha_in=1.6,
+          alpha_in=alpha_in,
           hard_a=HARD_A,
           hard_b=HARD_B,
           union=union,
@@ -148,27 +154,9 @@ def test_negative_extrapolation_draws_its_coefficient_from_alpha_ex():
   mu drawn from a_in = 0.05 instead it would sit near 1 or 5 times."""
   rng = np.random.default_rng(3)
   q, k, queue = _unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM)
-  mesh = parallel.make_mesh(jax.devices()[:1])
-  ft = _ft("extrapolate", positive=False)
-  ft.alpha_ex, ft.alpha_in = 500.0, 0.05
-  cfg = ml_collections.ConfigDict({"temperature": T})
-  ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
-  off = ml_collections.ConfigDict({"enabled": False})
-  args = [jnp.asarray(x, jnp.float32) for x in (q, k, queue_lib.to_sharded_layout(queue, 1, P))]
-  _, stats = moco.moco_loss(
-      args[0],
-      args[1],
-      args[2],
-      None,
-      cfg,
-      ns,
-      off,
-      mesh,
-      ft_cfg=ft,
-      ft_rng=jax.random.key(5),
-      ft_active=True,
-      keys_per_step=P,
-  )
+  ft_key = ("extrapolate", False, "scalar", False, False, 500.0, 0.05)
+  args = [jnp.asarray(x, jnp.float32) for x in (q, k, queue)]
+  _, stats, _ = _jax_loss(*args, jax.random.key(5), 1, ft_key, True)
   order = np.asarray(jax.random.permutation(jax.random.split(jax.random.key(5), 3)[2], K // P))
   partner = (order[:, None] * P + np.arange(P)[None]).reshape(-1)
   mixed = 1.5 * queue + (1 - 1.5) * queue[partner]  # Eq. 7 at mu = E[1 + Beta(a, a)]
