@@ -11,7 +11,9 @@ from cl_jax.errors import UsageError
 
 METHODS = ("moco", "simclr", "byol", "simsiam")
 BN_MODES = ("sync", "local", "shuffle")
-NS_KINDS = ("patch",)
+NS_KINDS = ("patch", "texture")
+LOOC_AUGMENTATIONS = ("colour", "rotation", "texture")
+PROBE_FEATURES = ("backbone", "heads")
 ALPHA_MODES = ("in", "out")
 FT_NEGATIVE = ("none", "interpolate", "extrapolate", "hard")
 FT_COEFFICIENTS = ("scalar", "dimension", "sample_dimension")
@@ -120,6 +122,43 @@ def _check_queue(c, queue: int, keys_per_step: int) -> None:
     )
 
 
+def _check_looc(c, method: str, symmetric: bool) -> None:
+  """LooC (Xiao et al. 2021) is built on MoCo's asymmetric step, alone."""
+  if method != "moco":
+    _fail(
+        "looc.enabled", True, f"LooC is built on MoCo's key encoder and queue; method is {method!r}"
+    )
+  if symmetric:
+    _fail("moco.symmetric", True, "LooC contrasts one query view with its key views; set False")
+  for addon in ("nonsemantic", "ft", "ifm"):
+    if _get(c, f"{addon}.enabled"):
+      _fail("looc.enabled", True, f"LooC does not combine with {addon}; switch off {addon}.enabled")
+  augs = _get(c, "looc.augmentations")
+  if (
+      not isinstance(augs, (tuple, list))
+      or len(set(augs)) != len(augs)
+      or not set(augs) <= set(LOOC_AUGMENTATIONS)
+  ):
+    _fail(
+        "looc.augmentations",
+        augs,
+        f"must be distinct names out of {', '.join(LOOC_AUGMENTATIONS)} (may be empty: one head)",
+    )
+  switches = {
+      "colour": ("aug.jitter_prob", "aug.grayscale_prob"),
+      "rotation": ("aug.rotation_prob",),
+      "texture": ("aug.texture_prob",),
+  }
+  for aug in augs:
+    if not any(_get(c, p) > 0 for p in switches[aug]):
+      _fail(
+          "looc.augmentations",
+          augs,
+          f"{aug!r} has a head but is never applied: set {' or '.join(switches[aug])} > 0",
+      )
+  _bool(c, "looc.conv5_heads")
+
+
 def validate(
     c: ml_collections.ConfigDict, num_devices: int = 1, *, reads_data: bool = True
 ) -> None:
@@ -147,7 +186,14 @@ def validate(
   _int(c, "data.trifeature_train", 1)
   _int(c, "data.trifeature_test", 1)
 
-  for p in ("jitter_prob", "grayscale_prob", "blur_prob", "solarize_prob"):
+  for p in (
+      "jitter_prob",
+      "grayscale_prob",
+      "blur_prob",
+      "solarize_prob",
+      "rotation_prob",
+      "texture_prob",
+  ):
     _float(c, f"aug.{p}", 0.0, 1.0)
   for p in ("brightness", "contrast", "saturation"):
     _float(c, f"aug.{p}", 0.0, 1.0)
@@ -210,8 +256,17 @@ def validate(
           "non-semantic negatives are defined for MoCo, SimCLR "
           "(Ge et al. 2021, Eq. 1) and BYOL (Eq. 2), not for SimSiam",
       )
-    _choice(c, "nonsemantic.kind", NS_KINDS)
-    _int(c, "nonsemantic.num_ns", 1, 64)
+    kind = _choice(c, "nonsemantic.kind", NS_KINDS)
+    num_ns = _int(c, "nonsemantic.num_ns", 1, 64)
+    if kind == "texture" and num_ns != 1:
+      _fail("nonsemantic.num_ns", num_ns, "texture negatives are one image per view; set 1")
+    if kind == "texture" and not _get(c, "data.texture_dir"):
+      _fail(
+          "data.texture_dir",
+          "",
+          "texture negatives read the texture version of every image: make it with "
+          "python -m cl_jax.data.make_texture and set data.texture_dir to its --out",
+      )
     _float(c, "nonsemantic.alpha", 0.0, None, lo_open=True)
     _choice(c, "nonsemantic.alpha_mode", ALPHA_MODES)
     d_min = _int(c, "nonsemantic.patch_min", 1)
@@ -269,6 +324,9 @@ def validate(
     _float(c, "ifm.epsilon", 0.0, 2.0, lo_open=True)
     _float(c, "ifm.alpha", 0.0, None)
 
+  if _bool(c, "looc.enabled"):
+    _check_looc(c, method, symmetric)
+
   _choice(c, "optim.optimizer", OPTIMIZERS)
   recipe = _choice(c, "optim.lr_recipe", tuple(LR_RECIPES))
   lr = _float(c, "optim.lr", 0.0, None, lo_open=True)
@@ -292,7 +350,20 @@ def validate(
   _float(c, "optim.momentum", 0.0, 1.0)
   _float(c, "optim.weight_decay", 0.0, 1.0)
   epochs = _int(c, "optim.epochs", 1)
-  _int(c, "optim.warmup_epochs", 0, epochs - 1)
+  warmup = _int(c, "optim.warmup_epochs", 0, epochs - 1)
+  schedule = _choice(c, "optim.schedule", ("cosine", "step"))
+  lr_decay = _get(c, "optim.decay_epochs")
+  if schedule == "step" and (
+      not isinstance(lr_decay, (tuple, list))
+      or list(lr_decay) != sorted(set(lr_decay))
+      or not all(isinstance(e, int) and warmup < e < epochs for e in lr_decay)
+  ):
+    _fail(
+        "optim.decay_epochs",
+        lr_decay,
+        f"the step schedule needs increasing integer epochs in (optim.warmup_epochs = "
+        f"{warmup}, optim.epochs = {epochs})",
+    )
 
   if batch % num_devices:
     _fail(
@@ -340,6 +411,17 @@ def validate(
   _float(c, "health.min_rank", 0.0, None)  # 0: no rank warning
 
   _bool(c, "probe.after_pretrain")
+  features = _choice(c, "probe.features", PROBE_FEATURES)
+  _bool(c, "probe.rotation")
+  if features == "heads" and not (
+      _get(c, "looc.enabled") and (_get(c, "looc.augmentations") or _get(c, "looc.conv5_heads"))
+  ):
+    _fail(
+        "probe.features",
+        features,
+        "head features exist with LooC's extra heads or conv5 heads (looc.enabled, with "
+        "looc.augmentations or looc.conv5_heads)",
+    )
   _choice(c, "probe.protocol", PROBE_PROTOCOLS)
   _int(c, "probe.batch_size", 1)
   probe_epochs = _int(c, "probe.epochs", 1)

@@ -38,23 +38,29 @@ from etils import epath
 
 from cl_jax import checkpoint, config_check, parallel, run_config
 from cl_jax.data import photometric, pipeline, sources
+from cl_jax.data.rotated_source import RotatedSource
 from cl_jax.errors import UsageError
-from cl_jax.models.encoder import build_encoder
-from cl_jax.models.resnet import resnet_feature_dim
+from cl_jax.models.encoder import encoder_for, head_layout
 from cl_jax.state import init_variables
 
 # Bumped whenever the probe's procedure changes, so stale baselines are never read.
 BASELINE_CACHE_VERSION = 1
 
 
-def _features_fn(encoder, mean, std):
-  """jit: uint8 images (b, S, S, 3) -> (b, D) float32 pooled features (eval-mode BN)."""
+FEATURE_OUTPUTS = {"backbone": "pooled", "heads": "head_features"}
+
+
+def _features_fn(encoder, mean, std, which: str = "backbone"):
+  """jit: uint8 images (b, S, S, 3) -> (b, D) float32 features (eval-mode BN): the pooled
+  backbone features, or (which="heads") the heads' features concatenated (LooC++,
+  cl_jax.models.encoder.Encoder's head_features)."""
   spec = photometric.PhotometricSpec(mean=mean, std=std)
+  output = FEATURE_OUTPUTS[which]
 
   @jax.jit
   def features(variables, images):
     x = photometric.normalize(photometric.to_float(images), spec)
-    return encoder.apply(variables, x, train=False)["pooled"]
+    return encoder.apply(variables, x, train=False)[output]
 
   return features
 
@@ -211,13 +217,24 @@ def _setup(config: ml_collections.ConfigDict) -> _Probe:
   mesh = parallel.make_mesh()
   train_src = sources.open_source(config.data, "probe_train")
   test_src = sources.open_source(config.data, "test")
-  encoder = build_encoder(config.model)
+  encoder = encoder_for(config)
   init = jax.jit(
       functools.partial(init_variables, config.seed, encoder, config.data.image_size),
       out_shardings=parallel.replicated(mesh),
   )
   spec = photometric.PhotometricSpec()
-  return _Probe(config, train_src, test_src, init, _features_fn(encoder, spec.mean, spec.std))
+  which = config.probe.get("features", "backbone")
+  return _Probe(
+      config, train_src, test_src, init, _features_fn(encoder, spec.mean, spec.std, which)
+  )
+
+
+def _rotated(ctx: _Probe) -> _Probe:
+  """The probe of the 4-way rotation task (cl_jax.data.rotated_source) on the same data."""
+  seed = ctx.config.seed
+  return ctx._replace(
+      train_src=RotatedSource(ctx.train_src, seed), test_src=RotatedSource(ctx.test_src, seed + 1)
+  )
 
 
 def validation_split(x: np.ndarray, y: dict) -> tuple:
@@ -232,7 +249,17 @@ def validation_split(x: np.ndarray, y: dict) -> tuple:
 def probe_variables(ctx: _Probe, variables: dict, protocol: str, validation: bool = False) -> dict:
   """Accuracy (label -> {top1, top5}) of the `protocol` probe on the encoder `variables`,
   on the test split, or with `validation` on the held-out fifth of the training split
-  (validation_split; fast and logreg protocols)."""
+  (validation_split; fast and logreg protocols). With probe.rotation also the label
+  "rotation": the same probe trained and tested on the images rotated by a random
+  multiple of 90 degrees (Xiao et al. 2021, Table 1)."""
+  accuracy = _probe_labels(ctx, variables, protocol, validation)
+  if ctx.config.probe.get("rotation", False):
+    accuracy.update(_probe_labels(_rotated(ctx), variables, protocol, validation))
+  return accuracy
+
+
+def _probe_labels(ctx: _Probe, variables: dict, protocol: str, validation: bool) -> dict:
+  """probe_variables for the labels of ctx's sources."""
   labels = tuple(ctx.train_src.num_classes)
   num_classes = dict(ctx.train_src.num_classes)
   d, p = ctx.config.data, ctx.config.probe
@@ -301,6 +328,7 @@ def baseline_key(config: ml_collections.ConfigDict, protocol: str, validation: b
       "seed": config.seed,
       "validation": validation,
       "model": config.model.to_dict(),
+      "heads": head_layout(config),
       "data": data,
       "probe": {k: v for k, v in config.probe.to_dict().items() if k != "after_pretrain"},
   }
@@ -352,6 +380,7 @@ def run(
   if restored is None:
     raise UsageError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
   step, variables = restored
+  size = config.data.image_size
   accuracy = probe_variables(ctx, variables, protocol, validation)
   where = workdir if "://" in workdir else os.path.abspath(workdir)
   report = {
@@ -359,7 +388,12 @@ def run(
       "step": step,
       "protocol": protocol,
       "dataset": config.data.name,
-      "feature_dim": resnet_feature_dim(config.model.depth, config.model.width_multiplier),
+      "features": config.probe.get("features", "backbone"),
+      "feature_dim": int(
+          jax.eval_shape(
+              ctx.features, variables, jax.ShapeDtypeStruct((1, size, size, 3), "uint8")
+          ).shape[1]
+      ),
       "num_train": len(ctx.train_src),
       "num_test": len(ctx.test_src),
       "split": "validation" if validation else "test",

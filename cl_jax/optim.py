@@ -6,13 +6,23 @@ import optax
 
 
 def lr_schedule(optim: ml_collections.ConfigDict, steps_per_epoch: int) -> optax.Schedule:
-  """Linear warm-up for warmup_epochs, then cosine decay to 0 at the last step.
+  """Linear warm-up for warmup_epochs, then cosine decay to 0 at the last step, or
+  (optim.schedule = "step") the lr multiplied by 0.1 at each of optim.decay_epochs.
 
-  lr(t) = lr * 0.5 * (1 + cos(pi * t' / T')) after warm-up (MoCo-v2's cosine
+  cosine: lr(t) = lr * 0.5 * (1 + cos(pi * t' / T')) after warm-up (MoCo-v2's cosine
   schedule, applied per step instead of per epoch).
+  step: lr(t) = lr * 0.1^(number of decay epochs e with e * steps_per_epoch <= t), the
+  schedule of MoCo v1 and of LooC (Xiao et al. 2021, Sec. 4: x0.1 at epochs 300 and 400).
   """
   total = optim.epochs * steps_per_epoch
   warmup = optim.warmup_epochs * steps_per_epoch
+  if optim.get("schedule", "cosine") == "step":
+    boundaries = {int(e * steps_per_epoch) - warmup: 0.1 for e in optim.decay_epochs}
+    decay = optax.piecewise_constant_schedule(optim.lr, boundaries)
+    if warmup == 0:
+      return decay
+    ramp = optax.linear_schedule(0.0, optim.lr, warmup)
+    return optax.join_schedules([ramp, decay], [warmup])
   if warmup == 0:
     return optax.cosine_decay_schedule(optim.lr, total)
   return optax.warmup_cosine_decay_schedule(0.0, optim.lr, warmup, total, end_value=0.0)

@@ -34,20 +34,21 @@ def _check(queue_size: int, keys_per_step: int, num_shards: int) -> None:
 
 
 def to_sharded_layout(queue: jax.Array, num_shards: int, keys_per_step: int) -> jax.Array:
-  """(K, d) queue in ring order -> the same keys in the S-shard layout."""
-  k, d = queue.shape
+  """(K, ...) queue in ring order -> the same keys in the S-shard layout. Trailing axes
+  (d, or (H, d) for LooC's one queue per head) move with their row."""
+  k, rest = queue.shape[0], queue.shape[1:]
   _check(k, keys_per_step, num_shards)
-  blocks = queue.reshape(k // keys_per_step, num_shards, keys_per_step // num_shards, d)
-  return blocks.transpose(1, 0, 2, 3).reshape(k, d)
+  blocks = queue.reshape((k // keys_per_step, num_shards, keys_per_step // num_shards) + rest)
+  return blocks.swapaxes(0, 1).reshape(queue.shape)
 
 
 def to_ring_order(queue: jax.Array, num_shards: int, keys_per_step: int) -> jax.Array:
-  """(K, d) queue in the S-shard layout -> the same keys in ring order (inverse of
+  """(K, ...) queue in the S-shard layout -> the same keys in ring order (inverse of
   to_sharded_layout)."""
-  k, d = queue.shape
+  k, rest = queue.shape[0], queue.shape[1:]
   _check(k, keys_per_step, num_shards)
-  blocks = queue.reshape(num_shards, k // keys_per_step, keys_per_step // num_shards, d)
-  return blocks.transpose(1, 0, 2, 3).reshape(k, d)
+  blocks = queue.reshape((num_shards, k // keys_per_step, keys_per_step // num_shards) + rest)
+  return blocks.swapaxes(0, 1).reshape(queue.shape)
 
 
 def write_offset(
@@ -65,13 +66,14 @@ def enqueue(queue: jax.Array, keys: jax.Array, step: jax.Array, mesh: Mesh) -> j
   """Replace the oldest P keys of the queue with `keys`, each device in its own shard.
 
   Args:
-    queue: (K, d) current queue in the S-shard layout, rows sharded over `data`.
-    keys: (P, d) new keys, rows sharded over `data`; P divides K, S divides P.
+    queue: (K, ...) current queue in the S-shard layout, rows sharded over `data`
+      ((K, d); (K, H, d) for LooC's H queues, which advance together).
+    keys: (P, ...) new keys, rows sharded over `data`; P divides K, S divides P.
     step: scalar int, the training step whose keys these are.
     mesh: mesh whose `data` axis has S devices.
 
   Returns:
-    (K, d) updated queue, sharded like `queue`.
+    (K, ...) updated queue, sharded like `queue`.
   """
   k = queue.shape[0]
   p = keys.shape[0]
@@ -80,9 +82,8 @@ def enqueue(queue: jax.Array, keys: jax.Array, step: jax.Array, mesh: Mesh) -> j
   offset = write_offset(step, p, k, shards)
 
   def local(queue_shard, key_shard, offset):
-    return jax.lax.dynamic_update_slice(
-        queue_shard, key_shard.astype(queue_shard.dtype), (offset, 0)
-    )
+    start = (offset,) + (0,) * (queue_shard.ndim - 1)
+    return jax.lax.dynamic_update_slice(queue_shard, key_shard.astype(queue_shard.dtype), start)
 
   return jax.shard_map(
       local, mesh=mesh, in_specs=(P(DATA_AXIS), P(DATA_AXIS), P()), out_specs=P(DATA_AXIS)
@@ -90,15 +91,22 @@ def enqueue(queue: jax.Array, keys: jax.Array, step: jax.Array, mesh: Mesh) -> j
 
 
 def init_queue(
-    rng: jax.Array, queue_size: int, dim: int, num_shards: int, keys_per_step: int
+    rng: jax.Array,
+    queue_size: int,
+    dim: int,
+    num_shards: int,
+    keys_per_step: int,
+    heads: int | None = None,
 ) -> jax.Array:
-  """(K, d) random unit keys, the initial queue of MoCo, in the S-shard layout.
+  """(K, d) random unit keys, the initial queue of MoCo, in the S-shard layout; with
+  heads=H, (K, H, d), one queue per LooC head (Xiao et al. 2021, Sec. 4).
 
   The keys are drawn in ring order and then laid out, so the initial queue holds
   the same keys in the same slots for every shard count.
   """
-  q = jax.random.normal(rng, (queue_size, dim), jnp.float32)
-  q = q / jnp.linalg.norm(q, axis=1, keepdims=True)
+  shape = (queue_size, dim) if heads is None else (queue_size, heads, dim)
+  q = jax.random.normal(rng, shape, jnp.float32)
+  q = q / jnp.linalg.norm(q, axis=-1, keepdims=True)
   return to_sharded_layout(q, num_shards, keys_per_step)
 
 

@@ -20,7 +20,7 @@ class TrainState:
     target_params, target_batch_stats: EMA (key / target) encoder variables,
       None for methods without a target network (SimCLR, SimSiam).
     opt_state: optax state of the online parameters.
-    queue: (K, d) float32 memory queue of keys, in the layout of
+    queue: (K, d) float32 memory queue of keys ((K, H, d) with LooC's H heads), in the layout of
       cl_jax.queue for the run's number of devices; None without a queue
       (every method but MoCo).
     rng: (2,) uint32 raw PRNG key; step t uses fold_in(rng, t).
@@ -60,6 +60,7 @@ def init_state(
     queue_shards: int,
     keys_per_step: int,
     target: bool = True,
+    queue_heads: int | None = None,
 ) -> TrainState:
   """Fresh state: random online encoder (init_variables), target = online, random
   unit queue.
@@ -74,6 +75,8 @@ def init_state(
     queue_shards, keys_per_step: S (devices on the `data` axis) and P of the
       queue layout.
     target: keep an EMA target network (MoCo, BYOL).
+    queue_heads: H for LooC's one queue per head, a (K, H, d) queue; None for
+      the (K, d) queue.
   """
   r_queue, r_run = jax.random.split(jax.random.key(seed))
   variables = init_variables(seed, encoder, image_size)
@@ -86,7 +89,9 @@ def init_state(
       target_batch_stats=jax.tree.map(jnp.copy, batch_stats) if target else None,
       opt_state=tx.init(params),
       queue=(
-          queue_lib.init_queue(r_queue, queue_size, embed_dim, queue_shards, keys_per_step)
+          queue_lib.init_queue(
+              r_queue, queue_size, embed_dim, queue_shards, keys_per_step, queue_heads
+          )
           if queue_size
           else None
       ),

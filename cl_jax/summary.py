@@ -13,9 +13,14 @@ def addons(config: ml_collections.ConfigDict) -> list[str]:
   out = []
   if config.nonsemantic.enabled:
     ns = config.nonsemantic
+    source = (
+        f"patch {ns.patch_min}-{ns.patch_max} px"
+        if ns.kind == "patch"
+        else f"from {config.data.texture_dir}"
+    )
     out.append(
         f"non-semantic negatives ({ns.kind}, {ns.num_ns} per query, alpha {ns.alpha} "
-        f"{ns.alpha_mode}, patch {ns.patch_min}-{ns.patch_max} px)"
+        f"{ns.alpha_mode}, {source})"
     )
   if config.ft.enabled:
     parts = (["positive extrapolation"] if config.ft.positive_extrapolation else []) + (
@@ -24,6 +29,10 @@ def addons(config: ml_collections.ConfigDict) -> list[str]:
     out.append(f"feature transformation ({', '.join(parts) or 'nothing transformed'})")
   if config.ifm.enabled:
     out.append(f"implicit feature modification (epsilon {config.ifm.epsilon})")
+  if config.looc.enabled:
+    augs = ", ".join(config.looc.augmentations) or "none"
+    plus = "LooC++: conv5 heads, " if config.looc.conv5_heads else ""
+    out.append(f"leave-one-out heads ({plus}{1 + len(config.looc.augmentations)} heads: {augs})")
   if config.hcl.enabled:
     out.append(f"hard-negative sampling (beta {config.hcl.beta}, tau+ {config.hcl.tau_plus})")
   return out

@@ -32,10 +32,10 @@ from etils import epath
 from cl_jax import checkpoint, config_check, health, optim, parallel, run_config, summary
 from cl_jax import queue as queue_lib
 from cl_jax import train_step as step_lib
-from cl_jax.data import pipeline, sources
+from cl_jax.data import pipeline, sources, texture_source
 from cl_jax.errors import UsageError
 from cl_jax.metrics import MetricWriter
-from cl_jax.models.encoder import Encoder, build_encoder
+from cl_jax.models.encoder import Encoder, encoder_for, head_layout
 from cl_jax.progress import Progress
 from cl_jax.state import TrainState, init_state
 
@@ -140,7 +140,7 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh) -> Built:
   spe = steps_per_epoch(num_records, config.optim.batch_size)
   schedule = optim.lr_schedule(config.optim, spe)
   tx = optim.make_optimizer(config.optim, schedule)
-  encoder = build_encoder(config.model)
+  encoder = encoder_for(config)
   moco = config.method == "moco"
   init = functools.partial(
       init_state,
@@ -153,6 +153,7 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh) -> Built:
       queue_shards=mesh.shape[parallel.DATA_AXIS],
       keys_per_step=step_lib.keys_per_step(config),
       target=config.method in ("moco", "byol"),
+      queue_heads=head_layout(config)["heads"] if config.looc.enabled else None,
   )
   make_state = jax.jit(init, out_shardings=parallel.state_sharding(jax.eval_shape(init), mesh))
   return Built(encoder, tx, schedule, make_state, config.optim.epochs * spe)
@@ -198,6 +199,11 @@ def pretrain(
   changes = resume_changes(config, workdir, allow_config_change)
   lead = jax.process_index() == 0
   source = sources.open_source(config.data, "pretrain")
+  texture = config.nonsemantic.enabled and config.nonsemantic.kind == "texture"
+  if texture:
+    source = texture_source.TextureSource(
+        source, config.data.texture_dir, dataset=config.data.name, split="train"
+    )
   spe = steps_per_epoch(len(source), config.optim.batch_size)
   encoder, tx, schedule, make_state, total = build(config, len(source), mesh)
   end = total if stop_at_step is None else min(total, stop_at_step)
@@ -210,6 +216,8 @@ def pretrain(
       seed=config.seed,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
+      num_views=step_lib.num_views(config),
+      texture=texture,
   )
   make_iterator = functools.partial(pipeline.make_iterator, data, config.data.workers)
   state, it, norm0, damaged = _restore_or_init(workdir, make_state, make_iterator, mesh, keys)

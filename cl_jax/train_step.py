@@ -24,7 +24,7 @@ import optax
 from jax.sharding import Mesh
 
 from cl_jax.data import photometric
-from cl_jax.objectives import byol, moco, simclr, simsiam
+from cl_jax.objectives import byol, looc, moco, simclr, simsiam
 from cl_jax.objectives.forward import Views
 from cl_jax.objectives.moco import keys_per_step
 from cl_jax.state import TrainState
@@ -51,6 +51,8 @@ def photometric_spec(aug: ml_collections.ConfigDict) -> photometric.PhotometricS
       blur_prob=aug.blur_prob,
       blur_sigma=tuple(aug.blur_sigma),
       solarize_prob=aug.solarize_prob,
+      rotation_prob=aug.rotation_prob,
+      texture_prob=aug.texture_prob,
   )
 
 
@@ -71,6 +73,8 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps
   """The objective of config.method: objective(state, Views) -> (loss, grads,
   state updates, stats)."""
   if config.method == "moco":
+    if config.looc.enabled:
+      return looc.make_objective(config, encoder, mesh)
     return moco.make_objective(config, encoder, mesh, steps_per_epoch)
   makers = {
       "simclr": simclr.make_objective,
@@ -80,6 +84,74 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps
   if config.method not in makers:
     raise ValueError(f"method must be one of moco, {', '.join(makers)}; got {config.method!r}")
   return makers[config.method](config, encoder, steps_per_epoch)
+
+
+def looc_augmentations(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The atomic augmentations with their own LooC head and key view (none without LooC)."""
+  return tuple(config.looc.augmentations) if config.looc.enabled else ()
+
+
+def num_views(config: ml_collections.ConfigDict) -> int:
+  """Host-cropped views per image: query and key, and LooC's extra keys k_1..k_n."""
+  return 2 + len(looc_augmentations(config))
+
+
+def _augment(images: jax.Array, params: dict, spec: photometric.PhotometricSpec) -> jax.Array:
+  """uint8 views (B, S, S, 3) -> normalised float32 views under the given parameters."""
+  return photometric.normalize(
+      photometric.apply_photometric(photometric.to_float(images), params, spec), spec
+  )
+
+
+def view_params(
+    rng: jax.Array, batch_size: int, spec: photometric.PhotometricSpec, groups: tuple[str, ...] = ()
+) -> list[dict]:
+  """The photometric parameters of q, k_0 and LooC's k_1..k_n (Xiao et al. 2021, Sec. 3).
+
+  q and k_0 draw theirs independently from the first two keys of split(rng, 5); k_{i+1}
+  draws its own from fold_in(rng, 100 + i) and then copies those of atomic augmentation
+  groups[i] (photometric.ATOMIC_GROUPS) from q's: x_i^{k_i} = x_i^q, the others independent.
+
+  Returns:
+    [params of q, k_0, k_1, ..., k_n], each a photometric.sample_photometric dict.
+  """
+  r_q, r_k0 = jax.random.split(rng, 5)[:2]
+  q = photometric.sample_photometric(r_q, batch_size, spec)
+  keys = [photometric.sample_photometric(r_k0, batch_size, spec)]
+  for i, group in enumerate(groups):
+    own = photometric.sample_photometric(jax.random.fold_in(rng, 100 + i), batch_size, spec)
+    keys.append(photometric.share(q, own, group))
+  return [q] + keys
+
+
+def augment_views(
+    rng: jax.Array,
+    batch: dict,
+    spec: photometric.PhotometricSpec,
+    groups: tuple[str, ...] = (),
+    texture: bool = False,
+) -> tuple[jax.Array, jax.Array, tuple, tuple]:
+  """The photometric augmentation of a host batch, on the device (the step's first part).
+
+  view1 is q, view2 k_0 and view<i + 3> LooC's k_{i+1}, each under its parameters from
+  view_params; the texture images take their view's parameters (Ge et al. 2021, Sec. 2.2).
+
+  Args:
+    rng: the step's PRNG key.
+    batch: the host batch (view<v> (B, S, S, 3) uint8, texture1/2 with texture).
+    spec: the photometric recipe.
+    groups: LooC's atomic augmentations, one per extra key view.
+    texture: augment texture1 and texture2.
+
+  Returns:
+    (v1, v2, extra, textures) as in Views: float32 normalised (B, S, S, 3) views.
+  """
+  params = view_params(rng, batch["view1"].shape[0], spec, groups)
+  views = [_augment(batch[f"view{v + 1}"], p, spec) for v, p in enumerate(params)]
+  textures = ()
+  if texture:
+    textures = tuple(_augment(batch[f"texture{v}"], params[v - 1], spec) for v in (1, 2))
+  return views[0], views[1], tuple(views[2:]), textures
 
 
 def make_train_step(
@@ -95,8 +167,13 @@ def make_train_step(
   steps_per_epoch places epoch-based switches (ft.start_epoch) and schedules
   (BYOL's target momentum) on the step axis.
 
-  batch: view1, view2 (B, S, S, 3) uint8 host-cropped views (other entries of
-  the host batch are ignored). metrics: loss, lr, the method's statistics (score
+  batch: view1, view2 (B, S, S, 3) uint8 host-cropped views; with LooC also
+  view3..view<n+2>, the keys k_1..k_n, whose photometric parameters copy those of
+  atomic augmentation i (looc.augmentations[i - 1]) from view1's (Xiao et al.
+  2021, Sec. 3; the other parameters are drawn independently); with texture NS
+  negatives texture1, texture2, each augmented with its view's parameters (Ge et
+  al. 2021, Sec. 2.2); see augment_views. Other entries of the host batch are
+  ignored. metrics: loss, lr, the method's statistics (score
   statistics of the contrastive methods, cl_jax.losses.moco.moco_loss and
   cl_jax.losses.simclr.simclr_loss; pos_mean and BYOL's tau for the others), the
   embeddings' health signals (cl_jax.health.embedding_health, health/*) and the
@@ -104,13 +181,15 @@ def make_train_step(
   """
   spec = photometric_spec(config.aug)
   objective = make_objective(config, encoder, mesh, steps_per_epoch)
+  groups = looc_augmentations(config)
+  texture = config.nonsemantic.enabled and config.nonsemantic.kind == "texture"
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    r_aug1, r_aug2, r_key, r_ns, r_ft = jax.random.split(rng, 5)
-    v1, _ = photometric.augment_batch(r_aug1, batch["view1"], spec)
-    v2, _ = photometric.augment_batch(r_aug2, batch["view2"], spec)
-    loss, grads, updates, stats = objective(state, Views(v1, v2, r_key, r_ns, r_ft))
+    _, _, r_key, r_ns, r_ft = jax.random.split(rng, 5)
+    v1, v2, extra, textures = augment_views(rng, batch, spec, groups, texture)
+    views = Views(v1, v2, r_key, r_ns, r_ft, extra, textures)
+    loss, grads, updates, stats = objective(state, views)
     param_updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, param_updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, **updates)

@@ -37,6 +37,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.trifeature_train = 5000
   c.data.trifeature_test = 2000
   c.data.cache_dir = ""  # Trifeature cache ("" = $CL_JAX_CACHE or ~/.cache/cl_jax)
+  # Texture versions of the pretraining images (python -m cl_jax.data.make_texture), read by
+  # texture-based non-semantic negatives (nonsemantic.kind = "texture").
+  c.data.texture_dir = ""
 
   c.aug = ml_collections.ConfigDict()  # photometric part of "aug-plus", on the device
   c.aug.jitter_prob = 0.8
@@ -48,6 +51,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.aug.blur_prob = 0.5
   c.aug.blur_sigma = (0.1, 2.0)
   c.aug.solarize_prob = 0.0
+  # Atomic augmentations of LooC (Xiao et al. 2021, Sec. 4), off in the MoCo-v2 recipe:
+  # rotation by 90/180/270 degrees and weight-free texture randomisation (random convolutions).
+  c.aug.rotation_prob = 0.0
+  c.aug.texture_prob = 0.0
 
   c.model = ml_collections.ConfigDict()
   c.model.depth = 18
@@ -82,7 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.nonsemantic = ml_collections.ConfigDict()
   c.nonsemantic.enabled = False
-  c.nonsemantic.kind = "patch"
+  c.nonsemantic.kind = "patch"  # patch (Sec. 2.3) | texture (Sec. 2.2, needs data.texture_dir)
   c.nonsemantic.num_ns = 1
   c.nonsemantic.alpha = 2.0
   c.nonsemantic.alpha_mode = "in"  # in: alpha * q.t / T (L_in); out: + log(alpha) (L_out)
@@ -109,6 +116,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.ft.renormalize = False  # project transformed features back to unit length
   c.ft.start_epoch = 0  # no transformation before this epoch
 
+  c.looc = ml_collections.ConfigDict()  # leave-one-out contrastive learning (Xiao et al. 2021)
+  c.looc.enabled = False
+  # Atomic augmentations with their own head and key view: colour, rotation, texture. Each must
+  # be switched on in the aug block (colour: jitter or grayscale; aug.rotation_prob;
+  # aug.texture_prob).
+  c.looc.augmentations = ("rotation",)
+  c.looc.conv5_heads = False  # LooC++: a conv5 stage in each head
+
   c.ifm = ml_collections.ConfigDict()  # implicit feature modification (Robinson et al. 2021)
   c.ifm.enabled = False
   c.ifm.epsilon = 0.1  # similarity shift of the positive (-) and negatives (+)
@@ -123,6 +138,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.weight_decay = 5e-4
   c.optim.warmup_epochs = 0
   c.optim.epochs = 8
+  c.optim.schedule = "cosine"  # cosine | step (x0.1 at each of optim.decay_epochs)
+  c.optim.decay_epochs = ()
 
   c.train = ml_collections.ConfigDict()
   c.train.log_every = 10
@@ -148,6 +165,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.probe.lr = 0.1
   c.probe.weight_decay = 1e-4
   c.probe.decay_epochs = (60, 80)
+  # Features the probe reads: "backbone" (the pooled backbone, LooC's V) or "heads" (the
+  # heads' features concatenated, LooC++'s Z: conv5 features with looc.conv5_heads).
+  c.probe.features = "backbone"
+  # Also probe 4-way rotation (0/90/180/270 degrees) of every image (Xiao et al. 2021, Table 1).
+  c.probe.rotation = False
   return c
 
 

@@ -76,6 +76,18 @@ def _np_torch_sgd(params, grads_per_step, lrs, momentum, weight_decay):
 
 
 @pytest.mark.parametrize("warmup_epochs", [0, 1])
+def test_step_schedule_divides_by_ten_at_each_decay_epoch(warmup_epochs):
+  cfg = _optim_config(lr=0.3, epochs=4, warmup_epochs=warmup_epochs)
+  cfg.schedule, cfg.decay_epochs = "step", (2, 3)
+  schedule = optim.lr_schedule(cfg, steps_per_epoch=5)  # decays at steps 10 and 15
+  for t in range(21):
+    want = 0.3 * 0.1 ** ((t >= 10) + (t >= 15))
+    if t < 5 * warmup_epochs:
+      want = 0.3 * t / 5
+    np.testing.assert_allclose(float(schedule(t)), want, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("warmup_epochs", [0, 1])
 def test_optimizer_matches_torch_sgd_in_numpy(warmup_epochs):
   cfg = _optim_config(
       lr=0.2, epochs=3, warmup_epochs=warmup_epochs, weight_decay=5e-2, momentum=0.9

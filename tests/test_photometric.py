@@ -330,6 +330,8 @@ def test_augment_batch_runs_under_jit():
     [
         (dict(jitter_prob=1.2), "jitter_prob"),
         (dict(blur_prob=-0.1), "blur_prob"),
+        (dict(rotation_prob=1.5), "rotation_prob"),
+        (dict(texture_prob=-0.5), "texture_prob"),
         (dict(brightness=-0.4), "brightness"),
         (dict(hue=0.6), "hue"),
         (dict(blur_sigma=(2.0, 0.1)), "blur_sigma"),

@@ -1,4 +1,5 @@
-"""Photometric part of the MoCo-v2 "aug-plus" views, batched in JAX on the accelerator.
+"""Photometric part of the views (MoCo-v2 "aug-plus" and LooC's atomic augmentations), batched in
+JAX on the accelerator.
 
 MoCo-v2 "aug-plus" (Chen et al. 2020, "Improved baselines with momentum contrastive learning"):
 ColorJitter(0.4, 0.4, 0.4, 0.1) with p=0.8, grayscale p=0.2, Gaussian blur sigma ~ U[0.1, 2]
@@ -6,8 +7,32 @@ with p=0.5, then ImageNet mean/std normalisation (solarize p=0 here; BYOL recipe
 Randomness is explicit: `sample_photometric` draws every random
 choice of a batch of views into a flat dict of arrays with leading dimension B, and
 `apply_photometric` is a deterministic, jit-able function of images and that dict, so one view
-can take another view's parameters (LooC copies the colour keys: jitter, brightness, contrast,
-saturation, hue, order, grayscale).
+can take another view's parameters.
+
+LooC (Xiao et al. 2021, "What should not be contrastive in contrastive learning", Sec. 3 and 4,
+App. A) builds extra key views that copy one "atomic augmentation" of the query view and draw the
+others afresh. Its three atomic augmentations are the groups of `ATOMIC_GROUPS`, copied between
+param dicts by `share`:
+  colour    jitter + grayscale (keys jitter, brightness, contrast, saturation, hue, order,
+            grayscale);
+  rotation  by k * 90 degrees counter-clockwise (as np.rot90 on the (H, W) axes), k = 0 with
+            probability 1 - rotation_prob, else uniform in {1, 2, 3}; images must be square (the
+            host crops to S x S);
+  texture   texture randomisation. The paper restyles the image with a pretrained style-transfer
+            network (Gatys et al. 2016; Geirhos et al. 2018); this module uses a weight-free
+            stand-in, random convolutions (Xu et al. 2021, "Robust and generalizable visual
+            representation learning via random convolutions", RandConv), see `_texture`.
+Blur and solarize belong to no group: every view draws them independently. Rotation and texture
+are off by default (probability 0; LooC uses 0.5 for both, App. A). Their keys are in the param
+dict only when their probability is > 0 (`param_keys`), so with both off the dict, the random
+numbers (the new ops draw from jax.random.fold_in(rng, ...), not from the split that draws the
+MoCo-v2 keys) and the images are exactly the MoCo-v2 ones, and the new ops cost nothing.
+
+Order in `apply_photometric`: texture, jitter, grayscale, blur, solarize, rotation. Texture comes
+first as style transfer does (it restyles the source image; Stylized-ImageNet, Geirhos et al.
+2018, is made before any augmentation), and since it keeps each channel's mean and std the colour
+ops that follow see the image's own colour statistics. Rotation comes last; it commutes with the
+pixel-wise ops and (up to rounding) with the isotropic, reflect-padded blur.
 
 Colour jitter follows torchvision's ColorJitter on float images in [0, 1] (each op clipped to
 [0, 1], the four ops in a random order per example):
@@ -45,6 +70,22 @@ PARAM_KEYS = (
     "sigma",
     "solarize",
 )
+ROTATION_KEYS = ("rotation",)
+TEXTURE_KEYS = ("texture", "texture_kernel")
+ATOMIC_GROUPS: dict[str, tuple[str, ...]] = {
+    "colour": ("jitter", "brightness", "contrast", "saturation", "hue", "order", "grayscale"),
+    "rotation": ROTATION_KEYS,
+    "texture": TEXTURE_KEYS,
+}
+# Random-convolution kernel sides k (RandConv's multi-scale set); every kernel is stored as a
+# 7 x 7 one whose taps outside its centred k x k window are zero.
+TEXTURE_KERNEL_SIZES = (1, 3, 5, 7)
+_TEXTURE_RADIUS = max(TEXTURE_KERNEL_SIZES) // 2
+_TEXTURE_EPS = 1e-6  # floor of the convolved channel's std in the standardisation
+# fold_in data deriving the new ops' PRNG keys from the sampling key, apart from the split that
+# draws PARAM_KEYS.
+_ROTATION_STREAM = 1
+_TEXTURE_STREAM = 2
 _LUMA = (0.299, 0.587, 0.114)
 _NUM_JITTER_OPS = 4  # order indices: 0 brightness, 1 contrast, 2 saturation, 3 hue
 
@@ -64,6 +105,10 @@ class PhotometricSpec:
     blur_kernel_fraction: kernel side relative to the image side, in (0, 1]; the kernel has
       radius floor(int(fraction * min(H, W)) / 2), i.e. 2 * 11 + 1 = 23 taps at 224 px.
     solarize_prob: probability of solarizing (x -> 1 - x where x >= 0.5), in [0, 1].
+    rotation_prob: probability of rotating by 90, 180 or 270 degrees (uniform), in [0, 1]; LooC
+      uses 0.5. Needs square images.
+    texture_prob: probability of texture randomisation by a random convolution, in [0, 1]; LooC
+      uses 0.5. Needs images of side >= 4 (the reflect padding of the 7 x 7 kernel).
     mean, std: per-channel RGB normalisation constants (std > 0).
   """
 
@@ -77,11 +122,20 @@ class PhotometricSpec:
   blur_sigma: tuple[float, float] = (0.1, 2.0)
   blur_kernel_fraction: float = 0.1
   solarize_prob: float = 0.0
+  rotation_prob: float = 0.0
+  texture_prob: float = 0.0
   mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
   std: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
   def __post_init__(self):
-    for name in ("jitter_prob", "grayscale_prob", "blur_prob", "solarize_prob"):
+    for name in (
+        "jitter_prob",
+        "grayscale_prob",
+        "blur_prob",
+        "solarize_prob",
+        "rotation_prob",
+        "texture_prob",
+    ):
       value = getattr(self, name)
       if not 0.0 <= value <= 1.0:
         raise ValueError(
@@ -122,20 +176,75 @@ def blur_radius(height: int, width: int, spec: PhotometricSpec) -> int:
   return int(spec.blur_kernel_fraction * min(height, width)) // 2
 
 
+def param_keys(spec: PhotometricSpec) -> tuple[str, ...]:
+  """Keys of `sample_photometric`'s dict under `spec`: PARAM_KEYS, then ROTATION_KEYS if
+  rotation_prob > 0 and TEXTURE_KEYS if texture_prob > 0."""
+  return (
+      PARAM_KEYS
+      + (ROTATION_KEYS if spec.rotation_prob > 0.0 else ())
+      + (TEXTURE_KEYS if spec.texture_prob > 0.0 else ())
+  )
+
+
 def sample_photometric(
     rng: jax.Array, batch_size: int, spec: PhotometricSpec
 ) -> dict[str, jax.Array]:
   """Draws every random choice of B photometric views.
 
   Returns:
-    Flat dict (keys PARAM_KEYS), each array with leading dim B: jitter, grayscale, blur, solarize
-    (B,) bool ~ Bernoulli(prob); brightness, contrast, saturation (B,) float32
+    Flat dict (keys `param_keys(spec)`), each array with leading dim B: jitter, grayscale, blur,
+    solarize (B,) bool ~ Bernoulli(prob); brightness, contrast, saturation (B,) float32
     ~ U[max(0, 1 - s), 1 + s]; hue (B,) float32 ~ U[-h, h]; order (B, 4) int32, an independent
     uniform permutation of the jitter ops (0 brightness, 1 contrast, 2 saturation, 3 hue) per
-    example; sigma (B,) float32 ~ U[blur_sigma].
+    example; sigma (B,) float32 ~ U[blur_sigma]. If rotation_prob > 0: rotation (B,) int32,
+    quarter turns counter-clockwise, 0 with probability 1 - rotation_prob, else uniform in
+    {1, 2, 3}. If texture_prob > 0: texture (B,) bool ~ Bernoulli(texture_prob) and
+    texture_kernel (B, 7, 7, 3, 3) float32 (see `_sample_texture_kernel`).
   """
   if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
     raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+  params = _sample_moco(rng, batch_size, spec)
+  if spec.rotation_prob > 0.0:
+    params["rotation"] = _sample_rotation(
+        jax.random.fold_in(rng, _ROTATION_STREAM), batch_size, spec.rotation_prob
+    )
+  if spec.texture_prob > 0.0:
+    flag_key, kernel_key = jax.random.split(jax.random.fold_in(rng, _TEXTURE_STREAM))
+    params["texture"] = jax.random.bernoulli(flag_key, spec.texture_prob, (batch_size,))
+    params["texture_kernel"] = _sample_texture_kernel(kernel_key, batch_size)
+  return params
+
+
+def _sample_rotation(rng: jax.Array, batch_size: int, prob: float) -> jax.Array:
+  """(B,) int32 quarter turns: 0 with probability 1 - prob, else uniform in {1, 2, 3}."""
+  flag_key, turns_key = jax.random.split(rng)
+  rotate = jax.random.bernoulli(flag_key, prob, (batch_size,))
+  turns = jax.random.randint(turns_key, (batch_size,), 1, 4, jnp.int32)
+  return jnp.where(rotate, turns, 0)
+
+
+def _sample_texture_kernel(rng: jax.Array, batch_size: int) -> jax.Array:
+  """(B, 7, 7, 3, 3) float32 RandConv kernels (Xu et al. 2021, Sec. 3), (tap row, tap column,
+  input channel, output channel).
+
+  Per example the side k is uniform in TEXTURE_KERNEL_SIZES; the taps of the centred k x k window
+  are i.i.d. N(0, 1 / (3 k^2)) (He initialisation with gain 1 for fan-in 3 k^2, as RandConv
+  draws its random layer), the other taps are 0.
+  """
+  size_key, weight_key = jax.random.split(rng)
+  sizes = jnp.asarray(TEXTURE_KERNEL_SIZES, jnp.int32)[
+      jax.random.randint(size_key, (batch_size,), 0, len(TEXTURE_KERNEL_SIZES))
+  ]
+  side = 2 * _TEXTURE_RADIUS + 1
+  weights = jax.random.normal(weight_key, (batch_size, side, side, 3, 3), jnp.float32)
+  offsets = jnp.abs(jnp.arange(side) - _TEXTURE_RADIUS)
+  inside = jnp.maximum(offsets[:, None], offsets[None, :]) <= (sizes // 2)[:, None, None]
+  std = 1.0 / (jnp.sqrt(3.0) * sizes.astype(jnp.float32))
+  return jnp.where(inside[..., None, None], weights * std[:, None, None, None, None], 0.0)
+
+
+def _sample_moco(rng: jax.Array, batch_size: int, spec: PhotometricSpec) -> dict[str, jax.Array]:
+  """The PARAM_KEYS entries of `sample_photometric`."""
   keys = dict(zip(PARAM_KEYS, jax.random.split(rng, len(PARAM_KEYS))))
   shape = (batch_size,)
 
@@ -160,6 +269,42 @@ def sample_photometric(
       "sigma": jax.random.uniform(keys["sigma"], shape, jnp.float32, *spec.blur_sigma),
       "solarize": jax.random.bernoulli(keys["solarize"], spec.solarize_prob, shape),
   }
+
+
+def share(
+    source: dict[str, jax.Array], target: dict[str, jax.Array], group: str
+) -> dict[str, jax.Array]:
+  """A copy of `target` whose keys of ATOMIC_GROUPS[group] are taken from `source`.
+
+  LooC's view generation (Xiao et al. 2021, Sec. 3): key view k_i copies the parameters of the
+  i-th atomic augmentation from the query view, x_i^{k_i} = x_i^q, and draws the others
+  independently, e.g. share(query_params, sample_photometric(rng_i, B, spec), "rotation").
+  A group whose op is off (its keys in neither dict: rotation_prob or texture_prob is 0) has
+  nothing to share, and `target` is returned as a copy.
+
+  Raises:
+    ValueError: `group` is not in ATOMIC_GROUPS, only one of the dicts has the group's keys, or a
+      key's shapes differ between the two.
+  """
+  if group not in ATOMIC_GROUPS:
+    raise ValueError(f"Unknown atomic group {group!r}; the groups are {sorted(ATOMIC_GROUPS)}.")
+  keys = ATOMIC_GROUPS[group]
+  if not any(k in source or k in target for k in keys):
+    return dict(target)
+  for name, params in (("source", source), ("target", target)):
+    missing = [k for k in keys if k not in params]
+    if missing:
+      raise ValueError(
+          f"Sharing group {group!r} needs its keys {list(keys)} in both dicts, but {name} lacks "
+          f"{missing}; sample both views with the same PhotometricSpec."
+      )
+  for k in keys:
+    if jnp.shape(source[k]) != jnp.shape(target[k]):
+      raise ValueError(
+          f"source[{k!r}] has shape {jnp.shape(source[k])} but target[{k!r}] has shape "
+          f"{jnp.shape(target[k])}; the two views must have the same batch size."
+      )
+  return {**target, **{k: source[k] for k in keys}}
 
 
 def _gray(image: jax.Array) -> jax.Array:
@@ -236,14 +381,78 @@ def _blur(image: jax.Array, sigma: jax.Array, radius: int) -> jax.Array:
   return sum(weights[k] * rows[k : k + height] for k in range(2 * radius + 1))
 
 
-def _check_params(params: dict[str, jax.Array], batch_size: int) -> None:
-  if set(params) != set(PARAM_KEYS):
+def _random_conv(image: jax.Array, kernel: jax.Array) -> jax.Array:
+  """Cross-correlation of (H, W, 3) with a (7, 7, 3, 3) kernel, reflect-padded, same size:
+
+    y[i, j, o] = sum_{u, v, c} kernel[u, v, c, o] xpad[i + u, j + v, c],
+
+  xpad the image reflect-padded by 3 on each side (d c b | a b c d | c b a), so that a constant
+  image stays constant (zero padding, RandConv's, darkens or brightens the border depending on the
+  kernel's sign). Written as 147 broadcast multiply-adds, one per (tap, input channel), which XLA
+  fuses into one loop (measured on CPU at B=64: 3 ms at 32 px, 11 ms at 64 px). Under vmap with
+  per-example kernels, lax.conv becomes a grouped convolution and per-tap (3, 3) matmuls become
+  batched dots, both measured about 20x slower.
+  """
+  height, width = image.shape[:2]
+  side = 2 * _TEXTURE_RADIUS + 1
+  pad = (_TEXTURE_RADIUS, _TEXTURE_RADIUS)
+  padded = jnp.pad(image, (pad, pad, (0, 0)), mode="reflect")
+  return sum(
+      padded[u : u + height, v : v + width, c : c + 1] * kernel[u, v, c]
+      for u in range(side)
+      for v in range(side)
+      for c in range(3)
+  )
+
+
+def _texture(image: jax.Array, kernel: jax.Array) -> jax.Array:
+  """Texture randomisation of (H, W, 3) in [0, 1]: random convolution, then per-channel
+  standardisation back to the input's statistics, clipped to [0, 1]:
+
+    y = _random_conv(x, kernel),  out_c = clip(mean_c(x) + std_c(x) (y_c - mean_c(y))
+                                                / max(std_c(y), 1e-6), 0, 1),
+
+  means and (population) standard deviations over the H x W pixels of channel c. RandConv
+  (Xu et al. 2021) convolves mean/std-normalised inputs, whose response stays near the data's
+  scale; on [0, 1] images the kernel's gain (sum of its taps, ~ N(0, 1)) rescales and can negate
+  the image's mean, so mixing the raw response with the image (RandConv-mix) and clipping would
+  saturate much of the image. Matching each channel's mean and std removes that gain, keeps the
+  image's global colour statistics, which belong to the colour group, and randomises the local
+  structure: texture and colour stay separate atomic augmentations. A constant channel stays
+  constant (up to float32 rounding of its mean).
+  """
+  y = _random_conv(image, kernel)
+  mean_x, std_x = jnp.mean(image, axis=(0, 1)), jnp.std(image, axis=(0, 1))
+  mean_y, std_y = jnp.mean(y, axis=(0, 1)), jnp.std(y, axis=(0, 1))
+  return jnp.clip(mean_x + std_x * (y - mean_y) / jnp.maximum(std_y, _TEXTURE_EPS), 0.0, 1.0)
+
+
+def _rotate(image: jax.Array, turns: jax.Array) -> jax.Array:
+  """(S, S, 3) rotated by `turns` in {0, 1, 2, 3} quarter turns counter-clockwise (np.rot90)."""
+  return jax.lax.switch(
+      turns, [functools.partial(jnp.rot90, k=k, axes=(0, 1)) for k in range(4)], image
+  )
+
+
+def _param_shape(name: str, batch_size: int) -> tuple[int, ...]:
+  if name == "order":
+    return (batch_size, _NUM_JITTER_OPS)
+  if name == "texture_kernel":
+    side = 2 * _TEXTURE_RADIUS + 1
+    return (batch_size, side, side, 3, 3)
+  return (batch_size,)
+
+
+def _check_params(params: dict[str, jax.Array], batch_size: int, spec: PhotometricSpec) -> None:
+  expected_keys = param_keys(spec)
+  if set(params) != set(expected_keys):
     raise ValueError(
-        f"params must have exactly the keys {sorted(PARAM_KEYS)} (from "
-        f"sample_photometric), got {sorted(params)}."
+        f"params must have exactly the keys {sorted(expected_keys)} (from sample_photometric "
+        f"with this spec: rotation_prob > 0 adds {list(ROTATION_KEYS)}, texture_prob > 0 adds "
+        f"{list(TEXTURE_KEYS)}), got {sorted(params)}."
     )
-  for name in PARAM_KEYS:
-    expected = (batch_size, _NUM_JITTER_OPS) if name == "order" else (batch_size,)
+  for name in expected_keys:
+    expected = _param_shape(name, batch_size)
     if jnp.shape(params[name]) != expected:
       raise ValueError(
           f"params[{name!r}] must have shape {expected} for a batch of "
@@ -254,16 +463,23 @@ def _check_params(params: dict[str, jax.Array], batch_size: int) -> None:
 def apply_photometric(
     images: jax.Array, params: dict[str, jax.Array], spec: PhotometricSpec
 ) -> jax.Array:
-  """Applies jitter, grayscale, blur and solarize, each where its per-example flag is set.
+  """Applies texture, jitter, grayscale, blur, solarize and rotation, each where its per-example
+  flag is set.
 
-  Per example: x <- jitter ops in `order` if jitter; x <- [gray(x)] * 3 if grayscale;
-  x <- blur(x, sigma) if blur; x <- where(x >= 0.5, 1 - x, x) if solarize. All branches are
-  computed and selected with jnp.where / lax.switch, so the function is jit- and vmap-safe.
+  Per example: x <- _texture(x, texture_kernel) if texture; x <- jitter ops in `order` if
+  jitter; x <- [gray(x)] * 3 if grayscale; x <- blur(x, sigma) if blur;
+  x <- where(x >= 0.5, 1 - x, x) if solarize; x <- rot90(x, rotation). All branches are computed
+  and selected with jnp.where / lax.switch, so the function is jit- and vmap-safe. Texture and
+  rotation are left out of the program when spec.texture_prob / spec.rotation_prob is 0 (their
+  keys are then absent from params), so the output is then bit-identical to the MoCo-v2 pipeline.
 
   Args:
-    images: (B, H, W, 3) float32 in [0, 1].
-    params: dict from `sample_photometric(rng, B, spec)` (or a copy with keys from another view).
-    spec: supplies the blur kernel size (the probabilities were used when sampling).
+    images: (B, H, W, 3) float32 in [0, 1]; square (H = W) when spec.rotation_prob > 0, and
+      H, W >= 4 when spec.texture_prob > 0.
+    params: dict from `sample_photometric(rng, B, spec)` (or a copy with keys from another view,
+      see `share`); its keys must be `param_keys(spec)`.
+    spec: supplies the blur kernel size and which ops exist (the probabilities were used when
+      sampling).
 
   Returns:
     (B, H, W, 3) float32 in [0, 1].
@@ -275,25 +491,47 @@ def apply_photometric(
         f"images must be floating point in [0, 1], got dtype {images.dtype}; "
         f"convert uint8 images with to_float."
     )
-  _check_params(params, images.shape[0])
-  radius = blur_radius(images.shape[1], images.shape[2], spec)
-  return _apply_batch(images.astype(jnp.float32), params, radius)
+  _check_params(params, images.shape[0], spec)
+  height, width = images.shape[1:3]
+  rotate, texture = spec.rotation_prob > 0.0, spec.texture_prob > 0.0
+  if rotate and height != width:
+    raise ValueError(
+        f"Rotation by quarter turns needs square images (the host crops to S x S), got "
+        f"{height} x {width}; set rotation_prob=0 or crop square."
+    )
+  if texture and min(height, width) <= _TEXTURE_RADIUS:
+    raise ValueError(
+        f"Texture randomisation reflect-pads by {_TEXTURE_RADIUS} pixels and needs images of side "
+        f">= {_TEXTURE_RADIUS + 1}, got {height} x {width}."
+    )
+  radius = blur_radius(height, width, spec)
+  return _apply_batch(images.astype(jnp.float32), params, radius, rotate, texture)
 
 
-def _apply_one(image: jax.Array, p: dict[str, jax.Array], radius: int) -> jax.Array:
-  """One (H, W, 3) image: jitter, grayscale, blur (clipped to [0, 1] against rounding of the
-  luma and blur weights), solarize; each selected by its flag in p."""
+def _apply_one(
+    image: jax.Array, p: dict[str, jax.Array], radius: int, rotate: bool, texture: bool
+) -> jax.Array:
+  """One (H, W, 3) image: texture (if `texture`), jitter, grayscale, blur (clipped to [0, 1]
+  against rounding of the luma and blur weights), solarize, rotation (if `rotate`); each selected
+  by its flag in p."""
+  if texture:
+    image = jnp.where(p["texture"], _texture(image, p["texture_kernel"]), image)
   x = jnp.where(p["jitter"], _jitter(image, p), image)
   x = jnp.where(p["grayscale"], jnp.broadcast_to(_gray(x), x.shape), x)
   x = jnp.clip(jnp.where(p["blur"], _blur(x, p["sigma"], radius), x), 0.0, 1.0)
-  return jnp.where(p["solarize"], pix.solarize(x, 0.5), x)
+  x = jnp.where(p["solarize"], pix.solarize(x, 0.5), x)
+  return _rotate(x, p["rotation"]) if rotate else x
 
 
 # Jitted so that eager calls (host-side use, tests) run as one compiled program instead of
 # dispatching every vmapped op separately; inside an outer jit it is simply inlined.
-@functools.partial(jax.jit, static_argnames="radius")
-def _apply_batch(images: jax.Array, params: dict[str, jax.Array], radius: int) -> jax.Array:
-  return jax.vmap(functools.partial(_apply_one, radius=radius))(images, params)
+@functools.partial(jax.jit, static_argnames=("radius", "rotate", "texture"))
+def _apply_batch(
+    images: jax.Array, params: dict[str, jax.Array], radius: int, rotate: bool, texture: bool
+) -> jax.Array:
+  return jax.vmap(functools.partial(_apply_one, radius=radius, rotate=rotate, texture=texture))(
+      images, params
+  )
 
 
 def to_float(images: jax.Array) -> jax.Array:
@@ -312,6 +550,14 @@ def normalize(images: jax.Array, spec: PhotometricSpec) -> jax.Array:
   return (images.astype(jnp.float32) - mean) / std
 
 
+def augment_with_params(
+    images: jax.Array, params: dict[str, jax.Array], spec: PhotometricSpec
+) -> jax.Array:
+  """Applies given params and normalises: (B, H, W, 3) uint8 -> (B, H, W, 3) float32 normalised
+  views, e.g. a LooC key view whose params share a group with the query's (see `share`)."""
+  return normalize(apply_photometric(to_float(images), params, spec), spec)
+
+
 def augment_batch(
     rng: jax.Array, images: jax.Array, spec: PhotometricSpec
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -328,4 +574,4 @@ def augment_batch(
   if images.ndim != 4:
     raise ValueError(f"images must have shape (B, H, W, 3), got {images.shape}.")
   params = sample_photometric(rng, images.shape[0], spec)
-  return normalize(apply_photometric(to_float(images), params, spec), spec), params
+  return augment_with_params(images, params, spec), params

@@ -18,21 +18,38 @@ import signal
 import grain
 import numpy as np
 
-from cl_jax.data import geometric
+from cl_jax.data import geometric, texture_source
 
 
-def _two_views(image_size: int, crop_scale: tuple[float, float]):
+def _views(image_size: int, crop_scale: tuple[float, float], num_views: int, texture: bool):
   def transform(record: dict, rng: np.random.Generator) -> dict:
     image = record["image"]
     out = {}
-    for v in ("1", "2"):
+    for v in range(1, num_views + 1):
       params = geometric.sample_crop(rng, image.shape[0], image.shape[1], scale=crop_scale)
-      out["view" + v] = geometric.apply_crop(image, params, image_size)
-      out["box" + v] = params.box
-      out["flip" + v] = np.bool_(params.flip)
+      out[f"view{v}"] = geometric.apply_crop(image, params, image_size)
+      out[f"box{v}"] = params.box
+      out[f"flip{v}"] = np.bool_(params.flip)
+      if texture and v <= 2:
+        texture_image = record[texture_source.KEY]
+        out[f"texture{v}"] = geometric.apply_crop(
+            texture_image, texture_crop(params, image.shape, texture_image.shape), image_size
+        )
     return out
 
   return transform
+
+
+def texture_crop(
+    params: geometric.CropParams, image_shape: tuple, texture_shape: tuple
+) -> geometric.CropParams:
+  """A view's crop moved onto the image's texture version (Ge et al. 2021, Sec. 2.2: the
+  texture image receives its view's augmentation parameters): the same box relative to the
+  image size, scaled to the texture's (H_t, W_t), and the same flip."""
+  scale = np.array(
+      [texture_shape[0] / image_shape[0], texture_shape[1] / image_shape[1]] * 2, np.float32
+  )
+  return geometric.CropParams(box=params.box * scale, flip=params.flip)
 
 
 def pretrain_dataset(
@@ -44,12 +61,19 @@ def pretrain_dataset(
     seed: int,
     process_index: int = 0,
     process_count: int = 1,
+    num_views: int = 2,
+    texture: bool = False,
 ) -> grain.MapDataset:
   """Infinite dataset of this process's rows of the global pretraining batches.
 
-  Each element: view1, view2 (b, S, S, 3) uint8 randomly cropped and flipped;
-  box1, box2 (b, 4) float32 crop boxes [y0, x0, y1, x1] in source pixels;
-  flip1, flip2 (b,) bool; b = batch_size // process_count. Element n holds
+  Each element: view1..view<V> (b, S, S, 3) uint8 randomly cropped and flipped, each
+  with its own crop (V = num_views: 2, or 2 + n for LooC's extra keys k_1..k_n);
+  box1..box<V> (b, 4) float32 crop boxes [y0, x0, y1, x1] in source pixels;
+  flip1..flip<V> (b,) bool; b = batch_size // process_count. With texture=True
+  (the source's records hold a texture image, cl_jax.data.texture_source)
+  also texture1, texture2 (b, S, S, 3) uint8: each view's crop and flip applied
+  to the texture image (texture_crop). The first two views are drawn exactly as
+  without the others. Element n holds
   examples [n B + p b, n B + (p+1) b) of the global stream (B = batch_size,
   p = process_index). Records are reshuffled every epoch; the last incomplete
   batch of an epoch is not dropped but continues into the next epoch (the
@@ -62,7 +86,9 @@ def pretrain_dataset(
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index {process_index} is outside [0, {process_count})")
   ds = grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
-  ds = ds.random_map(_two_views(image_size, crop_scale))
+  if num_views < 2:
+    raise ValueError(f"num_views must be at least 2 (query and key), got {num_views}")
+  ds = ds.random_map(_views(image_size, crop_scale, num_views, texture))
   # Chunks of b consecutive examples; global batch n is chunks [n P, (n+1) P).
   ds = ds.batch(batch_size // process_count, drop_remainder=True)
   return ds[process_index::process_count]

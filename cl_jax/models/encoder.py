@@ -1,11 +1,16 @@
-"""Encoder = backbone + projection head, and its builder from the ``model`` config block."""
+"""Encoder = backbone + projection head(s), and its builder from the ``model`` config block.
+
+With LooC (Xiao et al. 2021, Sec. 3) the encoder has n + 1 projection heads on the shared
+backbone, one embedding space Z_i per head; with LooC++ each head starts with its own copy of
+the last residual stage (conv5), and the backbone stops after conv4.
+"""
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from cl_jax.models.heads import MLPHead, l2_normalize
+from cl_jax.models.heads import Conv5Head, MLPHead, l2_normalize
 from cl_jax.models.resnet import ResNet, base_width
 
 _DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -13,17 +18,30 @@ _DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 class Encoder(nn.Module):
   """f (backbone) followed by g (projection head); z = g(f(x)) / ||g(f(x))||_2; optionally
-  a predictor q on top, p = q(g(f(x))) (BYOL, SimSiam).
+  a predictor q on top, p = q(g(f(x))) (BYOL, SimSiam), and extra heads g_1..g_n (LooC).
 
   Attributes:
     backbone: module mapping (x, train) to dict(pooled=(B, D), feature_map=(B, h, w, D)).
-    head: module mapping (pooled, train) to (B, out_dim).
+    head: module mapping (pooled, train) to (B, out_dim); with conv5_heads a Conv5Head
+      mapping (feature_map, train) to ((B, D5) pooled conv5 features, (B, out_dim)).
     predictor: module mapping (projection, train) to (B, out_dim), or None.
+    extra_heads: LooC's heads g_1..g_n, each of the same kind as `head` (head 0).
+    conv5_heads: the heads are Conv5Heads (LooC++): they read the backbone's feature map.
   """
 
   backbone: nn.Module
   head: nn.Module
   predictor: nn.Module | None = None
+  extra_heads: tuple[nn.Module, ...] = ()
+  conv5_heads: bool = False
+
+  def _project(self, head: nn.Module, features: dict, train: bool):
+    """(head features: pooled conv5 (B, D5) or the projection itself, (B, out_dim) float32)."""
+    if self.conv5_heads:
+      conv5, projection = head(features['feature_map'], train=train)
+      return conv5, projection.astype(jnp.float32)
+    projection = head(features['pooled'], train=train).astype(jnp.float32)
+    return projection, projection
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool, predict: bool = False) -> dict[str, jax.Array]:
@@ -31,11 +49,23 @@ class Encoder(nn.Module):
     z (B, out_dim) float32, unit L2 norm; with predict=True also p (B, out_dim) float32,
     the predictor's unnormalised output on the unnormalised projection).
 
+    With extra heads (LooC) also z_heads (B, n + 1, out_dim), the unit embeddings of every
+    head (z_heads[:, 0] = z); with more than one head or with conv5 heads also head_features
+    (B, (n + 1) F), the heads' features concatenated in head order (LooC++'s representation:
+    the pooled conv5 features, F = D5; otherwise the unnormalised projections, F = out_dim).
+    pooled and feature_map are the shared backbone's (conv4 with conv5 heads).
+
     The predictor's variables are created at init; a call with predict=False (the
     target network of BYOL) does not touch them."""
     features = self.backbone(x, train=train)
-    projection = self.head(features['pooled'], train=train).astype(jnp.float32)
+    head_features, projection = self._project(self.head, features, train)
     out = {**features, 'z': l2_normalize(projection)}
+    if self.extra_heads or self.conv5_heads:
+      extra = [self._project(h, features, train) for h in self.extra_heads]
+      out['z_heads'] = jnp.stack([out['z']] + [l2_normalize(p) for _, p in extra], axis=1)
+      out['head_features'] = jnp.concatenate(
+          [head_features] + [f for f, _ in extra], axis=1
+      ).astype(jnp.float32)
     if self.predictor is not None and (predict or self.is_initializing()):
       out['p'] = self.predictor(projection, train=train).astype(jnp.float32)
     elif predict:
@@ -52,8 +82,28 @@ def _positive_int(cfg: ml_collections.ConfigDict, field: str) -> int:
   return value
 
 
-def build_encoder(model_cfg: ml_collections.ConfigDict) -> Encoder:
+def head_layout(config: ml_collections.ConfigDict) -> dict:
+  """build_encoder's head arguments for a whole run config: n + 1 heads for LooC with n
+  atomic augmentations (looc.augmentations), conv5 heads for LooC++; one plain head
+  otherwise (also for configs saved before the looc block existed)."""
+  looc = config.get('looc')
+  if looc is None or not looc.enabled:
+    return {'heads': 1, 'conv5_heads': False}
+  return {'heads': 1 + len(looc.augmentations), 'conv5_heads': bool(looc.conv5_heads)}
+
+
+def encoder_for(config: ml_collections.ConfigDict) -> 'Encoder':
+  """The encoder of a run config: build_encoder(config.model, **head_layout(config))."""
+  return build_encoder(config.model, **head_layout(config))
+
+
+def build_encoder(
+    model_cfg: ml_collections.ConfigDict, heads: int = 1, conv5_heads: bool = False
+) -> Encoder:
   """Builds the ResNet + MLP-head encoder from the ``model`` config block.
+
+  heads: number of projection heads (LooC: n + 1; 1 otherwise). conv5_heads: each head starts
+  with its own conv5 stage and the backbone stops after conv4 (LooC++).
 
   Fields: depth (18 | 50), stem ('imagenet' | 'cifar'), width_multiplier (64 * w a positive
   integer), head_hidden_dim, head_out_dim, head_layers (positive integers), head_bn,
@@ -91,22 +141,39 @@ def build_encoder(model_cfg: ml_collections.ConfigDict) -> Encoder:
   for field in ('head_hidden_dim', 'head_out_dim', 'head_layers', 'bn_groups'):
     _positive_int(model_cfg, field)
 
+  if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+    raise ValueError(f'heads must be a positive integer, got {heads!r}')
   backbone = ResNet(
       depth=model_cfg.depth,
       stem=model_cfg.stem,
       width_multiplier=model_cfg.width_multiplier,
       dtype=_DTYPES[model_cfg.dtype],
       bn_groups=model_cfg.bn_groups,
+      stages=3 if conv5_heads else 4,
   )
   groups = model_cfg.bn_groups
-  head = MLPHead(
-      hidden_dim=model_cfg.head_hidden_dim,
-      out_dim=model_cfg.head_out_dim,
-      num_layers=model_cfg.head_layers,
-      use_bn=model_cfg.head_bn,
-      out_bn=model_cfg.head_out_bn,
-      bn_groups=groups,
-  )
+
+  def make_head() -> nn.Module:
+    mlp = MLPHead(
+        hidden_dim=model_cfg.head_hidden_dim,
+        out_dim=model_cfg.head_out_dim,
+        num_layers=model_cfg.head_layers,
+        use_bn=model_cfg.head_bn,
+        out_bn=model_cfg.head_out_bn,
+        bn_groups=groups,
+    )
+    if not conv5_heads:
+      return mlp
+    return Conv5Head(
+        depth=model_cfg.depth,
+        width_multiplier=model_cfg.width_multiplier,
+        dtype=_DTYPES[model_cfg.dtype],
+        bn_groups=groups,
+        mlp=mlp,
+    )
+
+  head = make_head()
+  extra = tuple(make_head() for _ in range(1, heads))
   hidden = model_cfg.predictor_hidden_dim
   if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
     raise ValueError(f'model.predictor_hidden_dim must be a non-negative integer, got {hidden!r}')
@@ -121,4 +188,6 @@ def build_encoder(model_cfg: ml_collections.ConfigDict) -> Encoder:
       if hidden
       else None
   )
-  return Encoder(backbone=backbone, head=head, predictor=predictor)
+  return Encoder(
+      backbone=backbone, head=head, predictor=predictor, extra_heads=extra, conv5_heads=conv5_heads
+  )

@@ -1,10 +1,13 @@
 """Projection heads and L2 normalisation."""
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from cl_jax.models.batchnorm import GroupBatchNorm
+from cl_jax.models.resnet import _STAGES, base_width, residual_stage
 
 # torch.nn.Linear's default kernel init, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), which the MoCo
 # heads are trained with; biases start at zero.
@@ -68,3 +71,33 @@ class MLPHead(nn.Module):
     if self.out_bn:
       x = GroupBatchNorm(num_groups=self.bn_groups, name='out_bn')(x, not train)
     return x
+
+
+class Conv5Head(nn.Module):
+  """LooC++'s projection head (Xiao et al. 2021, Sec. 4, "Methods"): the backbone's conv5
+  stage (the last residual stage, its own copy per head), global average pooling, then the
+  MLP head.
+
+  Attributes:
+    depth, width_multiplier, dtype, bn_groups: those of the ResNet it completes.
+    mlp: the MLPHead on the pooled conv5 features.
+    zero_init_residual: as the ResNet's.
+  """
+
+  depth: int
+  width_multiplier: float
+  dtype: Any
+  bn_groups: int
+  mlp: nn.Module
+  zero_init_residual: bool = True
+
+  @nn.compact
+  def __call__(self, feature_map: jax.Array, train: bool) -> tuple[jax.Array, jax.Array]:
+    """conv4 features (B, h, w, C4) -> ((B, C5) float32 pooled conv5 features, (B, out_dim)
+    float32 unnormalised projection)."""
+    kind, blocks = _STAGES[self.depth]
+    x = residual_stage(
+        self, feature_map, train, 3, base_width(self.width_multiplier), kind, blocks[3]
+    )
+    pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+    return pooled, self.mlp(pooled, train=train)

@@ -114,6 +114,8 @@ class ResNet(nn.Module):
       parameters and BN statistics are float32.
     bn_groups: ``num_groups`` of every ``GroupBatchNorm``.
     zero_init_residual: zero-initialise the scale of each residual branch's last BN.
+    stages: residual stages to run, 4 (conv2-conv5, the whole network) or 3 (up to conv4;
+      LooC++ puts conv5 into each projection head, cl_jax.models.heads.Conv5Head).
   """
 
   depth: int
@@ -122,6 +124,7 @@ class ResNet(nn.Module):
   dtype: Any = jnp.float32
   bn_groups: int = 1
   zero_init_residual: bool = True
+  stages: int = 4
 
   def __post_init__(self):
     if self.depth not in _STAGES:
@@ -129,19 +132,22 @@ class ResNet(nn.Module):
     if self.stem not in _STEMS:
       raise ValueError(f'ResNet stem must be one of {_STEMS}, got {self.stem!r}')
     base_width(self.width_multiplier)
+    if self.stages not in (3, 4):
+      raise ValueError(f'ResNet stages must be 3 or 4, got {self.stages!r}')
     super().__post_init__()
 
   @property
   def feature_dim(self) -> int:
     """Channels C_out of ``pooled`` and ``feature_map``."""
-    return resnet_feature_dim(self.depth, self.width_multiplier)
+    return resnet_feature_dim(self.depth, self.width_multiplier) >> (4 - self.stages)
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> dict[str, jax.Array]:
     """Images (B, H, W, 3) -> dict(pooled=(B, C_out) float32, feature_map=(B, h, w, C_out)).
 
     ``feature_map`` is the last stage's output in ``dtype``: h = H/32 with the ImageNet stem,
-    H/8 with the CIFAR stem. ``pooled`` is its spatial mean, computed in float32.
+    H/8 with the CIFAR stem (twice that with stages=3). ``pooled`` is its spatial mean,
+    computed in float32.
     """
     width = base_width(self.width_multiplier)
     kind, blocks = _STAGES[self.depth]
@@ -154,19 +160,31 @@ class ResNet(nn.Module):
     x = nn.relu(x)
     if self.stem == 'imagenet':
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
-    for stage, num_blocks in enumerate(blocks):
-      for index in range(num_blocks):
-        x = ResidualBlock(
-            kind=kind,
-            planes=width * 2**stage,
-            stride=2 if stage > 0 and index == 0 else 1,
-            bn_groups=self.bn_groups,
-            zero_init_residual=self.zero_init_residual,
-            dtype=self.dtype,
-            name=f'stage{stage + 1}_block{index + 1}',
-        )(x, train)
+    for stage in range(self.stages):
+      x = residual_stage(self, x, train, stage, width, kind, blocks[stage])
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
     return {'pooled': pooled, 'feature_map': x}
+
+
+def residual_stage(
+    parent: nn.Module, x: jax.Array, train: bool, stage: int, width: int, kind: str, blocks: int
+) -> jax.Array:
+  """Residual stage `stage` (0-based; conv{stage + 2} in He et al.'s naming) of `blocks` blocks,
+  called inside `parent`'s compact __call__, which owns its blocks (stage{stage + 1}_block{i});
+  parent supplies bn_groups, zero_init_residual and dtype.
+  (B, H, W, C) -> (B, H/s, W/s, width 2^stage e), s the stage's stride, e the expansion.
+  """
+  for index in range(blocks):
+    x = ResidualBlock(
+        kind=kind,
+        planes=width * 2**stage,
+        stride=2 if stage > 0 and index == 0 else 1,
+        bn_groups=parent.bn_groups,
+        zero_init_residual=parent.zero_init_residual,
+        dtype=parent.dtype,
+        name=f'stage{stage + 1}_block{index + 1}',
+    )(x, train)
+  return x
 
 
 ResNet18 = functools.partial(ResNet, depth=18)

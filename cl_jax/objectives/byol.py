@@ -14,7 +14,7 @@ import optax
 
 from cl_jax.health import embedding_health
 from cl_jax.losses import byol
-from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features
+from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features, texture_of
 from cl_jax.objectives.siamese_ft import extrapolate_pairs, uses_extrapolation
 from cl_jax.state import TrainState
 
@@ -46,7 +46,14 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
       # Kept apart from the running statistics, as for MoCo's NS keys.
       t.append(
           ns_features(
-              encoder, target_params, target_bs, v, jax.random.fold_in(x.r_ns, i), ns, shuffle=False
+              encoder,
+              target_params,
+              target_bs,
+              v,
+              jax.random.fold_in(x.r_ns, i),
+              ns,
+              shuffle=False,
+              texture=texture_of(x, i),
           )[0]
           if ns.enabled
           else None

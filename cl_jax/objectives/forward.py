@@ -1,8 +1,8 @@
 """What the methods' objectives share: their inputs (Views), and the forward passes:
 online features with their batch-norm update, no-gradient target features (with
-shuffle-BN), and the non-semantic images of a batch of views."""
+shuffle-BN), and the features of the non-semantic images of a batch of views."""
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +18,9 @@ class Views(NamedTuple):
   r_key: PRNG key of the target forward (shuffle-BN permutations).
   r_ns: PRNG key of the non-semantic images.
   r_ft: PRNG key of the feature-transformation coefficients.
+  extra: LooC's key views k_1..k_n, each (B, S, S, 3) like v2 (k_0).
+  textures: texture-based NS images of (v1, v2) (Ge et al. 2021, Sec. 2.2), each
+    (B, S, S, 3) normalised with its view's augmentation parameters; () without.
   """
 
   v1: jax.Array
@@ -25,6 +28,8 @@ class Views(NamedTuple):
   r_key: jax.Array
   r_ns: jax.Array
   r_ft: jax.Array
+  extra: tuple = ()
+  textures: tuple = ()
 
 
 def encode(encoder, params, batch_stats, images: jax.Array, predict: bool = False):
@@ -47,7 +52,19 @@ def encode(encoder, params, batch_stats, images: jax.Array, predict: bool = Fals
   return out, mutated["batch_stats"]
 
 
-def encode_keys(encoder, params, batch_stats, images: jax.Array, rng: jax.Array, shuffle: bool):
+def _unit_embedding(out: dict) -> jax.Array:
+  return out["z"]
+
+
+def encode_keys(
+    encoder,
+    params,
+    batch_stats,
+    images: jax.Array,
+    rng: jax.Array,
+    shuffle: bool,
+    output: Callable[[dict], jax.Array] = _unit_embedding,
+):
   """Key / target features of `images`, in train-mode batch norm, without gradient.
 
   With shuffle=True the batch is permuted before the encoder and un-permuted
@@ -57,14 +74,16 @@ def encode_keys(encoder, params, batch_stats, images: jax.Array, rng: jax.Array,
 
   Args:
     images: (N, S, S, 3) normalised views.
+    output: picks the keys from the encoder's outputs, (N, ...) rows per image
+      (default z, the unit embedding).
   Returns:
-    ((N, d) unit keys, updated batch_stats).
+    ((N, d) unit keys (or output's (N, ...)), updated batch_stats).
   """
   if shuffle:
     perm = jax.random.permutation(rng, images.shape[0])
     images = images[perm]
   out, batch_stats = encode(encoder, params, batch_stats, images)
-  z = out["z"]
+  z = output(out)
   if shuffle:
     z = jnp.zeros_like(z).at[perm].set(z)
   return jax.lax.stop_gradient(z), batch_stats
@@ -78,17 +97,34 @@ def ns_features(
     rng: jax.Array,
     ns: ml_collections.ConfigDict,
     shuffle: bool,
+    texture: jax.Array | None = None,
 ):
-  """Features of M patch-based NS images of each view (Ge et al. 2021, Sec. 2.3).
+  """Features of the M NS images of each view (Ge et al. 2021, Sec. 2.2-2.3).
+
+  ns.kind "patch": M patch-based NS images built from each augmented view
+  (Sec. 2.3); "texture": M = 1, the view's texture image (Sec. 2.2), given.
 
   Args:
-    views: (B, S, S, 3) augmented views the NS images are built from.
-    ns: the `nonsemantic` config block (num_ns, patch_min, patch_max).
+    views: (B, S, S, 3) augmented views the patch NS images are built from.
+    ns: the `nonsemantic` config block (kind, num_ns, patch_min, patch_max).
+    texture: (B, S, S, 3) the views' texture images under the views' own augmentation
+      parameters (ns.kind "texture"), else None.
   Returns:
     ((B, M, d) unit features without gradient, updated batch_stats).
   """
   r_patch, r_shuffle = jax.random.split(rng)
-  images = nonsemantic.patch_negatives(r_patch, views, ns.num_ns, ns.patch_min, ns.patch_max)
+  if ns.kind == "texture":
+    if texture is None:
+      raise ValueError("nonsemantic.kind 'texture' needs the views' texture images")
+    images, num = texture, 1
+  else:
+    images = nonsemantic.patch_negatives(r_patch, views, ns.num_ns, ns.patch_min, ns.patch_max)
+    num = ns.num_ns
   flat = images.reshape((-1,) + views.shape[1:])
   t, batch_stats = encode_keys(encoder, params, batch_stats, flat, r_shuffle, shuffle)
-  return t.reshape(views.shape[0], ns.num_ns, -1), batch_stats
+  return t.reshape(views.shape[0], num, -1), batch_stats
+
+
+def texture_of(x: Views, i: int) -> jax.Array | None:
+  """The texture NS images of view i (0: v1, 1: v2), or None without texture negatives."""
+  return x.textures[i] if x.textures else None

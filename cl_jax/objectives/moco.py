@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from cl_jax import queue as queue_lib
 from cl_jax.health import embedding_health
 from cl_jax.losses import moco
-from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features
+from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features, texture_of
 from cl_jax.state import TrainState
 
 
@@ -53,7 +53,14 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps
       # follow the real views only.
       ns_feats.append(
           ns_features(
-              encoder, target_params, target_bs, vq, jax.random.fold_in(x.r_ns, i), ns, shuffle
+              encoder,
+              target_params,
+              target_bs,
+              vq,
+              jax.random.fold_in(x.r_ns, i),
+              ns,
+              shuffle,
+              texture_of(x, i),
           )[0]
           if ns.enabled
           else None

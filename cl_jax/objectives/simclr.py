@@ -12,7 +12,7 @@ import ml_collections
 
 from cl_jax.health import embedding_health
 from cl_jax.losses import simclr
-from cl_jax.objectives.forward import Views, encode, ns_features
+from cl_jax.objectives.forward import Views, encode, ns_features, texture_of
 from cl_jax.state import TrainState
 
 
@@ -42,6 +42,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
                   jax.random.fold_in(x.r_ns, i),
                   ns,
                   shuffle=False,
+                  texture=texture_of(x, i),
               )[0]
               for i, v in enumerate((x.v1, x.v2))
           ]

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from cl_jax import cli, metrics, run_config, train
 from cl_jax.data import sources
 from cl_jax.errors import UsageError
+from cl_jax.models.encoder import head_layout
 from cl_jax.viz import curves, histograms, landscape
 
 _OUT = flags.DEFINE_string("out", None, "Directory of the PNGs (default: <first workdir>/viz).")
@@ -91,7 +92,7 @@ def render(workdirs: list[str], out: epath.Path, step: int | None, batches: int)
       spe = train.steps_per_epoch(
           len(sources.open_source(config.data, "pretrain")), config.optim.batch_size
       )
-      order = landscape.network_order(config.model, config.data.image_size)
+      order = landscape.network_order(config.model, config.data.image_size, head_layout(config))
       grid = landscape.epoch_means(records, spe, order)
       fig = landscape.plot_landscape(
           grid,

@@ -106,6 +106,8 @@ def _similarity_fn(encoder, spec: photometric.PhotometricSpec, ns: ml_collection
     # Without a queue (SimCLR, BYOL, SimSiam) the negatives are the other
     # images' second views, SimCLR's cross-view negatives.
     negatives = k if state.queue is None else state.queue
+    if negatives.ndim == 3:  # LooC's per-head queues: head 0 is the MoCo head of z
+      negatives = negatives[:, 0]
     sims = pair_similarities(q, k, negatives, t.reshape(x1.shape[0], ns.num_ns, -1))
     if state.queue is None:
       b = q.shape[0]

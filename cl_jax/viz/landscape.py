@@ -42,10 +42,14 @@ class Landscape(NamedTuple):
   norms: np.ndarray
 
 
-def network_order(model: ml_collections.ConfigDict, image_size: int) -> list[str]:
+def network_order(
+    model: ml_collections.ConfigDict, image_size: int, heads: dict | None = None
+) -> list[str]:
   """Module paths ("backbone/stem_conv", ...) of the encoder of the `model` config block,
-  in the order its forward pass first calls them (traced abstractly: no arrays are made)."""
-  encoder = build_encoder(model)
+  in the order its forward pass first calls them (traced abstractly: no arrays are made).
+  heads: build_encoder's head arguments (cl_jax.models.encoder.head_layout of the run's
+  config; None: one head)."""
+  encoder = build_encoder(model, **(heads or {}))
   paths = []
 
   def record(next_fun, args, kwargs, context):

@@ -1,0 +1,16 @@
+"""LooC++ (Xiao et al. 2021, Sec. 4): LooC whose heads each start with their own conv5 stage;
+the probe reads the heads' pooled conv5 features concatenated (probe.features = "heads").
+
+python -m cl_jax.main --config=configs/loocpp.py[:imagenet100]
+"""
+
+from configs import default
+from configs.looc import apply_looc
+
+
+def get_config(arg: str | None = None):
+  c = default.with_preset(default.base_config(), arg)
+  apply_looc(c, arg)
+  c.looc.conv5_heads = True
+  c.probe.features = "heads"
+  return c
