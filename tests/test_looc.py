@@ -16,9 +16,8 @@ from cl_jax.data import photometric, pipeline
 from cl_jax.data.rotated_source import RotatedSource
 from cl_jax.losses import looc, moco
 from cl_jax.models.encoder import build_encoder
-from configs import default
+from configs import default, loocpp, mocov2
 from configs import looc as looc_config
-from configs import loocpp, mocov2
 
 T = 0.2
 
