@@ -185,6 +185,7 @@ def validate(
   _int(c, "data.trifeature_seed", 0, 2**31 - 1)
   _int(c, "data.trifeature_train", 1)
   _int(c, "data.trifeature_test", 1)
+  _float(c, "data.trifeature_max_angle", 0.0, 180.0)
 
   for p in (
       "jitter_prob",

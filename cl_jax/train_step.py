@@ -96,13 +96,6 @@ def num_views(config: ml_collections.ConfigDict) -> int:
   return 2 + len(looc_augmentations(config))
 
 
-def _augment(images: jax.Array, params: dict, spec: photometric.PhotometricSpec) -> jax.Array:
-  """uint8 views (B, S, S, 3) -> normalised float32 views under the given parameters."""
-  return photometric.normalize(
-      photometric.apply_photometric(photometric.to_float(images), params, spec), spec
-  )
-
-
 def view_params(
     rng: jax.Array, batch_size: int, spec: photometric.PhotometricSpec, groups: tuple[str, ...] = ()
 ) -> list[dict]:
@@ -147,10 +140,14 @@ def augment_views(
     (v1, v2, extra, textures) as in Views: float32 normalised (B, S, S, 3) views.
   """
   params = view_params(rng, batch["view1"].shape[0], spec, groups)
-  views = [_augment(batch[f"view{v + 1}"], p, spec) for v, p in enumerate(params)]
+  views = [
+      photometric.augment_with_params(batch[f"view{v + 1}"], p, spec) for v, p in enumerate(params)
+  ]
   textures = ()
   if texture:
-    textures = tuple(_augment(batch[f"texture{v}"], params[v - 1], spec) for v in (1, 2))
+    textures = tuple(
+        photometric.augment_with_params(batch[f"texture{v}"], params[v - 1], spec) for v in (1, 2)
+    )
   return views[0], views[1], tuple(views[2:]), textures
 
 

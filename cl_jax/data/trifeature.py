@@ -17,12 +17,20 @@ import tempfile
 import numpy as np
 import tqdm
 
-from cl_jax.data.trifeature_render import COLOUR_RGB, COLOURS, SHAPES, TEXTURES, render
+from cl_jax.data.trifeature_render import (
+    COLOUR_RGB,
+    COLOURS,
+    MAX_SHAPE_ANGLE_DEG,
+    SHAPES,
+    TEXTURES,
+    render,
+)
 
 __all__ = [
     "COLOURS",
     "COLOUR_RGB",
     "FACTORS",
+    "MAX_SHAPE_ANGLE_DEG",
     "NUM_COMBINATIONS",
     "NUM_TRAIN_COMBINATIONS",
     "SHAPES",
@@ -106,10 +114,17 @@ def split_combinations(split: str, seed: int) -> np.ndarray:
 
 
 def generate(
-    split: str, *, image_size: int, num_images: int, seed: int, progress: bool = True
+    split: str,
+    *,
+    image_size: int,
+    num_images: int,
+    seed: int,
+    progress: bool = True,
+    max_shape_angle: float = MAX_SHAPE_ANGLE_DEG,
 ) -> TrifeatureData:
   """Renders ``num_images`` images of ``split``; deterministic in
-  (seed, split, image_size, num_images).
+  (seed, split, image_size, num_images, max_shape_angle). Shapes are rotated by up to
+  ``max_shape_angle`` degrees (trifeature_render.render).
 
   Image i shows combination ``split_combinations(split, seed)[i % C]``; the renders draw from a
   generator seeded by (seed, split), so the placements do not depend on image_size.
@@ -121,7 +136,7 @@ def generate(
   images = np.empty((num_images, image_size, image_size, 3), dtype=np.uint8)
   rows = tqdm.tqdm(factors, desc=f"trifeature {split} {image_size}px", disable=not progress)
   for i, (shape, texture, colour) in enumerate(rows):
-    images[i] = render(shape, texture, colour, image_size, rng)
+    images[i] = render(shape, texture, colour, image_size, rng, max_shape_angle)
   labels = {name: np.ascontiguousarray(factors[:, k]) for k, name in enumerate(FACTORS)}
   return TrifeatureData(images=images, labels=labels)
 
@@ -133,25 +148,39 @@ def _default_cache_dir() -> str:
 
 
 def load(
-    split: str, *, image_size: int, num_images: int, seed: int, cache_dir: str | None = None
+    split: str,
+    *,
+    image_size: int,
+    num_images: int,
+    seed: int,
+    cache_dir: str | None = None,
+    max_shape_angle: float = MAX_SHAPE_ANGLE_DEG,
 ) -> TrifeatureData:
   """Returns the split from the on-disk cache, generating and caching it on first use.
 
   The cache file
   ``<cache_dir>/trifeature_v{CACHE_VERSION}_{split}_seed{seed}_{image_size}px_n{num_images}.npz``
+  (with ``_angle{a}`` before ``.npz`` when max_shape_angle a is not the default 45)
   is written to a temporary file in the same directory and moved into place with os.replace, so
   an interrupted run never leaves a partial file under the final name. ``cache_dir`` defaults
   to $CL_JAX_CACHE if set, else ~/.cache/cl_jax/trifeature.
   """
   _check_args(split, image_size, num_images, seed)
   cache_dir = _default_cache_dir() if cache_dir is None else cache_dir
-  name = f"trifeature_v{CACHE_VERSION}_{split}_seed{seed}_{image_size}px_n{num_images}.npz"
+  angle = "" if max_shape_angle == MAX_SHAPE_ANGLE_DEG else f"_angle{max_shape_angle:g}"
+  name = f"trifeature_v{CACHE_VERSION}_{split}_seed{seed}_{image_size}px_n{num_images}{angle}.npz"
   path = os.path.join(cache_dir, name)
   if os.path.exists(path):
     with np.load(path) as npz:
       return TrifeatureData(images=npz["images"], labels={k: npz[k] for k in FACTORS})
 
-  data = generate(split, image_size=image_size, num_images=num_images, seed=seed)
+  data = generate(
+      split,
+      image_size=image_size,
+      num_images=num_images,
+      seed=seed,
+      max_shape_angle=max_shape_angle,
+  )
   os.makedirs(cache_dir, exist_ok=True)
   fd, tmp_path = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=cache_dir)
   try:

@@ -297,7 +297,12 @@ def _check_index(name: str, value: int, names: tuple[str, ...]) -> None:
 
 
 def render(
-    shape: int, texture: int, colour: int, image_size: int, rng: np.random.Generator
+    shape: int,
+    texture: int,
+    colour: int,
+    image_size: int,
+    rng: np.random.Generator,
+    max_shape_angle: float = MAX_SHAPE_ANGLE_DEG,
 ) -> np.ndarray:
   """Renders one Trifeature image.
 
@@ -308,6 +313,8 @@ def render(
       fractions, texture angle, two texture phases) and one integer seed for the noise texture,
       whatever the factors and image_size, so a given rng state gives the same placement at
       every resolution.
+    max_shape_angle: the shape's angle is drawn from U[-a, a) degrees (default 45; 0 renders
+      every shape upright, so that a rotation of the image is visible in it).
 
   Returns:
     (S, S, 3) uint8 image: COLOUR_UINT8[colour] where mask and texture are on, 0 where the mask
@@ -321,7 +328,7 @@ def render(
   size = int(image_size)
 
   draws = rng.random(6)
-  shape_angle = np.deg2rad(MAX_SHAPE_ANGLE_DEG * (2 * draws[0] - 1))
+  shape_angle = np.deg2rad(max_shape_angle * (2 * draws[0] - 1))
   offset = MAX_OFFSET * size * (2 * draws[1:3] - 1)
   texture_angle = 2 * np.pi * draws[3]
   period = texture_period(size)
