@@ -30,8 +30,8 @@ from tests.test_photometric import (
 ROTATION = dataclasses.replace(SPEC, rotation_prob=0.5)
 TEXTURE = dataclasses.replace(SPEC, texture_prob=0.5)
 LOOC = dataclasses.replace(SPEC, rotation_prob=0.5, texture_prob=0.5, solarize_prob=0.5)
-# tests/data/photometric_v1.npz was written by the MoCo-v2-only module (before rotation and
-# texture existed) with:
+# tests/data/photometric_v1.npz holds the MoCo-v2 aug-plus pipeline's params and images (a
+# module with the aug-plus ops alone), made with:
 #   spec = PhotometricSpec(grayscale_prob=0.5, blur_kernel_fraction=0.5, solarize_prob=0.5)
 #   images = np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
 #   params = jax.device_get(sample_photometric(jax.random.key(1), 4, spec))
@@ -339,8 +339,8 @@ def test_share_under_jit():
 # ---------------------------------------------------------------- backward compatibility
 
 
-def legacy_sample(rng, batch_size, spec):
-  """sample_photometric as it was before rotation and texture (MoCo-v2 keys only)."""
+def aug_plus_sample(rng, batch_size, spec):
+  """sample_photometric of the MoCo-v2 aug-plus ops alone (its keys only)."""
   keys = dict(zip(photometric.PARAM_KEYS, jax.random.split(rng, len(photometric.PARAM_KEYS))))
   shape = (batch_size,)
 
@@ -364,8 +364,8 @@ def legacy_sample(rng, batch_size, spec):
 
 
 @functools.partial(jax.jit, static_argnames="radius")
-def legacy_apply(images, params, radius):
-  """apply_photometric as it was before rotation and texture, from the module's op helpers."""
+def aug_plus_apply(images, params, radius):
+  """apply_photometric of the MoCo-v2 aug-plus ops alone, from the module's op helpers."""
 
   def one(image, p):
     x = jnp.where(p["jitter"], photometric._jitter(image, p), image)
@@ -385,14 +385,14 @@ def test_new_ops_off_reproduce_the_moco_pipeline_bit_for_bit(spec):
   for seed in range(3):
     rng = jax.random.key(seed)
     params = photometric.sample_photometric(rng, B, spec)
-    chex.assert_trees_all_equal(params, legacy_sample(rng, B, spec))
+    chex.assert_trees_all_equal(params, aug_plus_sample(rng, B, spec))
     np.testing.assert_array_equal(
-        apply(images, params, spec), np.asarray(legacy_apply(images, params, radius))
+        apply(images, params, spec), np.asarray(aug_plus_apply(images, params, radius))
     )
 
 
 def test_fixture_from_the_moco_only_module():
-  """The pre-LooC module's own params and images (FIXTURE), bit for bit."""
+  """The aug-plus pipeline's stored params and images (FIXTURE), bit for bit."""
   data = np.load(FIXTURE)
   params = photometric.sample_photometric(jax.random.key(1), B, FIXTURE_SPEC)
   assert set(params) == set(photometric.PARAM_KEYS)
