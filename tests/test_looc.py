@@ -239,6 +239,19 @@ def test_presets_are_valid_and_have_the_paper_settings():
   assert c.optim.schedule == "step" and c.optim.batch_size == 256
 
 
+def _one_step(c, batch, devices=1):
+  """(state after, metrics) of one compiled train step of config c on `devices` devices."""
+  mesh = parallel.make_mesh(jax.devices()[:devices])
+  encoder, tx, schedule, make_state, _ = train.build(c, 4 * c.optim.batch_size, mesh)
+  state = make_state()
+  fn = step_lib.jit_train_step(
+      step_lib.make_train_step(c, encoder, tx, schedule, mesh, 4),
+      parallel.state_sharding(state, mesh),
+      parallel.batch_sharding(mesh),
+  )
+  return jax.device_get(fn(state, parallel.global_batch(batch, mesh)))
+
+
 @pytest.mark.slow
 def test_looc_without_augmentations_is_the_moco_step_bit_for_bit():
   b, s = 8, 16
@@ -253,19 +266,11 @@ def test_looc_without_augmentations_is_the_moco_step_bit_for_bit():
   views = np.random.default_rng(0).integers(0, 256, (2, b, s, s, 3), dtype=np.uint8)
   batch = {"view1": views[0], "view2": views[1]}
 
-  def step(c):
-    mesh = parallel.make_mesh(jax.devices()[:1])
-    encoder, tx, schedule, make_state, _ = train.build(c, 4 * b, mesh)
-    state = make_state()
-    fn = step_lib.jit_train_step(
-        step_lib.make_train_step(c, encoder, tx, schedule, mesh, 4),
-        parallel.state_sharding(state, mesh),
-        parallel.batch_sharding(mesh),
-    )
-    return jax.device_get(fn(state, parallel.global_batch(batch, mesh)))
-
   one_head = small(_looc(looc={"augmentations": ()}, aug={"rotation_prob": 0.0}))
-  (after, metrics), (ref, ref_metrics) = step(one_head), step(small(mocov2.get_config(None)))
+  (after, metrics), (ref, ref_metrics) = (
+      _one_step(one_head, batch),
+      _one_step(small(mocov2.get_config(None)), batch),
+  )
   assert metrics["loss"].tobytes() == ref_metrics["loss"].tobytes()
   chex.assert_trees_all_equal(after.params, ref.params)
   chex.assert_trees_all_equal(after.target_batch_stats, ref.target_batch_stats)
@@ -284,17 +289,8 @@ def test_looc_step_on_8_devices_equals_one_device():
   batch = {f"view{v + 1}": views[v] for v in range(4)}
 
   def step(devices):
-    mesh = parallel.make_mesh(jax.devices()[:devices])
-    encoder, tx, schedule, make_state, _ = train.build(c, 4 * b, mesh)
-    state = make_state()
-    fn = step_lib.jit_train_step(
-        step_lib.make_train_step(c, encoder, tx, schedule, mesh, 4),
-        parallel.state_sharding(state, mesh),
-        parallel.batch_sharding(mesh),
-    )
-    after, metrics = fn(state, parallel.global_batch(batch, mesh))
-    queue = queue_lib.to_ring_order(np.asarray(jax.device_get(after.queue)), devices, b)
-    return jax.device_get(after), jax.device_get(metrics), queue
+    after, metrics = _one_step(c, batch, devices)
+    return after, metrics, queue_lib.to_ring_order(np.asarray(after.queue), devices, b)
 
   one, m1, q1 = step(1)
   eight, m8, q8 = step(8)
