@@ -364,11 +364,23 @@ def run(
     protocol: str | None = None,
     baseline: bool = True,
     validation: bool = False,
+    features: str | None = None,
+    rotation: bool | None = None,
 ) -> dict:
   """Probe the checkpoint of `step` (default: latest) of the run in `workdir`, and
   (with `baseline`) the same network at random initialisation; with `validation`
-  on the held-out fifth of the training split instead of the test split."""
+  on the held-out fifth of the training split instead of the test split.
+  features / rotation override the run config's probe.features / probe.rotation."""
   config = run_config.read(workdir)
+  if features is not None:
+    layout = head_layout(config)
+    if features == "heads" and layout["heads"] == 1 and not layout["conv5_heads"]:
+      raise UsageError(
+          f"--features=heads needs a LooC run with extra or conv5 heads; {workdir} has one head"
+      )
+    config.probe.features = features
+  if rotation is not None:
+    config.probe.rotation = rotation
   protocol = protocol or config.probe.protocol
   if protocol not in config_check.PROBE_PROTOCOLS:
     raise UsageError(
@@ -402,7 +414,7 @@ def run(
   if baseline:
     report["random_init"] = random_init_accuracy(ctx, protocol, validation)
   if jax.process_index() == 0:
-    suffix = "_val" if validation else ""
+    suffix = ("_heads" if report["features"] == "heads" else "") + ("_val" if validation else "")
     path = epath.Path(workdir) / f"probe_step{report['step']}_{protocol}{suffix}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2))

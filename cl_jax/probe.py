@@ -1,12 +1,14 @@
 """The linear-probe job: a separate process reading a pretraining workdir.
 
 python -m cl_jax.probe --workdir=runs/mocov2_patchns [--step=N] [--protocol=fast|logreg|paper]
-    [--baseline=false] [--validation]
+    [--baseline=false] [--validation] [--features=backbone|heads] [--rotation]
 
 With --baseline (the default) the report also gives the same probe on the
 network at its random initialisation, computed once per configuration and cached.
 With --validation the fast and logreg probes fit four fifths of the training
 split and report the held-out fifth (for tuning; the test split stays unseen).
+--features and --rotation override the run config's probe.features (LooC's head
+features) and probe.rotation (the 4-way rotation task).
 """
 
 import sys
@@ -31,6 +33,15 @@ _VALIDATION = flags.DEFINE_bool(
     False,
     "Report the held-out fifth of the " "training split instead of the test split (fast, logreg).",
 )
+_FEATURES = flags.DEFINE_enum(
+    "features",
+    None,
+    list(config_check.PROBE_FEATURES),
+    "Features to probe (default: the run config's probe.features).",
+)
+_ROTATION = flags.DEFINE_bool(
+    "rotation", None, "Also probe 4-way rotation (default: the run config's probe.rotation)."
+)
 
 
 def main(argv):
@@ -42,7 +53,13 @@ def main(argv):
   with cli.report():
     linear_probe.print_report(
         linear_probe.run(
-            _WORKDIR.value, _STEP.value, _PROTOCOL.value, _BASELINE.value, _VALIDATION.value
+            _WORKDIR.value,
+            _STEP.value,
+            _PROTOCOL.value,
+            _BASELINE.value,
+            _VALIDATION.value,
+            features=_FEATURES.value,
+            rotation=_ROTATION.value,
         )
     )
 
