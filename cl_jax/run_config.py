@@ -43,7 +43,28 @@ CHANGEABLE = (
 # The value `differences` shows for a field that one config lacks.
 ABSENT = "<absent>"
 # Fields stored as JSON lists that the config holds as tuples.
-_TUPLES = (("data", "crop_scale"), ("aug", "blur_sigma"), ("probe", "decay_epochs"))
+_TUPLES = (
+    ("data", "crop_scale"),
+    ("aug", "blur_sigma"),
+    ("probe", "decay_epochs"),
+    ("optim", "decay_epochs"),
+    ("looc", "augmentations"),
+)
+# Fields that configs stored by earlier versions of cl_jax lack, with the value that does what
+# those versions did: a stored config without the field resumes under that value unchanged.
+INERT = {
+    "aug.rotation_prob": 0.0,
+    "aug.texture_prob": 0.0,
+    "data.texture_dir": "",
+    "data.trifeature_max_angle": 45.0,
+    "looc.enabled": False,
+    "looc.augmentations": ("rotation",),
+    "looc.conv5_heads": False,
+    "optim.schedule": "cosine",
+    "optim.decay_epochs": (),
+    "probe.features": "backbone",
+    "probe.rotation": False,
+}
 
 
 class ConfigChangeError(UsageError):
@@ -70,11 +91,11 @@ def read(workdir: str) -> ml_collections.ConfigDict:
   path = epath.Path(workdir) / "config.json"
   if not path.exists():
     raise UsageError(f"{path} not found: {workdir} holds no cl_jax pretraining run")
-  c = ml_collections.ConfigDict(json.loads(path.read_text()))
+  raw = json.loads(path.read_text())
   for block, field in _TUPLES:
-    if block in c and field in c[block]:
-      c[block][field] = tuple(c[block][field])
-  return c
+    if field in raw.get(block, {}):
+      raw[block][field] = tuple(raw[block][field])
+  return ml_collections.ConfigDict(raw)
 
 
 def flatten(config) -> dict:
@@ -107,7 +128,9 @@ def changeable(field: str) -> bool:
 def check_resume(stored, new, *, step: int, workdir: str, allow_change: bool) -> list[str]:
   """Raise ConfigChangeError unless config `new` may resume the run of config `stored`
   (its checkpoint at `step`); return the accepted changes as "field: old -> new" lines."""
-  diffs = differences(stored, new)
+  diffs = [
+      (k, a, b) for k, a, b in differences(stored, new) if not (a == ABSENT and INERT.get(k) == b)
+  ]
   fixed = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if not changeable(k)]
   free = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if changeable(k)]
   if fixed:

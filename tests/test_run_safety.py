@@ -17,6 +17,7 @@ import pytest
 from cl_jax import cli, linear_probe, metrics, run_config, train
 from cl_jax.data import tfds_source
 from cl_jax.errors import UsageError
+from configs import looc as looc_config
 from configs import mocov2_patchns
 from tests import tiny_run
 from tests.conftest import ROOT
@@ -117,6 +118,30 @@ def test_stored_config_reads_back_equal(tmp_path):
   first = json.loads((tmp_path / "config.step0.json").read_text())
   assert first["optim"]["epochs"] == 3
   assert json.loads((tmp_path / "config.step12.json").read_text())["optim"]["epochs"] == 5
+
+
+def test_config_without_newer_fields_resumes_when_they_keep_its_behaviour():
+  stored = _config()
+  for field in ("looc", "probe.rotation", "aug.rotation_prob", "optim.schedule"):
+    block, _, name = field.partition(".")
+    if name:
+      del stored[block][name]
+    else:
+      del stored[block]
+  assert run_config.check_resume(stored, _config(), step=8, workdir="w", allow_change=False) == []
+  with pytest.raises(run_config.ConfigChangeError, match=r"aug.rotation_prob: '<absent>' -> 0.5"):
+    run_config.check_resume(
+        stored, _config(aug__rotation_prob=0.5), step=8, workdir="w", allow_change=False
+    )
+
+
+def test_tuple_fields_read_back_as_tuples(tmp_path):
+  config = looc_config.get_config(None)
+  config.optim.update(schedule="step", decay_epochs=(4, 8))
+  run_config.save_start(config, str(tmp_path), 0)
+  back = run_config.read(str(tmp_path))
+  assert back.looc.augmentations == ("rotation",) and back.optim.decay_epochs == (4, 8)
+  assert run_config.check_resume(back, config, step=8, workdir="w", allow_change=False) == []
 
 
 @pytest.mark.slow
