@@ -82,12 +82,15 @@ def test_config_check_needs_the_texture_dataset_and_one_negative():
 
 def _flags(workdir, texture_dir):
   flags = [f for f in tiny_run.FLAGS if not f.startswith(("--config=", "--config.nonsemantic"))]
-  return flags + [
-      "--config=configs/mocov2_texturens.py",
-      f"--config.data.texture_dir={texture_dir}",
-      f"--workdir={workdir}",
-      "--config.probe.after_pretrain=False",
-  ]
+  return (
+      ["--config=configs/mocov2_texturens.py"]
+      + flags
+      + [
+          f"--config.data.texture_dir={texture_dir}",
+          f"--workdir={workdir}",
+          "--config.probe.after_pretrain=False",
+      ]
+  )
 
 
 @pytest.mark.slow
