@@ -37,6 +37,7 @@ QUICK_CONFIGS = (
     "mocov2",
     "mocov2_patchns",
     "mocov2_patchns_ft_ifm",
+    "looc",
     "simclr",
     "byol",
     "simsiam",
