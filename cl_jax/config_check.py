@@ -7,6 +7,7 @@ import math
 
 import ml_collections
 
+from cl_jax.data import photometric
 from cl_jax.errors import UsageError
 
 METHODS = ("moco", "simclr", "byol", "simsiam")
@@ -187,14 +188,7 @@ def validate(
   _int(c, "data.trifeature_test", 1)
   _float(c, "data.trifeature_max_angle", 0.0, 180.0)
 
-  for p in (
-      "jitter_prob",
-      "grayscale_prob",
-      "blur_prob",
-      "solarize_prob",
-      "rotation_prob",
-      "texture_prob",
-  ):
+  for p in photometric.PROBABILITY_FIELDS:
     _float(c, f"aug.{p}", 0.0, 1.0)
   for p in ("brightness", "contrast", "saturation"):
     _float(c, f"aug.{p}", 0.0, 1.0)

@@ -72,6 +72,15 @@ PARAM_KEYS = (
 )
 ROTATION_KEYS = ("rotation",)
 TEXTURE_KEYS = ("texture", "texture_kernel")
+# The PhotometricSpec fields that are probabilities, each in [0, 1] (the aug config block's too).
+PROBABILITY_FIELDS = (
+    "jitter_prob",
+    "grayscale_prob",
+    "blur_prob",
+    "solarize_prob",
+    "rotation_prob",
+    "texture_prob",
+)
 ATOMIC_GROUPS: dict[str, tuple[str, ...]] = {
     "colour": ("jitter", "brightness", "contrast", "saturation", "hue", "order", "grayscale"),
     "rotation": ROTATION_KEYS,
@@ -128,14 +137,7 @@ class PhotometricSpec:
   std: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
   def __post_init__(self):
-    for name in (
-        "jitter_prob",
-        "grayscale_prob",
-        "blur_prob",
-        "solarize_prob",
-        "rotation_prob",
-        "texture_prob",
-    ):
+    for name in PROBABILITY_FIELDS:
       value = getattr(self, name)
       if not 0.0 <= value <= 1.0:
         raise ValueError(
