@@ -14,6 +14,7 @@ METHODS = ("moco", "simclr", "byol", "simsiam")
 BN_MODES = ("sync", "local", "shuffle")
 NS_KINDS = ("patch", "texture")
 LOOC_AUGMENTATIONS = ("colour", "rotation", "texture")
+DICR_VARIANTS = ("dicr", "dirr", "icr")
 PROBE_FEATURES = ("backbone", "heads")
 ALPHA_MODES = ("in", "out")
 FT_NEGATIVE = ("none", "interpolate", "extrapolate", "hard")
@@ -158,6 +159,28 @@ def _check_looc(c, method: str, symmetric: bool) -> None:
           f"{aug!r} has a head but is never applied: set {' or '.join(switches[aug])} > 0",
       )
   _bool(c, "looc.conv5_heads")
+
+
+def _check_dicr(c, method: str, symmetric: bool, size: int, epochs: int) -> None:
+  """DICR (2025 submission, Sec. 3.2) regularises the online feature maps of both views."""
+  if method == "moco" and not symmetric:
+    _fail(
+        "moco.symmetric",
+        False,
+        "DICR needs both views through the query encoder, as in the paper's symmetric MoCo "
+        "(its footnote 6); set moco.symmetric = True",
+    )
+  if _get(c, "looc.enabled"):
+    _fail("dicr.enabled", True, "DICR does not combine with LooC; switch off looc.enabled")
+  variant = _choice(c, "dicr.variant", DICR_VARIANTS)
+  _float(c, "dicr.weight", 0.0, None, lo_open=True)
+  _int(c, "dicr.warmup_epochs", 0, epochs)
+  _float(c, "dicr.temperature", 0.0, None, lo_open=True)
+  _float(c, "dicr.epsilon_area", 0.0, float(size * size))
+  if variant == "dirr":
+    _float(c, "dicr.dirr_similarity", -1.0, 1.0)
+  if variant == "icr":
+    _int(c, "dicr.icr_layers", 1)
 
 
 def validate(
@@ -321,6 +344,8 @@ def validate(
 
   if _bool(c, "looc.enabled"):
     _check_looc(c, method, symmetric)
+  if _bool(c, "dicr.enabled"):
+    _check_dicr(c, method, symmetric, size, _int(c, "optim.epochs", 1))
 
   _choice(c, "optim.optimizer", OPTIMIZERS)
   recipe = _choice(c, "optim.lr_recipe", tuple(LR_RECIPES))

@@ -328,7 +328,8 @@ def baseline_key(config: ml_collections.ConfigDict, protocol: str, validation: b
       "seed": config.seed,
       "validation": validation,
       "model": config.model.to_dict(),
-      "heads": head_layout(config),
+      # ICR's region head takes no part in the probed features.
+      "heads": {k: v for k, v in head_layout(config).items() if k != "region_head_layers"},
       "data": data,
       "probe": {k: v for k, v in config.probe.to_dict().items() if k != "after_pretrain"},
   }

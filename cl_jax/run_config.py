@@ -66,6 +66,10 @@ INERT = {
     "probe.rotation": False,
 }
 
+# Add-on blocks that configs stored by earlier versions lack: switched off (<block>.enabled
+# False), every field of such a block resumes unchanged.
+INERT_BLOCKS = ("dicr",)
+
 
 class ConfigChangeError(UsageError):
   """A resume was asked with a config that differs from the run's."""
@@ -128,9 +132,17 @@ def changeable(field: str) -> bool:
 def check_resume(stored, new, *, step: int, workdir: str, allow_change: bool) -> list[str]:
   """Raise ConfigChangeError unless config `new` may resume the run of config `stored`
   (its checkpoint at `step`); return the accepted changes as "field: old -> new" lines."""
-  diffs = [
-      (k, a, b) for k, a, b in differences(stored, new) if not (a == ABSENT and INERT.get(k) == b)
-  ]
+  new_flat = flatten(new)
+
+  def inert(field: str, old) -> bool:
+    if old != ABSENT:
+      return False
+    block = field.split(".")[0]
+    if block in INERT_BLOCKS and new_flat.get(f"{block}.enabled") is False:
+      return True
+    return field in INERT and INERT[field] == new_flat.get(field)
+
+  diffs = [(k, a, b) for k, a, b in differences(stored, new) if not inert(k, a)]
   fixed = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if not changeable(k)]
   free = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if changeable(k)]
   if fixed:

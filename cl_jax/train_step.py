@@ -23,6 +23,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
+from cl_jax.addons import dicr
 from cl_jax.data import photometric
 from cl_jax.objectives import byol, looc, moco, simclr, simsiam
 from cl_jax.objectives.forward import Views
@@ -169,8 +170,9 @@ def make_train_step(
   atomic augmentation i (looc.augmentations[i - 1]) from view1's (Xiao et al.
   2021, Sec. 3; the other parameters are drawn independently); with texture NS
   negatives texture1, texture2, each augmented with its view's parameters (Ge et
-  al. 2021, Sec. 2.2); see augment_views. Other entries of the host batch are
-  ignored. metrics: loss, lr, the method's statistics (score
+  al. 2021, Sec. 2.2); see augment_views. With DICR, box1, box2 (B, 4) and flip1,
+  flip2 (B,) place the views' overlap (cl_jax.addons.dicr.regions_of). Other entries
+  of the host batch are ignored. metrics: loss, lr, the method's statistics (score
   statistics of the contrastive methods, cl_jax.losses.moco.moco_loss and
   cl_jax.losses.simclr.simclr_loss; pos_mean and BYOL's tau for the others), the
   embeddings' health signals (cl_jax.health.embedding_health, health/*) and the
@@ -185,7 +187,8 @@ def make_train_step(
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     _, _, r_key, r_ns, r_ft = jax.random.split(rng, 5)
     v1, v2, extra, textures = augment_views(rng, batch, spec, groups, texture)
-    views = Views(v1, v2, r_key, r_ns, r_ft, extra, textures)
+    regions = dicr.regions_of(batch) if config.dicr.enabled else None
+    views = Views(v1, v2, r_key, r_ns, r_ft, extra, textures, regions)
     loss, grads, updates, stats = objective(state, views)
     param_updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, param_updates)

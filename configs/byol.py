@@ -17,6 +17,9 @@ def get_config(arg: str | None = None):
   c.method = "byol"
   c.model.update(head_bn=True, bn_mode="sync", bn_groups=1, predictor_hidden_dim=128)
   c.byol.base_momentum = 0.99
+  # DICR has no BYOL setting in its paper: SimSiam's tau, and its lambda x 4, since BYOL's loss
+  # (2 - 2 cos per direction, summed) has 4x the gradient of SimSiam's (-cos / 2 per direction).
+  c.dicr.update(weight=8.0, temperature=0.005)
   c.nonsemantic.alpha = 0.05  # Eq. 2's penalty when nonsemantic.enabled
   if c.preset == "trifeature":
     c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/default.py)

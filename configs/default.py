@@ -142,6 +142,23 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.schedule = "cosine"  # cosine | step (x0.1 at each of optim.decay_epochs)
   c.optim.decay_epochs = ()
 
+  # Direct intra-image contrastive regularisation (DICR, 2025 submission, Sec. 3.2): L = L_SSL +
+  # lambda L_DICR over the regions of the two views' overlap. Off by default; weight and
+  # temperature are the paper's final lambda and tau for each method (MoCo's here, the method
+  # configs set theirs). Needs both views through the online network: SimCLR, BYOL, SimSiam,
+  # or MoCo with moco.symmetric.
+  c.dicr = ml_collections.ConfigDict()
+  c.dicr.enabled = False
+  c.dicr.variant = "dicr"  # dicr | dirr (constant positive similarity) | icr (projected regions)
+  c.dicr.weight = 10.0  # final lambda of Eq. 8
+  # lambda = weight x min(epoch / warmup_epochs, 1), raised once per epoch from 0 (0: constant);
+  # by default it reaches the final weight in the run's last epoch.
+  c.dicr.warmup_epochs = c.optim.get_ref("epochs") - 1
+  c.dicr.temperature = 0.02  # tau of Eq. 5
+  c.dicr.epsilon_area = 4.0  # Eq. 7's null-region threshold in view pixels (2 x 2 at 32 px)
+  c.dicr.dirr_similarity = 0.8  # DIRR's constant s in place of sim(h_o1, h_o2)
+  c.dicr.icr_layers = 1  # ICR's projector: 1 linear layer (ICR^1) or an MLP of that many layers
+
   c.train = ml_collections.ConfigDict()
   c.train.log_every = 10
   c.train.checkpoint_every = 100

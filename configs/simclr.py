@@ -15,6 +15,7 @@ def get_config(arg: str | None = None):
   c.method = "simclr"
   c.model.update(head_bn=True, bn_mode="sync", bn_groups=1)
   c.simclr.temperature = 0.5
+  c.dicr.update(weight=40.0, temperature=0.05)  # DICR's final lambda / tau for SimCLR (Sec. 4.1)
   if c.preset == "trifeature":
     c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
   elif c.preset in ("imagenet100", "cifar10"):

@@ -15,6 +15,7 @@ from configs import default
 def get_config(arg: str | None = None):
   c = default.with_preset(default.base_config(), arg)
   c.method = "simsiam"
+  c.dicr.update(weight=2.0, temperature=0.005)  # DICR's final lambda / tau for SimSiam (Sec. 4.1)
   c.model.update(
       head_bn=True,
       head_out_bn=True,

@@ -27,6 +27,8 @@ class Encoder(nn.Module):
     predictor: module mapping (projection, train) to (B, out_dim), or None.
     extra_heads: LooC's heads g_1..g_n, each of the same kind as `head` (head 0).
     conv5_heads: the heads are Conv5Heads (LooC++): they read the backbone's feature map.
+    region_head: ICR's projector of region representations (DICR paper, Sec. 4.2), module
+      mapping ((N, D), train) to (N, d), used through project_regions; or None.
   """
 
   backbone: nn.Module
@@ -34,6 +36,11 @@ class Encoder(nn.Module):
   predictor: nn.Module | None = None
   extra_heads: tuple[nn.Module, ...] = ()
   conv5_heads: bool = False
+  region_head: nn.Module | None = None
+
+  def project_regions(self, h: jax.Array, train: bool) -> jax.Array:
+    """ICR's region embeddings: (N, D) region representations -> (N, d) float32."""
+    return self.region_head(h, train=train).astype(jnp.float32)
 
   def _project(self, head: nn.Module, features: dict, train: bool):
     """(head features: pooled conv5 (B, D5) or the projection itself, (B, out_dim) float32)."""
@@ -66,6 +73,8 @@ class Encoder(nn.Module):
       out['head_features'] = jnp.concatenate(
           [head_features] + [f for f, _ in extra], axis=1
       ).astype(jnp.float32)
+    if self.region_head is not None and self.is_initializing():
+      self.region_head(features['pooled'], train=train)
     if self.predictor is not None and (predict or self.is_initializing()):
       out['p'] = self.predictor(projection, train=train).astype(jnp.float32)
     elif predict:
@@ -85,11 +94,15 @@ def _positive_int(cfg: ml_collections.ConfigDict, field: str) -> int:
 def head_layout(config: ml_collections.ConfigDict) -> dict:
   """build_encoder's head arguments for a whole run config: n + 1 heads for LooC with n
   atomic augmentations (looc.augmentations), conv5 heads for LooC++; one plain head
-  otherwise (also for configs saved before the looc block existed)."""
-  looc = config.get('looc')
-  if looc is None or not looc.enabled:
-    return {'heads': 1, 'conv5_heads': False}
-  return {'heads': 1 + len(looc.augmentations), 'conv5_heads': bool(looc.conv5_heads)}
+  otherwise (also for configs saved before the looc block existed); a region head of
+  dicr.icr_layers layers for DICR's ICR variant."""
+  looc, dicr = config.get('looc'), config.get('dicr')
+  layout = {'heads': 1, 'conv5_heads': False, 'region_head_layers': 0}
+  if looc is not None and looc.enabled:
+    layout.update(heads=1 + len(looc.augmentations), conv5_heads=bool(looc.conv5_heads))
+  if dicr is not None and dicr.enabled and dicr.variant == 'icr':
+    layout['region_head_layers'] = dicr.icr_layers
+  return layout
 
 
 def encoder_for(config: ml_collections.ConfigDict) -> 'Encoder':
@@ -98,12 +111,17 @@ def encoder_for(config: ml_collections.ConfigDict) -> 'Encoder':
 
 
 def build_encoder(
-    model_cfg: ml_collections.ConfigDict, heads: int = 1, conv5_heads: bool = False
+    model_cfg: ml_collections.ConfigDict,
+    heads: int = 1,
+    conv5_heads: bool = False,
+    region_head_layers: int = 0,
 ) -> Encoder:
   """Builds the ResNet + MLP-head encoder from the ``model`` config block.
 
   heads: number of projection heads (LooC: n + 1; 1 otherwise). conv5_heads: each head starts
-  with its own conv5 stage and the backbone stops after conv4 (LooC++).
+  with its own conv5 stage and the backbone stops after conv4 (LooC++). region_head_layers:
+  > 0 adds ICR's region projector, an MLP head of that many layers like the projection head
+  (0: none).
 
   Fields: depth (18 | 50), stem ('imagenet' | 'cifar'), width_multiplier (64 * w a positive
   integer), head_hidden_dim, head_out_dim, head_layers (positive integers), head_bn,
@@ -188,6 +206,22 @@ def build_encoder(
       if hidden
       else None
   )
+  if isinstance(region_head_layers, bool) or not isinstance(region_head_layers, int):
+    raise ValueError(f'region_head_layers must be an integer, got {region_head_layers!r}')
+  region_head = None
+  if region_head_layers > 0:
+    region_head = MLPHead(
+        hidden_dim=model_cfg.head_hidden_dim,
+        out_dim=model_cfg.head_out_dim,
+        num_layers=region_head_layers,
+        use_bn=model_cfg.head_bn,
+        bn_groups=groups,
+    )
   return Encoder(
-      backbone=backbone, head=head, predictor=predictor, extra_heads=extra, conv5_heads=conv5_heads
+      backbone=backbone,
+      head=head,
+      predictor=predictor,
+      extra_heads=extra,
+      conv5_heads=conv5_heads,
+      region_head=region_head,
   )

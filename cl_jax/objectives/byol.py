@@ -14,6 +14,7 @@ import optax
 
 from cl_jax.health import embedding_health
 from cl_jax.losses import byol
+from cl_jax.objectives import dicr
 from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features, texture_of
 from cl_jax.objectives.siamese_ft import extrapolate_pairs, uses_extrapolation
 from cl_jax.state import TrainState
@@ -22,6 +23,7 @@ from cl_jax.state import TrainState
 def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):
   """objective(state, views) -> (loss, grads, state updates, stats) of one BYOL step.
 
+  With DICR the loss adds lambda L_DICR of the two views (cl_jax.objectives.dicr).
   Updates: batch_stats, target_params, target_batch_stats. Stats: pos_mean (mean
   cosine of the two directions' pairs, after any extrapolation), tau, ns_mean
   with NS negatives, and cl_jax.health.embedding_health of the online
@@ -32,6 +34,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
   total = config.optim.epochs * steps_per_epoch
   ft_start = ft.start_epoch * steps_per_epoch
   extrapolate = uses_extrapolation(ft)
+  regularise = dicr.make_regulariser(config, encoder, steps_per_epoch)
 
   def objective(state: TrainState, x: Views):
     tau = byol.target_momentum(state.step, total, config.byol.base_momentum)
@@ -76,8 +79,12 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
           )
         loss = loss + term
         stats.append(st)
+      stats = jax.tree.map(lambda a, b: (a + b) / 2, *stats)
+      if regularise is not None:
+        term, bs, dicr_stats = regularise(params, bs, state.step, out1, out2, x.regions)
+        loss, stats = loss + term, {**stats, **dicr_stats}
       health = embedding_health(out1["z"], out2["z"])
-      return loss, (bs, {**jax.tree.map(lambda a, b: (a + b) / 2, *stats), **health})
+      return loss, (bs, {**stats, **health})
 
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates = dict(

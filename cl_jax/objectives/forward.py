@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from cl_jax.addons import nonsemantic
+from cl_jax.addons import dicr, nonsemantic
 
 
 class Views(NamedTuple):
@@ -21,6 +21,7 @@ class Views(NamedTuple):
   extra: LooC's key views k_1..k_n, each (B, S, S, 3) like v2 (k_0).
   textures: texture-based NS images of (v1, v2) (Ge et al. 2021, Sec. 2.2), each
     (B, S, S, 3) normalised with its view's augmentation parameters; () without.
+  regions: cl_jax.addons.dicr.Regions, the overlap of v1 and v2 (DICR); None without.
   """
 
   v1: jax.Array
@@ -30,6 +31,7 @@ class Views(NamedTuple):
   r_ft: jax.Array
   extra: tuple = ()
   textures: tuple = ()
+  regions: dicr.Regions | None = None
 
 
 def encode(encoder, params, batch_stats, images: jax.Array, predict: bool = False):

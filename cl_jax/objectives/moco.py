@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 from cl_jax import queue as queue_lib
 from cl_jax.health import embedding_health
 from cl_jax.losses import moco
+from cl_jax.objectives import dicr
 from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features, texture_of
 from cl_jax.state import TrainState
 
@@ -31,13 +32,15 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps
   The updates are the new batch_stats, target_params, target_batch_stats and
   queue; stats are moco_loss's score statistics (the mean over the pairs when
   symmetric) and cl_jax.health.embedding_health of the first pair's queries and
-  keys, before any feature transformation.
+  keys, before any feature transformation. With DICR (symmetric MoCo only) the loss adds
+  lambda L_DICR of the two views' online outputs (cl_jax.objectives.dicr).
   """
   ns = config.nonsemantic
   shuffle = config.model.bn_mode == "shuffle"
   m = config.moco.momentum
   ft_start = config.ft.start_epoch * steps_per_epoch
   num_keys = keys_per_step(config)
+  regularise = dicr.make_regulariser(config, encoder, steps_per_epoch)
 
   def objective(state: TrainState, x: Views):
     pairs = [(x.v1, x.v2), (x.v2, x.v1)] if config.moco.symmetric else [(x.v1, x.v2)]
@@ -68,10 +71,10 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps
 
     def loss_fn(params):
       bs = state.batch_stats
-      losses, stats, queries = [], [], []
+      losses, stats, outs = [], [], []
       for (vq, _), k, t in zip(pairs, keys, ns_feats):
         out, bs = encode(encoder, params, bs, vq)
-        queries.append(out["z"])
+        outs.append(out)
         loss, st = moco.moco_loss(
             out["z"],
             k,
@@ -90,8 +93,12 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps
         losses.append(loss)
         stats.append(st)
       mean = lambda xs: sum(xs) / len(xs)
-      health = embedding_health(queries[0], keys[0])
-      return mean(losses), (bs, {**jax.tree.map(lambda *xs: mean(xs), *stats), **health})
+      loss, stats = mean(losses), jax.tree.map(lambda *xs: mean(xs), *stats)
+      if regularise is not None:  # symmetric: outs holds the online outputs of v1 and v2
+        term, bs, dicr_stats = regularise(params, bs, state.step, outs[0], outs[1], x.regions)
+        loss, stats = loss + term, {**stats, **dicr_stats}
+      health = embedding_health(outs[0]["z"], keys[0])
+      return loss, (bs, {**stats, **health})
 
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     # The keys of one example stay adjacent, (B, V, d) -> (B * V, d), so the

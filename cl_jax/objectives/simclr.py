@@ -12,6 +12,7 @@ import ml_collections
 
 from cl_jax.health import embedding_health
 from cl_jax.losses import simclr
+from cl_jax.objectives import dicr
 from cl_jax.objectives.forward import Views, encode, ns_features, texture_of
 from cl_jax.state import TrainState
 
@@ -22,12 +23,15 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
   stats: simclr_loss's score statistics and cl_jax.health.embedding_health of the
   two views' projections z1, z2, before any feature transformation.
 
+  With DICR the loss adds lambda L_DICR of the two views (cl_jax.objectives.dicr).
+
   Non-semantic negatives (Ge et al. 2021, Eq. 1) are the online network's
   features of each view's NS images, without gradient (they play the part of
   MoCo's NS keys); their forward's batch statistics are not kept.
   """
   ns = config.nonsemantic
   ft_start = config.ft.start_epoch * steps_per_epoch
+  regularise = dicr.make_regulariser(config, encoder, steps_per_epoch)
 
   def objective(state: TrainState, x: Views):
     t = None
@@ -64,6 +68,9 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
           ft_active=state.step >= ft_start,
           score_queries=config.train.score_queries,
       )
+      if regularise is not None:
+        term, bs, dicr_stats = regularise(params, bs, state.step, out1, out2, x.regions)
+        loss, stats = loss + term, {**stats, **dicr_stats}
       return loss, (bs, {**stats, **embedding_health(out1["z"], out2["z"])})
 
     (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)

@@ -1,0 +1,193 @@
+"""Direct intra-image contrastive regularisation, DICR (2025 submission, Sec. 3.2), and its
+variants DIRR and ICR (Sec. 4.2).
+
+Each positive pair (v1, v2) of an image splits into four regions: the crops' overlap o_i and the
+rest n_i of each view. With the encoder's feature map f_i (h, w, C) before pooling and its mean
+h_i (the representation, Eq. 1):
+
+  h_{o_i} = RoIAlign_{o_i}(f_i)                                  (Eq. 6)
+  h_{n_i} = (S_{v_i} h_i - S_{o_i} h_{o_i}) / S_{n_i}            (Eq. 3 solved for h_n)
+  L_DICR  = -tau log exp(sim(o1, o2) / tau)
+                     / (exp(sim(o1, o2) / tau) + sum_{{x,y} != {o1,o2}} exp(sim(x, y) / tau))
+                                                                 (Eq. 5)
+
+The pairs {x, y} of the denominator are the five other pairs of the four regions: {o1, n1},
+{o1, n2}, {n1, o2}, {n1, n2}, {o2, n2}. sim follows the area rules of Eq. 7: cosine when both
+areas are at least epsilon, 1 when both are below, 0 when exactly one is. So fully overlapping
+views attract (n1 = n2 = null), disjoint views repel ({n1, n2} is then the pair of whole views),
+and a view v_i inside v_j attracts o and repels {o_i, n_j} and {o_j, n_j}.
+
+Variants: DIRR replaces sim(o1, o2) by a constant s; ICR first maps every region's
+representation through a projector of its own (the encoder's region head).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from cl_jax.addons.dicr_regions import overlap_in_views, roi_mean
+from cl_jax.models.heads import l2_normalize
+
+VARIANTS = ("dicr", "dirr", "icr")
+# The four regions in the order of region_representations, and the pairs of Eq. 5.
+REGIONS = ("o1", "n1", "o2", "n2")
+POSITIVE = (0, 2)
+NEGATIVES = ((0, 1), (0, 3), (1, 2), (1, 3), (2, 3))
+
+
+class Regions(NamedTuple):
+  """The overlap of the two views of each image, from the host's crop boxes and flips.
+
+  o1, o2: (B, 4) float32 overlap [y0, x0, y1, x1] in view 1's / view 2's [0, 1] coordinates.
+  areas: (B, 4) float32 areas of (o1, n1, o2, n2) as fractions of their view's area (S_v = 1).
+  """
+
+  o1: jax.Array
+  o2: jax.Array
+  areas: jax.Array
+
+
+def regions_of(batch: dict) -> Regions:
+  """The Regions of a host batch (box1, flip1, box2, flip2 as made by cl_jax.data.pipeline).
+
+  S_{o_i} = |o| / |box_i|, the overlap's share of crop i (and of view i), and S_{n_i} = 1 - S_{o_i}.
+  """
+  o1, o2, overlap = overlap_in_views(batch["box1"], batch["flip1"], batch["box2"], batch["flip2"])
+
+  def crop_area(box):
+    box = jnp.asarray(box, jnp.float32)
+    return (box[:, 2] - box[:, 0]) * (box[:, 3] - box[:, 1])
+
+  s_o1 = jnp.minimum(overlap / crop_area(batch["box1"]), 1.0)
+  s_o2 = jnp.minimum(overlap / crop_area(batch["box2"]), 1.0)
+  return Regions(o1, o2, jnp.stack([s_o1, 1.0 - s_o1, s_o2, 1.0 - s_o2], axis=1))
+
+
+def epsilon_fraction(cfg: ml_collections.ConfigDict, image_size: int) -> float:
+  """Eq. 7's threshold as a fraction of the view: dicr.epsilon_area (view pixels) / S^2."""
+  return cfg.epsilon_area / float(image_size * image_size)
+
+
+def region_representations(
+    feature_map: jax.Array,
+    pooled: jax.Array,
+    region: jax.Array,
+    s_o: jax.Array,
+    epsilon: float,
+) -> tuple[jax.Array, jax.Array]:
+  """(h_o, h_n) of one view's overlap and non-overlap regions (Eqs. 6 and 3).
+
+  h_o is RoIAlign's mean over the region with as many bilinear samples per side as the map has
+  cells (roi_mean); h_n = (S_v h - S_o h_o) / S_n with S_v = 1, S_n = 1 - S_o. Where S_n < epsilon the
+  non-overlap region is null and h_n is set to h (Eq. 7 then fixes its similarities, so it only
+  has to stay finite).
+
+  Args:
+    feature_map: (B, h, w, C) the backbone's map before pooling.
+    pooled: (B, C) its spatial mean, the representation h.
+    region: (B, 4) the overlap in this view's [0, 1] coordinates.
+    s_o: (B,) the overlap's area as a fraction of the view.
+    epsilon: the null-region area threshold as a fraction of the view.
+
+  Returns:
+    h_o, h_n: (B, C) float32.
+  """
+  samples = max(feature_map.shape[1:3])
+  h_o = jax.vmap(lambda f, r: roi_mean(f, r, samples))(feature_map, region)
+  h = pooled.astype(jnp.float32)
+  s_n = 1.0 - s_o
+  present = (s_n >= epsilon)[:, None]
+  h_n = (h - s_o[:, None] * h_o) / jnp.where(present, s_n[:, None], 1.0)
+  return h_o, jnp.where(present, h_n, h)
+
+
+def similarity(
+    h_x: jax.Array, h_y: jax.Array, s_x: jax.Array, s_y: jax.Array, epsilon: float
+) -> jax.Array:
+  """sim(h_x, h_y) of Eq. 7: cos(h_x, h_y) if S_x, S_y >= epsilon; 1 if both are below; else 0.
+
+  Args:
+    h_x, h_y: (B, C) region representations.
+    s_x, s_y: (B,) their areas.
+
+  Returns:
+    (B,) float32; its gradient is zero where a rule replaces the cosine.
+  """
+  big_x, big_y = s_x >= epsilon, s_y >= epsilon
+  cos = jnp.sum(l2_normalize(h_x) * l2_normalize(h_y), axis=-1)
+  return jnp.where(big_x & big_y, cos, jnp.where(big_x | big_y, 0.0, 1.0))
+
+
+def dicr_loss(
+    h: jax.Array,
+    areas: jax.Array,
+    epsilon: float,
+    temperature: float,
+    constant_positive: float | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """L_DICR of Eq. 5, averaged over the batch.
+
+  Args:
+    h: (B, 4, C) representations of the regions (o1, n1, o2, n2) (or ICR's projections).
+    areas: (B, 4) their areas as fractions of the view (Regions.areas).
+    epsilon: Eq. 7's area threshold, same unit.
+    temperature: tau.
+    constant_positive: DIRR's s in place of sim(h_o1, h_o2); None for DICR.
+
+  Returns:
+    (loss, stats): dicr/loss (the unweighted mean), dicr/pos_sim (mean positive similarity),
+    dicr/neg_sim (mean of the five other pairs' similarities), dicr/null_regions (mean number
+    of null regions per image), float32 scalars.
+  """
+
+  def sim(pair):
+    x, y = pair
+    return similarity(h[:, x], h[:, y], areas[:, x], areas[:, y], epsilon)
+
+  positive = sim(POSITIVE)
+  if constant_positive is not None:
+    positive = jnp.full_like(positive, constant_positive)
+  negatives = jnp.stack([sim(pair) for pair in NEGATIVES], axis=1)  # (B, 5)
+  logits = jnp.concatenate([positive[:, None], negatives], axis=1) / temperature
+  per_image = -temperature * (logits[:, 0] - jax.nn.logsumexp(logits, axis=1))
+  loss = jnp.mean(per_image)
+  stats = {
+      "dicr/loss": loss,
+      "dicr/pos_sim": jnp.mean(positive),
+      "dicr/neg_sim": jnp.mean(negatives),
+      "dicr/null_regions": jnp.mean(jnp.sum(areas < epsilon, axis=1).astype(jnp.float32)),
+  }
+  return loss, stats
+
+
+def dicr_weight(step: jax.Array, steps_per_epoch: int, cfg: ml_collections.ConfigDict) -> jax.Array:
+  """lambda of Eq. 8 at `step`: 0 in epoch 0, raised linearly once per epoch to cfg.weight at
+  epoch cfg.warmup_epochs and kept there; cfg.warmup_epochs = 0 gives cfg.weight throughout.
+  """
+  if cfg.warmup_epochs == 0:
+    return jnp.float32(cfg.weight)
+  epoch = (step // steps_per_epoch).astype(jnp.float32)
+  return cfg.weight * jnp.minimum(epoch / cfg.warmup_epochs, 1.0)
+
+
+def stacked_regions(out1: dict, out2: dict, regions: Regions, epsilon: float) -> jax.Array:
+  """The representations of the four regions of each view pair (Eqs. 3 and 6).
+
+  Args:
+    out1, out2: encoder outputs of view 1 and view 2 with feature_map (B, h, w, C) and
+      pooled (B, C).
+    regions: the pairs' Regions.
+    epsilon: Eq. 7's threshold as a fraction of the view (epsilon_fraction).
+
+  Returns:
+    (B, 4, C) float32 h_{o1}, h_{n1}, h_{o2}, h_{n2} (REGIONS order), dicr_loss's input.
+  """
+  h_o1, h_n1 = region_representations(
+      out1["feature_map"], out1["pooled"], regions.o1, regions.areas[:, 0], epsilon
+  )
+  h_o2, h_n2 = region_representations(
+      out2["feature_map"], out2["pooled"], regions.o2, regions.areas[:, 2], epsilon
+  )
+  return jnp.stack([h_o1, h_n1, h_o2, h_n2], axis=1)
