@@ -163,6 +163,8 @@ def _check_looc(c, method: str, symmetric: bool) -> None:
 
 def _check_dicr(c, method: str, symmetric: bool, size: int, epochs: int) -> None:
   """DICR (2025 submission, Sec. 3.2) regularises the online feature maps of both views."""
+  if _get(c, "looc.enabled"):
+    _fail("dicr.enabled", True, "DICR does not combine with LooC; switch off looc.enabled")
   if method == "moco" and not symmetric:
     _fail(
         "moco.symmetric",
@@ -170,8 +172,6 @@ def _check_dicr(c, method: str, symmetric: bool, size: int, epochs: int) -> None
         "DICR needs both views through the query encoder, as in the paper's symmetric MoCo "
         "(its footnote 6); set moco.symmetric = True",
     )
-  if _get(c, "looc.enabled"):
-    _fail("dicr.enabled", True, "DICR does not combine with LooC; switch off looc.enabled")
   variant = _choice(c, "dicr.variant", DICR_VARIANTS)
   _float(c, "dicr.weight", 0.0, None, lo_open=True)
   _int(c, "dicr.warmup_epochs", 0, epochs)
@@ -342,10 +342,10 @@ def validate(
     _float(c, "ifm.epsilon", 0.0, 2.0, lo_open=True)
     _float(c, "ifm.alpha", 0.0, None)
 
-  if _bool(c, "looc.enabled"):
-    _check_looc(c, method, symmetric)
   if _bool(c, "dicr.enabled"):
     _check_dicr(c, method, symmetric, size, _int(c, "optim.epochs", 1))
+  if _bool(c, "looc.enabled"):
+    _check_looc(c, method, symmetric)
 
   _choice(c, "optim.optimizer", OPTIMIZERS)
   recipe = _choice(c, "optim.lr_recipe", tuple(LR_RECIPES))

@@ -11,6 +11,8 @@ augmentation, loss, seed, batch) may not change: a different value there is a
 different run and needs its own workdir. The fields of CHANGEABLE (logging,
 checkpoint cadence, probe settings, health thresholds, input workers, data
 location, run length and learning rate) may change with --allow_config_change.
+The fields of an add-on switched off in both configs (<block>.enabled False, or a
+block the stored config lacks) do nothing and may differ.
 """
 
 import difflib
@@ -57,18 +59,11 @@ INERT = {
     "aug.texture_prob": 0.0,
     "data.texture_dir": "",
     "data.trifeature_max_angle": 45.0,
-    "looc.enabled": False,
-    "looc.augmentations": ("rotation",),
-    "looc.conv5_heads": False,
     "optim.schedule": "cosine",
     "optim.decay_epochs": (),
     "probe.features": "backbone",
     "probe.rotation": False,
 }
-
-# Add-on blocks that configs stored by earlier versions lack: switched off (<block>.enabled
-# False), every field of such a block resumes unchanged.
-INERT_BLOCKS = ("dicr",)
 
 
 class ConfigChangeError(UsageError):
@@ -132,15 +127,13 @@ def changeable(field: str) -> bool:
 def check_resume(stored, new, *, step: int, workdir: str, allow_change: bool) -> list[str]:
   """Raise ConfigChangeError unless config `new` may resume the run of config `stored`
   (its checkpoint at `step`); return the accepted changes as "field: old -> new" lines."""
-  new_flat = flatten(new)
+  old_flat, new_flat = flatten(stored), flatten(new)
 
   def inert(field: str, old) -> bool:
-    if old != ABSENT:
-      return False
-    block = field.split(".")[0]
-    if block in INERT_BLOCKS and new_flat.get(f"{block}.enabled") is False:
-      return True
-    return field in INERT and INERT[field] == new_flat.get(field)
+    switch = field.split(".")[0] + ".enabled"
+    if old_flat.get(switch, False) is False and new_flat.get(switch) is False:
+      return True  # an add-on switched off in both (or missing from the stored config)
+    return old == ABSENT and field in INERT and INERT[field] == new_flat.get(field)
 
   diffs = [(k, a, b) for k, a, b in differences(stored, new) if not inert(k, a)]
   fixed = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if not changeable(k)]

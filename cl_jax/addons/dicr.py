@@ -80,9 +80,9 @@ def region_representations(
   """(h_o, h_n) of one view's overlap and non-overlap regions (Eqs. 6 and 3).
 
   h_o is RoIAlign's mean over the region with as many bilinear samples per side as the map has
-  cells (roi_mean); h_n = (S_v h - S_o h_o) / S_n with S_v = 1, S_n = 1 - S_o. Where S_n < epsilon the
-  non-overlap region is null and h_n is set to h (Eq. 7 then fixes its similarities, so it only
-  has to stay finite).
+  cells (roi_mean); h_n = (S_v h - S_o h_o) / S_n with S_v = 1, S_n = 1 - S_o. Where
+  S_n < epsilon the non-overlap region is null and h_n is set to h (Eq. 7 then fixes its
+  similarities, so it only has to stay finite).
 
   Args:
     feature_map: (B, h, w, C) the backbone's map before pooling.

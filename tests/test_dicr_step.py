@@ -1,0 +1,158 @@
+"""DICR in the train step: switched off, every base method takes the step it took before DICR
+existed (bit for bit); switched on, SimCLR's loss is NT-Xent + lambda L_DICR re-derived in NumPy
+from a reference forward; lambda starts at 0; 1 and 8 devices take the same step."""
+
+import os
+
+import dicr_reference
+import jax
+import numpy as np
+import pytest
+
+from cl_jax import parallel, train
+from cl_jax import train_step as step_lib
+from cl_jax.data import photometric
+from configs import byol, mocov2, simclr, simsiam
+
+pytestmark = pytest.mark.slow  # compiled train steps: minutes
+
+B, S = 8, 16
+BASE = {
+    "simclr": (simclr, {}),
+    "moco": (mocov2, {"moco": {"symmetric": True}}),
+    "simsiam": (simsiam, {}),
+    "byol": (byol, {}),
+}
+# One step of each base method recorded before DICR was added (at the config and batch below):
+# the loss and the float64 sum of each parameter array after the step.
+FIXTURE = os.path.join(os.path.dirname(__file__), "data", "base_steps_v1.npz")
+
+
+def _config(name, **blocks):
+  module, base = BASE[name]
+  c = module.get_config(None)
+  c.data.image_size = S
+  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  if c.model.predictor_hidden_dim:
+    c.model.predictor_hidden_dim = 16
+  c.optim.update(batch_size=B, epochs=2)
+  for block, fields in {**base, **blocks}.items():
+    c[block].update(fields)
+  return c
+
+
+def _batch():
+  """Random views with crop boxes in a 32 px source image and random flips."""
+  rng = np.random.default_rng(0)
+  out = {v: rng.integers(0, 256, (B, S, S, 3), dtype=np.uint8) for v in ("view1", "view2")}
+  for v in (1, 2):
+    y0, x0 = rng.uniform(0, 20, B), rng.uniform(0, 20, B)
+    size_y, size_x = rng.uniform(8, 12, B), rng.uniform(8, 12, B)
+    out[f"box{v}"] = np.stack([y0, x0, y0 + size_y, x0 + size_x], 1).astype(np.float32)
+    out[f"flip{v}"] = rng.random(B) < 0.5
+  return out
+
+
+def _step(config, devices=1):
+  mesh = parallel.make_mesh(jax.devices()[:devices])
+  encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
+  state = make_state()
+  before = jax.device_get(state)
+  fn = step_lib.jit_train_step(
+      step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4),
+      parallel.state_sharding(state, mesh),
+      parallel.batch_sharding(mesh),
+  )
+  after, metrics = fn(state, parallel.global_batch(_batch(), mesh))
+  return encoder, before, jax.device_get(after), jax.device_get(metrics)
+
+
+@pytest.mark.parametrize("name", list(BASE))
+def test_switched_off_each_base_method_takes_its_recorded_step(name):
+  reference = np.load(FIXTURE)
+  _, _, after, metrics = _step(_config(name))
+  assert metrics["loss"] == reference[f"{name}_loss"]
+  sums = [np.sum(np.asarray(x, np.float64)) for x in jax.tree.leaves(after.params)]
+  np.testing.assert_array_equal(sums, reference[f"{name}_params"])
+  assert not any(k.startswith("dicr/") for k in metrics)
+
+
+def test_simclr_step_adds_lambda_times_the_numpy_dicr_loss():
+  weight, tau, t = 3.0, 0.2, 0.5
+  config = _config(
+      "simclr", dicr={"enabled": True, "warmup_epochs": 0, "weight": weight, "temperature": tau}
+  )
+  encoder, before, _, metrics = _step(config)
+  rng = jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0)
+  r_aug1, r_aug2 = jax.random.split(rng, 5)[:2]
+  spec = step_lib.photometric_spec(config.aug)
+  batch = _batch()
+  outs = []
+  for r, v in ((r_aug1, "view1"), (r_aug2, "view2")):
+    x = photometric.augment_batch(r, batch[v], spec)[0]
+    out, _ = encoder.apply(
+        {"params": before.params, "batch_stats": before.batch_stats},
+        x,
+        train=True,
+        mutable=["batch_stats"],
+    )
+    outs.append({k: np.asarray(out[k], np.float64) for k in ("z", "feature_map")})
+  u = np.concatenate([o["z"] for o in outs])
+  nt_xent = []
+  for i in range(2 * B):  # Chen et al. 2020, Eq. 1
+    partner = (i + B) % (2 * B)
+    denominator = sum(np.exp(u[i] @ u[k] / t) for k in range(2 * B) if k != i)
+    nt_xent.append(-np.log(np.exp(u[i] @ u[partner] / t) / denominator))
+  eps = config.dicr.epsilon_area / S**2
+  h, areas = [], []
+  for b in range(B):
+    box1, box2 = batch["box1"][b].astype(np.float64), batch["box2"][b].astype(np.float64)
+    s1, s2 = dicr_reference.overlap_share(box1, box2)
+    zero = np.zeros(4)
+    o1 = dicr_reference.overlap_in_view(box1, batch["flip1"][b], box2)
+    o2 = dicr_reference.overlap_in_view(box2, batch["flip2"][b], box1)
+    h_o1, h_n1 = dicr_reference.regions(
+        outs[0]["feature_map"][b], zero if o1 is None else o1, s1, eps
+    )
+    h_o2, h_n2 = dicr_reference.regions(
+        outs[1]["feature_map"][b], zero if o2 is None else o2, s2, eps
+    )
+    h.append([h_o1, h_n1, h_o2, h_n2])
+    areas.append([s1, 1 - s1, s2, 1 - s2])
+  l_dicr = dicr_reference.loss(np.array(h), np.array(areas), eps, tau)
+  np.testing.assert_allclose(metrics["dicr/loss"], l_dicr, rtol=1e-4)
+  np.testing.assert_allclose(metrics["loss"], np.mean(nt_xent) + weight * l_dicr, rtol=1e-5)
+  assert metrics["dicr/weight"] == weight
+
+
+@pytest.mark.parametrize("name", ["simsiam", "byol"])
+def test_lambda_is_zero_in_the_first_epoch(name):
+  _, _, _, plain = _step(_config(name))
+  _, _, _, warm = _step(_config(name, dicr={"enabled": True, "warmup_epochs": 1}))
+  assert warm["dicr/weight"] == 0.0 and warm["dicr/loss"] > 0.0
+  np.testing.assert_allclose(warm["loss"], plain["loss"], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "name, blocks",
+    [
+        ("moco", {"dicr": {"enabled": True, "warmup_epochs": 0}}),
+        (
+            "simclr",
+            {"dicr": {"enabled": True, "warmup_epochs": 0, "variant": "icr", "icr_layers": 2}},
+        ),
+    ],
+)
+def test_one_and_eight_devices_take_the_same_step(name, blocks):
+  model = (
+      {"bn_mode": "local", "bn_groups": 4}
+      if name == "simclr"
+      else {"bn_mode": "sync", "bn_groups": 1}
+  )
+  config = _config(name, model=model, **blocks)
+  _, _, one, m1 = _step(config, devices=1)
+  _, _, eight, m8 = _step(config, devices=8)
+  for key in ("loss", "dicr/loss", "dicr/pos_sim", "dicr/neg_sim"):
+    np.testing.assert_allclose(m8[key], m1[key], rtol=1e-5, err_msg=key)
+  for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(eight.params)):
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=max(1e-6, 1e-4 * np.abs(a).max()))
