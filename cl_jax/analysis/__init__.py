@@ -1,0 +1,1 @@
+"""Analyses of trained encoders (python -m cl_jax.analysis.<name>)."""
