@@ -208,7 +208,7 @@ def test_epsilon_is_given_in_view_pixels():
 
 
 @pytest.mark.parametrize("method", ["simclr", "moco", "simsiam", "byol"])
-@pytest.mark.parametrize("dataset", ["", ",cifar10", ",cifar100", ",stl10"])
+@pytest.mark.parametrize("dataset", ["", ",cifar10", ",cifar100", ",stl10", ",tiny_imagenet"])
 def test_presets_validate(method, dataset):
   c = dicr_config.get_config(method + dataset)
   if dataset:

@@ -86,6 +86,9 @@ DATASETS: dict[str, DatasetSpec] = {
         native_resolution=96,
         unlabelled_splits=frozenset({"unlabelled"}),
     ),
+    "tiny_imagenet": DatasetSpec(
+        "tiny_imagenet", _IMAGENET_SPLITS, num_classes=200, native_resolution=64
+    ),
     "imagenet2012": DatasetSpec(
         "imagenet2012", _IMAGENET_SPLITS, num_classes=1000, native_resolution=None
     ),
@@ -119,6 +122,14 @@ def dataset_spec(name: str) -> DatasetSpec:
 def preparation_instructions(name: str, data_dir: str) -> str:
   """How to prepare `name` in `data_dir`, with the exact `tfds build` command."""
   spec = dataset_spec(name)
+  if spec.tfds_name == "tiny_imagenet":
+    from cl_jax.data import tiny_imagenet  # pylint: disable=import-outside-toplevel
+
+    return (
+        f"TFDS has no Tiny-ImageNet: download {tiny_imagenet.ARCHIVE} ({tiny_imagenet.URL}) "
+        f"and run:\n  python -m cl_jax.data.tiny_imagenet --zip=<path of "
+        f"{tiny_imagenet.ARCHIVE}> --data_dir={data_dir}"
+    )
   build = (
       f"tfds build {spec.tfds_name} --data_dir={data_dir} --file_format=array_record\n"
       "(the tfds command of tensorflow-datasets 4.9 needs: pip install apache-beam "
@@ -178,10 +189,19 @@ def subset_index(labels: np.ndarray, label_map: np.ndarray) -> np.ndarray:
   return np.flatnonzero(label_map[labels] >= 0).astype(np.int64)
 
 
+def _register(tfds_name: str) -> None:
+  """Define the builders of datasets that cl_jax prepares itself (in this process)."""
+  if tfds_name == "tiny_imagenet":
+    from cl_jax.data import tiny_imagenet  # pylint: disable=import-outside-toplevel
+
+    tiny_imagenet.register()
+
+
 def _open_records(tfds_name: str, split: str, data_dir: str, decoders=None):
   """The TFDS ArrayRecord data source of one split (random access, numpy examples)."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
+  _register(tfds_name)
   builder = tfds.builder(tfds_name, data_dir=data_dir)
   return builder.as_data_source(split=split, decoders=decoders)
 
@@ -357,6 +377,7 @@ def open_source(
 
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
+  _register(spec.tfds_name)
   with logs.quiet():  # TFDS warns about an unprepared folder; the error below says more
     builder = tfds.builder(spec.tfds_name, data_dir=data_dir)
     prepared = builder.is_prepared()
