@@ -7,7 +7,8 @@ Each device count runs in its own process. On CPU the devices are simulated
 cost of the sharded step, not a speed-up. On GPUs and TPUs the first n real
 devices are used. The step is the full jitted train step (on-device photometric
 augmentation, EMA, key and NS forwards, loss, update, enqueue) on a synthetic
-global batch of host-cropped uint8 views; the host input pipeline is not timed.
+global batch of host-cropped uint8 views with their crop boxes; the host input
+pipeline is not timed.
 """
 
 import json
@@ -23,6 +24,7 @@ from ml_collections import config_flags
 
 from cl_jax import config_check, parallel, train
 from cl_jax import train_step as step_lib
+from cl_jax.data import geometric
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -35,6 +37,26 @@ _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per device count.", lowe
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.", lower_bound=0)
 _CHILD = flags.DEFINE_integer("child", None, "Internal: measure this device count in-process.")
 flags.mark_flag_as_required("config")
+
+
+def synthetic_batch(config, batch: int, rng: np.random.Generator) -> dict:
+  """A host batch shaped like the pipeline's: random uint8 views (all of LooC's), their crop
+  boxes and flips drawn as the pipeline draws them from a source twice the view's side (DICR
+  reads them), and the texture images of texture negatives."""
+  size = config.data.image_size
+  host = {}
+  for v in range(1, step_lib.num_views(config) + 1):
+    host[f"view{v}"] = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+    crops = [
+        geometric.sample_crop(rng, 2 * size, 2 * size, scale=tuple(config.data.crop_scale))
+        for _ in range(batch)
+    ]
+    host[f"box{v}"] = np.stack([c.box for c in crops]).astype(np.float32)
+    host[f"flip{v}"] = np.array([c.flip for c in crops])
+  if config.nonsemantic.enabled and config.nonsemantic.kind == "texture":
+    for v in (1, 2):
+      host[f"texture{v}"] = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+  return host
 
 
 def measure(config, devices: int, steps: int, warmup: int) -> dict:
@@ -55,11 +77,7 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
       parallel.state_sharding(state, mesh),
       parallel.batch_sharding(mesh),
   )
-  size = config.data.image_size
-  rng = np.random.default_rng(0)
-  host = {
-      v: rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8) for v in ("view1", "view2")
-  }
+  host = synthetic_batch(config, batch, np.random.default_rng(0))
   data = jax.device_put(host, parallel.batch_sharding(mesh))
 
   start = time.perf_counter()

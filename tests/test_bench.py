@@ -10,7 +10,7 @@ import pytest
 
 from cl_jax import bench, parallel, train
 from cl_jax import train_step as step_lib
-from configs import mocov2_patchns
+from configs import dicr, looc, mocov2_patchns
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
 
@@ -53,12 +53,23 @@ def test_measure_times_the_training_step():
       parallel.state_sharding(state, mesh),
       parallel.batch_sharding(mesh),
   )
-  rng = np.random.default_rng(0)
-  batch = {v: rng.integers(0, 256, (32, 16, 16, 3), dtype=np.uint8) for v in ("view1", "view2")}
+  batch = bench.synthetic_batch(c, 32, np.random.default_rng(0))
+  assert set(batch) == {"view1", "view2", "box1", "box2", "flip1", "flip2"}
   for _ in range(1 + 1 + 2):
     state, metrics = step(state, jax.device_put(batch, parallel.batch_sharding(mesh)))
   assert int(state.step) == 4
   np.testing.assert_allclose(out["loss"], float(metrics["loss"]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["dicr", "looc"])
+def test_measure_runs_the_steps_that_read_boxes_or_extra_views(name):
+  c = (dicr if name == "dicr" else looc).get_config(None)
+  c.data.image_size = 16
+  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.moco.queue_size, c.optim.batch_size = 256, 32
+  c.dicr.warmup_epochs = 0
+  out = bench.measure(c, devices=1, steps=1, warmup=0)
+  assert np.isfinite(out["loss"]) and out["step_ms"] > 0
 
 
 def test_cli_runs_each_device_count_in_its_own_process():
