@@ -153,7 +153,7 @@ def tables(report: dict) -> str:
 
 def plot_normstd(report: dict) -> Figure:
   """NormStd against layer, one colour per augmentation; trained solid, random init dashed."""
-  fig = Figure(figsize=(9, 4.5), layout="constrained")
+  fig = Figure(figsize=(11, 4.5), layout="constrained")
   ax = fig.add_subplot()
   x = np.arange(len(report["layers"]))
   for i, aug in enumerate(report["augmentations"]):
@@ -163,7 +163,7 @@ def plot_normstd(report: dict) -> Figure:
   ax.set_xticks(x, [l.replace("stage", "s").replace("_block", "b") for l in report["layers"]])
   ax.set_ylabel("NormStd")
   ax.set_title(f"{report['workdir']}, step {report['step']}: one-vs-rest NormStd per layer")
-  ax.legend(fontsize=7, ncol=2)
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
   return fig
 
 
