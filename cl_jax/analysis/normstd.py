@@ -22,7 +22,6 @@ import ml_collections
 import numpy as np
 from absl import app, flags, logging
 from etils import epath
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from cl_jax import checkpoint, cli, run_config
@@ -32,6 +31,7 @@ from cl_jax.errors import UsageError
 from cl_jax.models.encoder import encoder_for
 from cl_jax.state import init_variables
 from cl_jax.train_step import photometric_spec
+from cl_jax.viz.png import save
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with a checkpoint.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).", lower_bound=1)
@@ -188,14 +188,6 @@ def plot_normdist(report: dict) -> Figure:
   return fig
 
 
-def _save(fig: Figure, path: epath.Path) -> str:
-  FigureCanvasAgg(fig)
-  with path.open("wb") as f:
-    fig.savefig(f, format="png")
-  print(path, flush=True)
-  return str(path)
-
-
 def run(
     workdir: str,
     step: int | None = None,
@@ -240,8 +232,8 @@ def run(
   print(root / f"{stem}.json", flush=True)
   (root / f"{stem}.md").write_text(tables(report))
   print(root / f"{stem}.md", flush=True)
-  _save(plot_normstd(report), root / f"{stem}.png")
-  _save(plot_normdist(report), root / f"normdist_iou_step{step}.png")
+  save(plot_normstd(report), root / f"{stem}.png")
+  save(plot_normdist(report), root / f"normdist_iou_step{step}.png")
   return report
 
 

@@ -20,14 +20,13 @@ import os
 
 from absl import app, flags, logging
 from etils import epath
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from cl_jax import cli, metrics, run_config, train
 from cl_jax.data import sources
 from cl_jax.errors import UsageError
 from cl_jax.models.encoder import head_layout
 from cl_jax.viz import curves, histograms, landscape
+from cl_jax.viz.png import save
 
 _OUT = flags.DEFINE_string("out", None, "Directory of the PNGs (default: <first workdir>/viz).")
 _STEP = flags.DEFINE_integer(
@@ -61,15 +60,6 @@ def read_records(workdir: str) -> list[dict]:
   if not records:
     raise UsageError(f"{path} is empty: the run has not logged a step yet")
   return records
-
-
-def save(fig: Figure, path: epath.Path) -> str:
-  """Render `fig` with the Agg canvas to a PNG at `path`, print the path and return it."""
-  FigureCanvasAgg(fig)
-  with path.open("wb") as f:
-    fig.savefig(f, format="png")
-  print(path, flush=True)
-  return str(path)
 
 
 def render(workdirs: list[str], out: epath.Path, step: int | None, batches: int) -> list[str]:
