@@ -38,6 +38,7 @@ QUICK_CONFIGS = (
     "mocov2_patchns",
     "mocov2_patchns_ft_ifm",
     "looc",
+    "dicr",
     "simclr",
     "byol",
     "simsiam",
