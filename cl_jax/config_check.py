@@ -427,6 +427,10 @@ def validate(
   _int(c, "train.score_queries", 0)
   _float(c, "train.max_param_growth", 1.0, None, lo_open=True)
 
+  _int(c, "eval.knn_every", 0)
+  _int(c, "eval.knn_k", 1)
+  _float(c, "eval.knn_temperature", 0.0, None, lo_open=True)
+
   _float(c, "health.min_std_sqrt_d", 0.0, 1.0)
   _float(c, "health.min_rank", 0.0, None)  # 0: no rank warning
 

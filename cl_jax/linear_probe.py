@@ -65,11 +65,22 @@ def _features_fn(encoder, mean, std, which: str = "backbone"):
   return features
 
 
-def extract(features, variables, dataset, label_names, desc: str):
-  """Features and labels of every batch of `dataset` (numpy, in order)."""
+def extract(features, variables, dataset, label_names, desc: str | None, mesh=None):
+  """Features and labels of every batch of `dataset` (numpy, in order), under a progress bar
+  named `desc` (None: no bar). With `mesh`, each batch is padded to a multiple of the devices
+  and split over them (data-parallel)."""
   feats, labels = [], {k: [] for k in label_names}
-  for batch in tqdm.tqdm(dataset, desc=desc, leave=False, disable=jax.process_index() != 0):
-    feats.append(np.asarray(features(variables, batch["image"])))
+  bar = desc is None or jax.process_index() != 0
+  for batch in tqdm.tqdm(dataset, desc=desc, leave=False, disable=bar):
+    images = batch["image"]
+    if mesh is not None:
+      rows = len(images)
+      pad = -rows % mesh.size
+      images = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
+      images = jax.device_put(images, parallel.batch_sharding(mesh))
+      feats.append(np.asarray(features(variables, images))[:rows])
+    else:
+      feats.append(np.asarray(features(variables, images)))
     for k in label_names:
       labels[k].append(batch[k])
   return np.concatenate(feats), {k: np.concatenate(v) for k, v in labels.items()}
@@ -203,17 +214,20 @@ def logreg_probe(
 class _Probe(NamedTuple):
   """What probing any variables of a run needs: its data, the encoder's variables at
   initialisation (a () -> {"params", "batch_stats"} function, replicated over the mesh;
-  jax.eval_shape of it is the template of a checkpoint's variables) and the feature
-  function."""
+  jax.eval_shape of it is the template of a checkpoint's variables), the feature
+  function and the device mesh the features are computed on."""
 
   config: ml_collections.ConfigDict
   train_src: object
   test_src: object
   init_variables: object
   features: object
+  mesh: object
 
 
-def _setup(config: ml_collections.ConfigDict) -> _Probe:
+def setup(config: ml_collections.ConfigDict) -> _Probe:
+  """The probe's data, initial variables and feature function for a run config; features are
+  computed data-parallel over all devices."""
   mesh = parallel.make_mesh()
   train_src = sources.open_source(config.data, "probe_train")
   test_src = sources.open_source(config.data, "test")
@@ -225,7 +239,7 @@ def _setup(config: ml_collections.ConfigDict) -> _Probe:
   spec = photometric.PhotometricSpec()
   which = config.probe.get("features", "backbone")
   return _Probe(
-      config, train_src, test_src, init, _features_fn(encoder, spec.mean, spec.std, which)
+      config, train_src, test_src, init, _features_fn(encoder, spec.mean, spec.std, which), mesh
   )
 
 
@@ -258,37 +272,39 @@ def probe_variables(ctx: _Probe, variables: dict, protocol: str, validation: boo
   return accuracy
 
 
+def eval_features(ctx: _Probe, variables: dict, src, desc: str | None):
+  """(features (N, D), {label: (N,)}) of every image of `src` in its evaluation view (resize
+  and centre crop), in order, computed data-parallel."""
+  d = ctx.config.data
+  labels = tuple(ctx.train_src.num_classes)
+  dataset = pipeline.probe_dataset(
+      src,
+      labels,
+      image_size=d.image_size,
+      eval_crop_fraction=d.eval_crop_fraction,
+      batch_size=ctx.config.probe.batch_size,
+      train_views=False,
+  )
+  return extract(ctx.features, variables, dataset, labels, desc, ctx.mesh)
+
+
 def _probe_labels(ctx: _Probe, variables: dict, protocol: str, validation: bool) -> dict:
   """probe_variables for the labels of ctx's sources."""
   labels = tuple(ctx.train_src.num_classes)
   num_classes = dict(ctx.train_src.num_classes)
   d, p = ctx.config.data, ctx.config.probe
 
-  def eval_ds(src):
-    return pipeline.probe_dataset(
-        src,
-        labels,
-        image_size=d.image_size,
-        eval_crop_fraction=d.eval_crop_fraction,
-        batch_size=p.batch_size,
-        train_views=False,
-    )
-
   if validation:
     if protocol == "paper":
       raise UsageError("the validation split is for the fast and logreg protocols")
     x_train, y_train, x_test, y_test = validation_split(
-        *extract(ctx.features, variables, eval_ds(ctx.train_src), labels, "train features")
+        *eval_features(ctx, variables, ctx.train_src, "train features")
     )
   else:
-    x_test, y_test = extract(
-        ctx.features, variables, eval_ds(ctx.test_src), labels, "test features"
-    )
+    x_test, y_test = eval_features(ctx, variables, ctx.test_src, "test features")
   if protocol in ("fast", "logreg"):
     if not validation:
-      x_train, y_train = extract(
-          ctx.features, variables, eval_ds(ctx.train_src), labels, "train features"
-      )
+      x_train, y_train = eval_features(ctx, variables, ctx.train_src, "train features")
     if protocol == "fast":
       return fast_probe(x_train, y_train, x_test, y_test, num_classes, p, ctx.config.seed)
     return logreg_probe(x_train, y_train, x_test, y_test, num_classes)
@@ -387,7 +403,7 @@ def run(
     raise UsageError(
         f"probe protocol must be one of {config_check.PROBE_PROTOCOLS}, " f"got {protocol!r}"
     )
-  ctx = _setup(config)
+  ctx = setup(config)
   manager = checkpoint.make_manager(workdir, read_only=True)
   restored = checkpoint.restore_variables(manager, jax.eval_shape(ctx.init_variables), step)
   if restored is None:

@@ -31,6 +31,7 @@ class Progress:
         if enabled and self._interactive
         else None
     )
+    self._knn = ""
 
   def step(self) -> None:
     """One step taken."""
@@ -47,16 +48,21 @@ class Progress:
     """The scalars of a logging step: on the bar, or one plain line."""
     if not self._enabled:
       return
+    knn = {k[4:]: v for k, v in scalars.items() if k.startswith("knn/") and k != "knn/seconds"}
+    if knn:
+      self._knn = " ".join(f"{label} {100 * acc:.1f}" for label, acc in knn.items())
     if self._bar is not None:
-      self._bar.set_postfix(loss=f"{scalars['loss']:.4f}", lr=f"{scalars['lr']:.3g}")
+      extra = {"knn": self._knn} if self._knn else {}
+      self._bar.set_postfix(loss=f"{scalars['loss']:.4f}", lr=f"{scalars['lr']:.3g}", **extra)
       return
     now = time.perf_counter()
     left = (now - self._t0) / max(step - self._initial, 1) * (self._total - step)
     elapsed = now - self._started
     speed = f" {scalars['img_per_s']:.1f} img/s" if "img_per_s" in scalars else ""
+    knn_text = f" kNN {self._knn}" if knn else ""
     print(
         f"step {step}/{self._total} loss {scalars['loss']:.4f} lr {scalars['lr']:.3g}"
-        f"{speed} elapsed {_duration(elapsed)} left ~{_duration(left)}",
+        f"{speed}{knn_text} elapsed {_duration(elapsed)} left ~{_duration(left)}",
         flush=True,
     )
 

@@ -12,7 +12,8 @@ different run and needs its own workdir. The fields of CHANGEABLE (logging,
 checkpoint cadence, probe settings, health thresholds, input workers, data
 location, run length and learning rate) may change with --allow_config_change.
 The fields of an add-on switched off in both configs (<block>.enabled False, or a
-block the stored config lacks) do nothing and may differ.
+block the stored config lacks) do nothing and may differ, and so may changeable
+fields that the stored config lacks.
 """
 
 import difflib
@@ -30,6 +31,7 @@ CHANGEABLE = (
     "train.keep_checkpoints",
     "train.score_queries",
     "probe.",
+    "eval.",
     "health.",
     "data.workers",
     "data.data_dir",
@@ -133,6 +135,8 @@ def check_resume(stored, new, *, step: int, workdir: str, allow_change: bool) ->
     switch = field.split(".")[0] + ".enabled"
     if old_flat.get(switch, False) is False and new_flat.get(switch) is False:
       return True  # an add-on switched off in both (or missing from the stored config)
+    if old == ABSENT and changeable(field):
+      return True  # a field added since the run started that does not define a run
     return old == ABSENT and field in INERT and INERT[field] == new_flat.get(field)
 
   diffs = [(k, a, b) for k, a, b in differences(stored, new) if not inert(k, a)]

@@ -33,6 +33,15 @@ def addons(config: ml_collections.ConfigDict) -> list[str]:
     augs = ", ".join(config.looc.augmentations) or "none"
     plus = "LooC++: conv5 heads, " if config.looc.conv5_heads else ""
     out.append(f"leave-one-out heads ({plus}{1 + len(config.looc.augmentations)} heads: {augs})")
+  dicr = config.get("dicr")
+  if dicr is not None and dicr.enabled:
+    variant = {"dicr": "DICR", "dirr": f"DIRR, s {dicr.dirr_similarity}"}.get(
+        dicr.variant, f"ICR, {dicr.icr_layers}-layer projector"
+    )
+    out.append(
+        f"intra-image regularisation ({variant}, lambda {dicr.weight} reached at epoch "
+        f"{dicr.warmup_epochs}, tau {dicr.temperature}, epsilon {dicr.epsilon_area} px)"
+    )
   if config.hcl.enabled:
     out.append(f"hard-negative sampling (beta {config.hcl.beta}, tau+ {config.hcl.tau_plus})")
   return out

@@ -29,7 +29,17 @@ import ml_collections
 import optax
 from etils import epath
 
-from cl_jax import checkpoint, config_check, health, optim, parallel, run_config, summary
+from cl_jax import (
+    checkpoint,
+    config_check,
+    health,
+    knn_eval,
+    linear_probe,
+    optim,
+    parallel,
+    run_config,
+    summary,
+)
 from cl_jax import queue as queue_lib
 from cl_jax import train_step as step_lib
 from cl_jax.data import pipeline, sources, texture_source
@@ -259,6 +269,13 @@ def pretrain(
       "keys_per_step": keys,
       "param_norm_init": norm0,
   }
+  knn_every = config.eval.knn_every
+  knn_ctx = linear_probe.setup(config) if knn_every else None
+  if knn_ctx is not None and config.eval.knn_k > len(knn_ctx.train_src):
+    raise UsageError(
+        f"eval.knn_k = {config.eval.knn_k} exceeds the kNN memory bank's "
+        f"{len(knn_ctx.train_src)} images (the probe's train split)"
+    )
   done = start
   with _interruptible() as interrupted:
     try:
@@ -273,7 +290,8 @@ def pretrain(
           now = time.perf_counter()
           progress.compiled(done, now - t_last)
           t_last, step_last = now, done
-        logged = done % config.train.log_every == 0 or done == end
+        knn_due = bool(knn_every) and (done % knn_every == 0 or done == end)
+        logged = done % config.train.log_every == 0 or done == end or knn_due
         saved = done % config.train.checkpoint_every == 0 or done == end or bool(interrupted)
         if not (logged or saved):
           continue
@@ -282,6 +300,15 @@ def pretrain(
         if logged:
           scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
           scalars["param_norm"] = norm
+          if knn_due:
+            t_knn = time.perf_counter()
+            variables = {"params": state.params, "batch_stats": state.batch_stats}
+            accuracy = knn_eval.evaluate(
+                knn_ctx, variables, config.eval.knn_k, config.eval.knn_temperature, quiet=True
+            )
+            scalars.update({f"knn/{label}": acc for label, acc in accuracy.items()})
+            scalars["knn/seconds"] = time.perf_counter() - t_knn
+            t_last += scalars["knn/seconds"]  # img/s counts training only
           now = time.perf_counter()
           if done > step_last:
             scalars["img_per_s"] = (done - step_last) * config.optim.batch_size / (now - t_last)

@@ -168,6 +168,14 @@ def base_config() -> ml_collections.ConfigDict:
   # value at initialisation, or the loss or the state is no longer finite.
   c.train.max_param_growth = 100.0
 
+  # Weighted-kNN monitor (Wu et al. 2018) while pretraining: every knn_every steps and at the
+  # end, the probe's train split is the memory bank and its test split is classified; logged
+  # as knn/<label> (0: off).
+  c.eval = ml_collections.ConfigDict()
+  c.eval.knn_every = 0
+  c.eval.knn_k = 200
+  c.eval.knn_temperature = 0.1
+
   c.health = ml_collections.ConfigDict()  # collapse warnings while training (cl_jax/health.py)
   # Warn below these (README, "Health signals"): embedding std x sqrt(d) is about 1 when
   # the embeddings spread over the sphere, 0 when collapsed; a random network starts near
@@ -205,8 +213,11 @@ def apply_quick(c: ml_collections.ConfigDict) -> None:
     view keeps enough of the shape and texture at 32 px;
   - 16 epochs (624 steps of batch 128, about 5 minutes): at 8 the MoCo runs
     gain only a few points on texture over a random network.
+
+  It also switches on the kNN monitor (eval.knn_every), which is not a departure.
   """
   c.optim.epochs = 16
+  c.eval.knn_every = 156  # the kNN monitor 4 times in 624 steps (2 in 312), and at the end
   c.model.head_bn = True
   c.aug.blur_prob = 0.0
   c.data.crop_scale = (0.5, 1.0)

@@ -306,6 +306,6 @@ def test_probe_reads_only_the_encoder_variables(finished_run, monkeypatch):
   report = linear_probe.run(str(finished_run), baseline=False)
   assert report["step"] == 16 and "pretrain" not in opened
   manager = checkpoint.make_manager(str(finished_run), read_only=True)
-  template = jax.eval_shape(linear_probe._setup(run_config.read(finished_run)).init_variables)
+  template = jax.eval_shape(linear_probe.setup(run_config.read(finished_run)).init_variables)
   step, variables = checkpoint.restore_variables(manager, template)
   assert step == 16 and set(variables) == {"params", "batch_stats"}

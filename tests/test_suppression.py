@@ -218,6 +218,7 @@ def _tiny_base():
   c = simclr.get_config()
   c.data.update(image_size=16, trifeature_train=64, trifeature_test=32)
   c.optim.update(batch_size=32, epochs=2)  # 4 steps: reports probe_step4_fast
+  c.eval.knn_k = 32  # the kNN monitor's bank is the 64 training images
   return c
 
 
@@ -290,6 +291,7 @@ TINY = [
     "--config.data.image_size=16",
     "--config.data.trifeature_train=128",
     "--config.data.trifeature_test=64",
+    "--config.eval.knn_k=32",
     "--config.model.width_multiplier=0.125",
     "--config.model.head_hidden_dim=32",
     "--config.model.head_out_dim=16",

@@ -1,0 +1,146 @@
+"""Weighted kNN (Wu et al. 2018) against a NumPy re-derivation, on 1 and 8 simulated devices;
+the monitor of a pretraining run and the standalone command."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from cl_jax import knn_classifier, parallel
+from tests import tiny_run
+from tests.conftest import ROOT
+
+
+def _numpy_scores(queries, bank, labels, num_classes, k, t):
+  """Loop form: cosine similarities, the k largest, votes exp(s / T) per class."""
+  q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+  b = bank / np.linalg.norm(bank, axis=1, keepdims=True)
+  out = np.zeros((len(q), num_classes))
+  for i, row in enumerate(q):
+    sims = b @ row
+    for j in np.argsort(-sims, kind="stable")[:k]:
+      out[i, labels[j]] += np.exp(sims[j] / t)
+  return out
+
+
+def _data(n=37, q=20, d=6, classes=4, seed=0):
+  rng = np.random.default_rng(seed)
+  centres = rng.normal(size=(classes, d))
+  bank_labels = rng.integers(0, classes, n)
+  query_labels = rng.integers(0, classes, q)
+  bank = centres[bank_labels] + 0.8 * rng.normal(size=(n, d))
+  queries = centres[query_labels] + 0.8 * rng.normal(size=(q, d))
+  return bank.astype(np.float32), bank_labels, queries.astype(np.float32), query_labels
+
+
+def test_hand_worked_vote():
+  bank = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], np.float32)
+  labels = np.array([0, 1, 1])
+  scores = knn_classifier.knn_scores(np.array([[1.0, 0.2]]), bank, labels, 2, k=2, temperature=0.5)
+  s0, s2 = 1.0 / np.hypot(1, 0.2), 1.2 / (np.hypot(1, 0.2) * np.sqrt(2))  # the two nearest
+  np.testing.assert_allclose(scores, [[np.exp(s0 / 0.5), np.exp(s2 / 0.5)]], rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 5, 37])
+def test_scores_match_numpy(k):
+  bank, bank_labels, queries, _ = _data()
+  got = knn_classifier.knn_scores(queries, bank, bank_labels, 4, k, 0.1)
+  np.testing.assert_allclose(got, _numpy_scores(queries, bank, bank_labels, 4, k, 0.1), rtol=1e-4)
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_sharded_scores_match_numpy_with_a_padded_bank(devices):
+  bank, bank_labels, queries, _ = _data()  # 37 rows: padded to 40 on 8 devices
+  mesh = parallel.make_mesh(jax.devices()[:devices])
+  padded, padded_labels = knn_classifier.pad_bank(bank, bank_labels, devices)
+  scores = knn_classifier.sharded_knn_scores(mesh, 4, 7, 0.1)(queries, padded, padded_labels)
+  np.testing.assert_allclose(
+      scores, _numpy_scores(queries, bank, bank_labels, 4, 7, 0.1), rtol=1e-4
+  )
+
+
+def test_accuracy_is_the_same_on_one_and_eight_devices():
+  bank, bank_labels, queries, query_labels = _data(n=203, q=50)
+  expect = np.mean(
+      np.argmax(_numpy_scores(queries, bank, bank_labels, 4, 20, 0.1), axis=1) == query_labels
+  )
+  accuracies = [
+      knn_classifier.knn_accuracy(
+          parallel.make_mesh(jax.devices()[:n]),
+          bank,
+          {"label": bank_labels},
+          queries,
+          {"label": query_labels},
+          {"label": 4},
+          k=20,
+          chunk=16,
+      )["label"]
+      for n in (1, 8)
+  ]
+  assert accuracies == [expect, expect] and expect > 0.5
+
+
+def test_k_beyond_the_bank_is_refused():
+  bank, bank_labels, queries, query_labels = _data(n=10)
+  with pytest.raises(ValueError, match="k must be in"):
+    knn_classifier.knn_accuracy(
+        parallel.make_mesh(jax.devices()[:1]),
+        bank,
+        {"y": bank_labels},
+        queries,
+        {"y": query_labels},
+        {"y": 4},
+        k=11,
+    )
+
+
+@pytest.mark.slow
+def test_monitor_logs_knn_per_label_and_the_command_reads_the_checkpoint(tmp_path):
+  workdir = tmp_path / "run"
+  monitor = ["--config.optim.epochs=2", "--config.eval.knn_every=8", "--config.eval.knn_k=20"]
+  proc = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "cl_jax.main",
+          *tiny_run.FLAGS,
+          *monitor,
+          "--probe=false",
+          f"--workdir={workdir}",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      env=tiny_run.env(),
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  knn_steps = [r["step"] for r in records if "knn/colour" in r]
+  assert knn_steps == [8, 16]
+  last = records[-1]
+  assert {"loss", "knn/colour", "knn/shape", "knn/texture", "knn/seconds"} <= set(last)
+  assert all(0.0 <= last[f"knn/{k}"] <= 1.0 for k in ("colour", "shape", "texture"))
+  assert "kNN shape" in proc.stdout
+  cmd = [sys.executable, "-m", "cl_jax.knn", f"--workdir={workdir}", "--k=20"]
+  knn_proc = subprocess.run(
+      cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=tiny_run.env()
+  )
+  assert knn_proc.returncode == 0, knn_proc.stderr[-3000:]
+  report = json.loads((workdir / "knn_step16.json").read_text())
+  # The standalone job on the final checkpoint repeats the monitor's last evaluation.
+  for label in ("colour", "shape", "texture"):
+    assert report["accuracy"][label] == pytest.approx(last[f"knn/{label}"])
+  assert set(report["random_init"]) == {"colour", "shape", "texture"}
+  too_many = subprocess.run(
+      [*cmd[:-1], "--k=5000"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+      env=tiny_run.env(),
+  )
+  assert too_many.returncode == 1 and "exceeds the memory bank" in too_many.stderr
