@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from cl_jax import parallel, train
+from cl_jax import config_check, parallel, train
 from cl_jax import train_step as step_lib
 from cl_jax.data import photometric
 from configs import byol, mocov2, simclr, simsiam
@@ -156,3 +156,30 @@ def test_one_and_eight_devices_take_the_same_step(name, blocks):
     np.testing.assert_allclose(m8[key], m1[key], rtol=1e-5, err_msg=key)
   for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(eight.params)):
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=max(1e-6, 1e-4 * np.abs(a).max()))
+
+
+@pytest.mark.parametrize(
+    "name, addons",
+    [
+        (
+            "simclr",
+            {
+                "nonsemantic": {"enabled": True, "patch_min": 2, "patch_max": 6},
+                "ifm": {"enabled": True},
+            },
+        ),
+        ("moco", {"ft": {"enabled": True}}),
+        ("byol", {"nonsemantic": {"enabled": True, "patch_min": 2, "patch_max": 6, "alpha": 0.3}}),
+    ],
+)
+def test_dicr_adds_its_term_on_top_of_the_other_addons(name, addons):
+  dicr_on = {"dicr": {"enabled": True, "warmup_epochs": 0}}
+  config = _config(name, **addons, **dicr_on)
+  config_check.validate(config)
+  _, _, _, without = _step(_config(name, **addons))
+  _, _, after, metrics = _step(config)
+  assert np.isfinite(metrics["loss"]) and metrics["dicr/loss"] > 0
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(after.params))
+  np.testing.assert_allclose(
+      metrics["loss"], without["loss"] + metrics["dicr/weight"] * metrics["dicr/loss"], rtol=1e-5
+  )
