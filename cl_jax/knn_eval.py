@@ -9,7 +9,7 @@ import os
 import jax
 from etils import epath
 
-from cl_jax import checkpoint, knn_classifier, linear_probe, run_config
+from cl_jax import checkpoint, knn_classifier, linear_probe, parallel, run_config
 from cl_jax.errors import UsageError
 
 
@@ -35,6 +35,13 @@ def evaluate(
       k=k,
       temperature=temperature,
   )
+
+
+def on_local_devices(variables: dict, ctx) -> dict:
+  """The replicated encoder `variables` of a (possibly multi-process) run, copied onto ctx's
+  mesh of this process's devices (linear_probe.setup(config, jax.local_devices()))."""
+  replicated = parallel.replicated(ctx.mesh)
+  return jax.tree.map(lambda x: jax.device_put(x.addressable_data(0), replicated), variables)
 
 
 def run(workdir: str, step=None, k: int = 200, temperature: float = 0.1, baseline=True) -> dict:

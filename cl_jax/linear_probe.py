@@ -225,10 +225,10 @@ class _Probe(NamedTuple):
   mesh: object
 
 
-def setup(config: ml_collections.ConfigDict) -> _Probe:
+def setup(config: ml_collections.ConfigDict, devices=None) -> _Probe:
   """The probe's data, initial variables and feature function for a run config; features are
-  computed data-parallel over all devices."""
-  mesh = parallel.make_mesh()
+  computed data-parallel over `devices` (default: all)."""
+  mesh = parallel.make_mesh(devices)
   train_src = sources.open_source(config.data, "probe_train")
   test_src = sources.open_source(config.data, "test")
   encoder = encoder_for(config)

@@ -270,7 +270,8 @@ def pretrain(
       "param_norm_init": norm0,
   }
   knn_every = config.eval.knn_every
-  knn_ctx = linear_probe.setup(config) if knn_every else None
+  # Every process evaluates the whole split on its own devices; process 0 logs the result.
+  knn_ctx = linear_probe.setup(config, jax.local_devices()) if knn_every else None
   if knn_ctx is not None and config.eval.knn_k > len(knn_ctx.train_src):
     raise UsageError(
         f"eval.knn_k = {config.eval.knn_k} exceeds the kNN memory bank's "
@@ -302,7 +303,9 @@ def pretrain(
           scalars["param_norm"] = norm
           if knn_due:
             t_knn = time.perf_counter()
-            variables = {"params": state.params, "batch_stats": state.batch_stats}
+            variables = knn_eval.on_local_devices(
+                {"params": state.params, "batch_stats": state.batch_stats}, knn_ctx
+            )
             accuracy = knn_eval.evaluate(
                 knn_ctx, variables, config.eval.knn_k, config.eval.knn_temperature, quiet=True
             )

@@ -100,7 +100,7 @@ def test_random_init_baseline_is_computed_once_per_config(tmp_path, monkeypatch)
   def ctx(seed):
     c = mocov2.get_config()
     c.seed = seed
-    return linear_probe._Probe(c, None, None, lambda: _VARIABLES, None)
+    return linear_probe._Probe(c, None, None, lambda: _VARIABLES, None, None)
 
   first = linear_probe.random_init_accuracy(ctx(0), "fast")
   again = linear_probe.random_init_accuracy(ctx(0), "fast")
