@@ -7,6 +7,7 @@ import math
 
 import ml_collections
 
+from cl_jax.addons import dicr
 from cl_jax.data import photometric
 from cl_jax.errors import UsageError
 
@@ -14,7 +15,6 @@ METHODS = ("moco", "simclr", "byol", "simsiam")
 BN_MODES = ("sync", "local", "shuffle")
 NS_KINDS = ("patch", "texture")
 LOOC_AUGMENTATIONS = ("colour", "rotation", "texture")
-DICR_VARIANTS = ("dicr", "dirr", "icr")
 PROBE_FEATURES = ("backbone", "heads")
 ALPHA_MODES = ("in", "out")
 FT_NEGATIVE = ("none", "interpolate", "extrapolate", "hard")
@@ -172,7 +172,7 @@ def _check_dicr(c, method: str, symmetric: bool, size: int, epochs: int) -> None
         "DICR needs both views through the query encoder, as in the paper's symmetric MoCo "
         "(its footnote 6); set moco.symmetric = True",
     )
-  variant = _choice(c, "dicr.variant", DICR_VARIANTS)
+  variant = _choice(c, "dicr.variant", dicr.VARIANTS)
   _float(c, "dicr.weight", 0.0, None, lo_open=True)
   _int(c, "dicr.warmup_epochs", 0, epochs)
   _float(c, "dicr.temperature", 0.0, None, lo_open=True)

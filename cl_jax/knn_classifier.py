@@ -24,30 +24,10 @@ from cl_jax.models.heads import l2_normalize
 from cl_jax.parallel import DATA_AXIS
 
 
-def knn_scores(
-    queries: jax.Array,
-    bank: jax.Array,
-    bank_labels: jax.Array,
-    num_classes: int,
-    k: int,
-    temperature: float,
-) -> jax.Array:
-  """Class scores of weighted kNN on one device.
-
-  Args:
-    queries: (Q, D) features (normalised here).
-    bank: (N, D) features (normalised here); rows with a negative label are ignored.
-    bank_labels: (N,) int labels in [0, num_classes), or -1 for padding.
-    k: neighbours, at most N.
-    temperature: T.
-
-  Returns:
-    (Q, num_classes) float32 scores.
-  """
+def _similarities(queries: jax.Array, bank: jax.Array, labels: jax.Array) -> jax.Array:
+  """(Q, N) cosine similarities, -inf for the bank's padding rows (label -1)."""
   sims = l2_normalize(queries.astype(jnp.float32)) @ l2_normalize(bank.astype(jnp.float32)).T
-  sims = jnp.where(bank_labels[None, :] >= 0, sims, -jnp.inf)
-  top, index = jax.lax.top_k(sims, k)
-  return _vote(top, bank_labels[index], num_classes, temperature)
+  return jnp.where(labels[None, :] >= 0, sims, -jnp.inf)
 
 
 def _vote(sims: jax.Array, labels: jax.Array, num_classes: int, temperature: float) -> jax.Array:
@@ -58,17 +38,16 @@ def _vote(sims: jax.Array, labels: jax.Array, num_classes: int, temperature: flo
 
 @functools.cache
 def sharded_knn_scores(mesh: Mesh, num_classes: int, k: int, temperature: float):
-  """knn_scores with the bank's rows split over the mesh's `data` axis.
+  """Class scores of weighted kNN with the bank's rows split over the mesh's `data` axis.
 
   Returns a jitted scores(queries (Q, D) replicated, bank (N, D), bank_labels (N,)) ->
-  (Q, num_classes), N a multiple of the device count (pad_bank); each device's top-k is
-  gathered and the global top-k of the candidates votes.
+  (Q, num_classes) float32. Features are normalised inside; labels are ints in
+  [0, num_classes), -1 for padding rows, N a multiple of the device count (pad_bank) and
+  k <= N. Each device's top-k is gathered and the global top-k of the candidates votes.
   """
 
   def local(queries, bank, labels):
-    sims = l2_normalize(queries.astype(jnp.float32)) @ l2_normalize(bank.astype(jnp.float32)).T
-    sims = jnp.where(labels[None, :] >= 0, sims, -jnp.inf)
-    top, index = jax.lax.top_k(sims, min(k, bank.shape[0]))
+    top, index = jax.lax.top_k(_similarities(queries, bank, labels), min(k, bank.shape[0]))
     top = jax.lax.all_gather(top, DATA_AXIS, axis=1, tiled=True)  # (Q, devices * k)
     cand = jax.lax.all_gather(labels[index], DATA_AXIS, axis=1, tiled=True)
     best, pick = jax.lax.top_k(top, k)

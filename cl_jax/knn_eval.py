@@ -11,6 +11,7 @@ from etils import epath
 
 from cl_jax import checkpoint, knn_classifier, linear_probe, parallel, run_config
 from cl_jax.errors import UsageError
+from cl_jax.metrics import write_atomically
 
 
 def evaluate(
@@ -71,9 +72,7 @@ def run(workdir: str, step=None, k: int = 200, temperature: float = 0.1, baselin
     report["random_init"] = evaluate(ctx, ctx.init_variables(), k, temperature)
   if jax.process_index() == 0:
     path = epath.Path(workdir) / f"knn_step{step}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    tmp.replace(path)
+    write_atomically(path, json.dumps(report, indent=2))
     report["path"] = str(path)
   return report
 

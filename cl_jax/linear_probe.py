@@ -40,6 +40,7 @@ from cl_jax import checkpoint, config_check, parallel, run_config
 from cl_jax.data import photometric, pipeline, sources
 from cl_jax.data.rotated_source import RotatedSource
 from cl_jax.errors import UsageError
+from cl_jax.metrics import write_atomically
 from cl_jax.models.encoder import encoder_for, head_layout
 from cl_jax.state import init_variables
 
@@ -433,9 +434,7 @@ def run(
   if jax.process_index() == 0:
     suffix = ("_heads" if report["features"] == "heads" else "") + ("_val" if validation else "")
     path = epath.Path(workdir) / f"probe_step{report['step']}_{protocol}{suffix}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    tmp.replace(path)
+    write_atomically(path, json.dumps(report, indent=2))
     report["path"] = str(path)
   return report
 

@@ -76,7 +76,7 @@ class MetricWriter:
     if self._segment is None or len(self._lines) >= SEGMENT_ROWS:
       self._segment, self._lines = self._segment_dir / f"{step:010d}.jsonl", []
     self._lines.append(line)
-    _write_atomically(self._segment, "".join(l + "\n" for l in self._lines))
+    write_atomically(self._segment, "".join(l + "\n" for l in self._lines))
 
   def write_text(self, tag: str, text: str, step: int) -> None:
     """Record `text` under `tag` at `step` in TensorBoard (its Text tab)."""
@@ -143,10 +143,10 @@ def _drop_rows_after(root: epath.Path, step: int) -> None:
       lines = _lines(path)
       keep = [l for l in lines if json.loads(l)["step"] <= step]
       if len(keep) < len(lines):
-        _write_atomically(path, "".join(l + "\n" for l in keep))
+        write_atomically(path, "".join(l + "\n" for l in keep))
 
 
-def _write_atomically(path: epath.Path, text: str) -> None:
+def write_atomically(path: epath.Path, text: str) -> None:
   """Replace the contents of `path` by `text`; a crash leaves the old or the new contents.
 
   An object store replaces an object in one step; a local file is written to a

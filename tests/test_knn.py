@@ -39,7 +39,8 @@ def _data(n=37, q=20, d=6, classes=4, seed=0):
 def test_hand_worked_vote():
   bank = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], np.float32)
   labels = np.array([0, 1, 1])
-  scores = knn_classifier.knn_scores(np.array([[1.0, 0.2]]), bank, labels, 2, k=2, temperature=0.5)
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  scores = knn_classifier.sharded_knn_scores(mesh, 2, 2, 0.5)(np.array([[1.0, 0.2]]), bank, labels)
   s0, s2 = 1.0 / np.hypot(1, 0.2), 1.2 / (np.hypot(1, 0.2) * np.sqrt(2))  # the two nearest
   np.testing.assert_allclose(scores, [[np.exp(s0 / 0.5), np.exp(s2 / 0.5)]], rtol=1e-5)
 
@@ -47,7 +48,8 @@ def test_hand_worked_vote():
 @pytest.mark.parametrize("k", [1, 5, 37])
 def test_scores_match_numpy(k):
   bank, bank_labels, queries, _ = _data()
-  got = knn_classifier.knn_scores(queries, bank, bank_labels, 4, k, 0.1)
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  got = knn_classifier.sharded_knn_scores(mesh, 4, k, 0.1)(queries, bank, bank_labels)
   np.testing.assert_allclose(got, _numpy_scores(queries, bank, bank_labels, 4, k, 0.1), rtol=1e-4)
 
 

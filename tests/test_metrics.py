@@ -89,10 +89,10 @@ def test_a_crash_while_cutting_the_log_keeps_its_rows(tmp_path, monkeypatch):
 def test_segment_writes_are_bounded(tmp_path, monkeypatch):
   monkeypatch.setattr(metrics, "SEGMENT_ROWS", 5)
   written = []
-  write = metrics._write_atomically
+  write = metrics.write_atomically
   monkeypatch.setattr(
       metrics,
-      "_write_atomically",
+      "write_atomically",
       lambda path, text: written.append((path.name, text.count("\n"))) or write(path, text),
   )
   _log(tmp_path, range(1, 24), 0, appendable=False)

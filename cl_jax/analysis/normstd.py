@@ -28,6 +28,7 @@ from cl_jax import checkpoint, cli, run_config
 from cl_jax.analysis import dispersion, one_vs_rest
 from cl_jax.data import sources
 from cl_jax.errors import UsageError
+from cl_jax.metrics import write_atomically
 from cl_jax.models.encoder import encoder_for
 from cl_jax.state import init_variables
 from cl_jax.train_step import photometric_spec
@@ -113,7 +114,7 @@ def analyse(
       )
       normdist[layer] = [None if np.isnan(m) else float(m) for m in means]
     report[name] = {"normstd": normstd, "normdist_iou": normdist, "sigma_all": sigma}
-    report["iou_pairs"] = [int(c) for c in counts]
+  report["iou_pairs"] = [int(c) for c in counts]  # the crop boxes' pairs: one count per bin
   report["iou_bins"] = [float(e) for e in np.linspace(0.0, 1.0, bins + 1)]
   return report
 
@@ -228,9 +229,9 @@ def run(
   root = epath.Path(out) if out else epath.Path(workdir) / "normstd"
   root.mkdir(parents=True, exist_ok=True)
   stem = f"normstd_step{step}"
-  (root / f"{stem}.json").write_text(json.dumps(report, indent=2))
+  write_atomically(root / f"{stem}.json", json.dumps(report, indent=2))
   print(root / f"{stem}.json", flush=True)
-  (root / f"{stem}.md").write_text(tables(report))
+  write_atomically(root / f"{stem}.md", tables(report))
   print(root / f"{stem}.md", flush=True)
   save(plot_normstd(report), root / f"{stem}.png")
   save(plot_normdist(report), root / f"normdist_iou_step{step}.png")
