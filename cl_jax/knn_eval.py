@@ -9,9 +9,8 @@ import os
 import jax
 from etils import epath
 
-from cl_jax import checkpoint, knn_classifier, linear_probe, parallel, run_config
+from cl_jax import checkpoint, knn_classifier, linear_probe, metrics, parallel, run_config
 from cl_jax.errors import UsageError
-from cl_jax.metrics import write_atomically
 
 
 def evaluate(
@@ -47,7 +46,9 @@ def on_local_devices(variables: dict, ctx) -> dict:
 
 def run(workdir: str, step=None, k: int = 200, temperature: float = 0.1, baseline=True) -> dict:
   """kNN accuracy of checkpoint `step` (default: the latest) of the run in `workdir`; the
-  report is written to workdir/knn_step<N>.json and returned."""
+  report is written to workdir/knn_step<N>.json and returned, and its accuracies join the
+  run's metrics and TensorBoard at step N as knn/<label> (metrics.append_row; the kNN
+  monitor's names, so a rerun on a monitored step replaces the monitor's numbers when read)."""
   if temperature <= 0:
     raise UsageError(f"--temperature must be positive, got {temperature}")
   config = run_config.read(workdir)
@@ -72,7 +73,9 @@ def run(workdir: str, step=None, k: int = 200, temperature: float = 0.1, baselin
     report["random_init"] = evaluate(ctx, ctx.init_variables(), k, temperature)
   if jax.process_index() == 0:
     path = epath.Path(workdir) / f"knn_step{step}.json"
-    write_atomically(path, json.dumps(report, indent=2))
+    metrics.write_atomically(path, json.dumps(report, indent=2))
+    scalars = {f"knn/{label}": acc for label, acc in report["accuracy"].items()}
+    metrics.append_row(workdir, step, scalars, "knn")
     report["path"] = str(path)
   return report
 

@@ -18,12 +18,15 @@ architecture at its random initialisation (step 0 of the run's seed), computed
 once per configuration and cached (`random_init_accuracy`). With `validation`
 the fast and logreg probes fit four fifths of the training split and report the
 held-out fifth, for tuning a recipe without looking at the test split.
-The report is written next to the checkpoints:
-<workdir>/probe_step<N>_<protocol>[_val].json.
+The report is written next to the checkpoints, <workdir>/probe_step<N>_<protocol>[_val].json,
+with the trained classifier (LinearClassifier, for the evaluation suites of cl_jax.evaluate)
+in probe_step<N>_<protocol>[_val]_classifier.npz, and its accuracies join the run's
+metrics.jsonl and TensorBoard at step N (metrics.append_row).
 """
 
 import functools
 import hashlib
+import io
 import json
 import os
 from typing import NamedTuple
@@ -36,11 +39,10 @@ import optax
 import tqdm
 from etils import epath
 
-from cl_jax import checkpoint, config_check, parallel, run_config
+from cl_jax import checkpoint, config_check, metrics, parallel, run_config
 from cl_jax.data import photometric, pipeline, sources
 from cl_jax.data.rotated_source import RotatedSource
 from cl_jax.errors import UsageError
-from cl_jax.metrics import write_atomically
 from cl_jax.models.encoder import encoder_for, head_layout
 from cl_jax.state import init_variables
 
@@ -66,22 +68,27 @@ def _features_fn(encoder, mean, std, which: str = "backbone"):
   return features
 
 
+def sharded_features(features, variables, images: np.ndarray, mesh) -> jax.Array:
+  """features(variables, images) for uint8 images (b, S, S, 3), data-parallel: the batch is
+  padded with black images to a multiple of the mesh's devices, split over them, and the
+  padding's rows dropped; (b, D) on the devices."""
+  rows = len(images)
+  pad = -rows % mesh.size
+  images = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
+  return features(variables, jax.device_put(images, parallel.batch_sharding(mesh)))[:rows]
+
+
 def extract(features, variables, dataset, label_names, desc: str | None, mesh=None):
   """Features and labels of every batch of `dataset` (numpy, in order), under a progress bar
-  named `desc` (None: no bar). With `mesh`, each batch is padded to a multiple of the devices
-  and split over them (data-parallel)."""
+  named `desc` (None: no bar). With `mesh`, each batch is computed data-parallel
+  (sharded_features)."""
   feats, labels = [], {k: [] for k in label_names}
   bar = desc is None or jax.process_index() != 0
   for batch in tqdm.tqdm(dataset, desc=desc, leave=False, disable=bar):
-    images = batch["image"]
     if mesh is not None:
-      rows = len(images)
-      pad = -rows % mesh.size
-      images = np.concatenate([images, np.zeros((pad,) + images.shape[1:], images.dtype)])
-      images = jax.device_put(images, parallel.batch_sharding(mesh))
-      feats.append(np.asarray(features(variables, images))[:rows])
+      feats.append(np.asarray(sharded_features(features, variables, batch["image"], mesh)))
     else:
-      feats.append(np.asarray(features(variables, images)))
+      feats.append(np.asarray(features(variables, batch["image"])))
     for k in label_names:
       labels[k].append(batch[k])
   return np.concatenate(feats), {k: np.concatenate(v) for k, v in labels.items()}
@@ -92,12 +99,6 @@ def topk_accuracy(logits: np.ndarray, labels: np.ndarray, k: int) -> float:
   k = min(k, logits.shape[1])
   top = np.argsort(-logits, axis=1)[:, :k]
   return float(np.mean(np.any(top == labels[:, None], axis=1)))
-
-
-def standardise(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Both feature sets (N, D) standardised with the training set's mean and std."""
-  mu, sigma = x_train.mean(0), x_train.std(0) + 1e-6
-  return (x_train - mu) / sigma, (x_test - mu) / sigma
 
 
 def _linear_trainer(
@@ -145,31 +146,72 @@ def _steps_per_epoch(num_images: int, batch_size: int) -> int:
   return num_images // batch_size
 
 
-def _linear_accuracy(params: dict, x: np.ndarray, y: dict) -> dict:
-  """Accuracy of the linear classifiers `params` (label -> {w, b}) on features x (N, D)."""
-  return _accuracy({k: x @ np.asarray(q["w"]) + np.asarray(q["b"]) for k, q in params.items()}, y)
+class LinearClassifier(NamedTuple):
+  """A trained probe: one linear classifier per label on standardised features,
+  logits_k(x) = ((x - mean) / std) @ weights[k] + biases[k], for x (N, D), mean and std (D,),
+  weights[k] (D, C_k), biases[k] (C_k,) (-inf for a class absent from the training labels).
+  Saved next to the probe's report (save / load) for the evaluation suites."""
+
+  mean: np.ndarray
+  std: np.ndarray
+  weights: dict
+  biases: dict
+
+  def logits(self, x: np.ndarray) -> dict[str, np.ndarray]:
+    """label -> (N, C_k) logits of features x (N, D)."""
+    z = (x - self.mean) / self.std
+    return {k: z @ self.weights[k] + self.biases[k] for k in self.weights}
+
+  def accuracy(self, x: np.ndarray, y: dict) -> dict:
+    """label -> {"top1", "top5"} accuracy (fractions) on features x (N, D), labels y[k] (N,)."""
+    return _accuracy(self.logits(x), y)
+
+  def save(self, path: epath.Path) -> None:
+    """Write the classifier to `path` (.npz); a crash leaves the old file or the new one."""
+    arrays = {"mean": self.mean, "std": self.std}
+    arrays.update({f"w/{k}": np.asarray(w) for k, w in self.weights.items()})
+    arrays.update({f"b/{k}": np.asarray(b) for k, b in self.biases.items()})
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    if "://" in str(path):  # an object store replaces an object in one step
+      path.write_bytes(buffer.getvalue())
+      return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(buffer.getvalue())
+    tmp.replace(path)
+
+  @classmethod
+  def load(cls, path: epath.Path) -> "LinearClassifier":
+    """The classifier saved at `path`."""
+    with np.load(io.BytesIO(epath.Path(path).read_bytes())) as f:
+      labels = [k[2:] for k in f.files if k.startswith("w/")]
+      return cls(
+          f["mean"], f["std"], {k: f[f"w/{k}"] for k in labels}, {k: f[f"b/{k}"] for k in labels}
+      )
 
 
-def fast_probe(
+def _standardiser(x_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(mean, std + 1e-6) of training features (N, D) over N."""
+  return x_train.mean(0), x_train.std(0) + 1e-6
+
+
+def fit_fast(
     x_train: np.ndarray,
     y_train: dict,
-    x_test: np.ndarray,
-    y_test: dict,
     num_classes: dict[str, int],
     probe: ml_collections.ConfigDict,
     seed: int,
-) -> dict:
-  """SGD linear classifiers on standardised cached features.
+) -> LinearClassifier:
+  """SGD linear classifiers on cached features standardised with the training statistics.
 
   Args:
-    x_train, x_test: (N, D) features; y_*: label name -> (N,) int labels.
+    x_train: (N, D) features; y_train: label name -> (N,) int labels.
     num_classes: label name -> classes.
     probe: the `probe` config block (batch_size, epochs, lr, weight_decay,
       decay_epochs); SGD momentum 0.9, cross-entropy, one classifier per label.
-  Returns:
-    label name -> {"top1", "top5"} test accuracy (fractions).
   """
-  x_train, x_test = standardise(x_train, x_test)
+  mean, std = _standardiser(x_train)
+  x_train = (x_train - mean) / std
   steps_per_epoch = _steps_per_epoch(len(x_train), probe.batch_size)
   params, opt_state, update = _linear_trainer(
       num_classes, x_train.shape[1], _lr_schedule(probe, steps_per_epoch), 0.9, probe.weight_decay
@@ -184,32 +226,38 @@ def fast_probe(
       params, opt_state = update(
           params, opt_state, x_train[idx], {k: y_train[k][idx] for k in num_classes}
       )
-  return _linear_accuracy(params, x_test, y_test)
+  return _from_params(params, mean, std)
 
 
-def logreg_probe(
-    x_train: np.ndarray,
-    y_train: dict,
-    x_test: np.ndarray,
-    y_test: dict,
-    num_classes: dict[str, int],
-    max_iter: int = 1000,
-) -> dict:
+def _from_params(params: dict, mean: np.ndarray, std: np.ndarray) -> LinearClassifier:
+  """The LinearClassifier of trained {label: {w, b}} parameters."""
+  weights = {k: np.asarray(q["w"]) for k, q in params.items()}
+  return LinearClassifier(mean, std, weights, {k: np.asarray(q["b"]) for k, q in params.items()})
+
+
+def fit_logreg(
+    x_train: np.ndarray, y_train: dict, num_classes: dict[str, int], max_iter: int = 1000
+) -> LinearClassifier:
   """scikit-learn's multinomial logistic regression (L-BFGS, C = 1) on standardised features.
 
-  The arguments and result are those of fast_probe; the optimum of this
-  convex problem does not depend on a learning rate or schedule.
+  The arguments are those of fit_fast; the optimum of this convex problem does not depend on
+  a learning rate or schedule. Classes absent from y_train get the logit -inf.
   """
   from sklearn.linear_model import LogisticRegression
 
-  x_train, x_test = standardise(x_train, x_test)
-  logits = {}
-  for k in num_classes:
-    model = LogisticRegression(max_iter=max_iter).fit(x_train, y_train[k])
-    scores = np.full((len(x_test), num_classes[k]), -np.inf)
-    scores[:, model.classes_] = model.decision_function(x_test)
-    logits[k] = scores
-  return _accuracy(logits, y_test)
+  mean, std = _standardiser(x_train)
+  z = (x_train - mean) / std
+  weights, biases = {}, {}
+  for k, c in num_classes.items():
+    model = LogisticRegression(max_iter=max_iter).fit(z, y_train[k])
+    coef, intercept = model.coef_.T, model.intercept_
+    if len(model.classes_) == 2:  # one decision function: score of classes_[1] against [0]
+      coef = np.concatenate([np.zeros_like(coef), coef], axis=1)
+      intercept = np.concatenate([np.zeros_like(intercept), intercept])
+    weights[k] = np.zeros((z.shape[1], c))
+    biases[k] = np.full((c,), -np.inf)
+    weights[k][:, model.classes_], biases[k][model.classes_] = coef, intercept
+  return LinearClassifier(mean, std, weights, biases)
 
 
 class _Probe(NamedTuple):
@@ -261,23 +309,33 @@ def validation_split(x: np.ndarray, y: dict) -> tuple:
   return x[n:], {k: v[n:] for k, v in y.items()}, x[:n], {k: v[:n] for k, v in y.items()}
 
 
-def probe_variables(ctx: _Probe, variables: dict, protocol: str, validation: bool = False) -> dict:
-  """Accuracy (label -> {top1, top5}) of the `protocol` probe on the encoder `variables`,
-  on the test split, or with `validation` on the held-out fifth of the training split
-  (validation_split; fast and logreg protocols). With probe.rotation also the label
-  "rotation": the same probe trained and tested on the images rotated by a random
-  multiple of 90 degrees (Xiao et al. 2021, Table 1)."""
-  accuracy = _probe_labels(ctx, variables, protocol, validation)
+def probe_variables(
+    ctx: _Probe, variables: dict, protocol: str, validation: bool = False
+) -> tuple[dict, LinearClassifier]:
+  """(accuracy, classifier): accuracy (label -> {top1, top5}) of the `protocol` probe on the
+  encoder `variables`, on the test split, or with `validation` on the held-out fifth of the
+  training split (validation_split; fast and logreg protocols), and the trained classifier.
+  With probe.rotation also the label "rotation": the same probe trained and tested on the
+  images rotated by a random multiple of 90 degrees (Xiao et al. 2021, Table 1)."""
+  accuracy, classifier = _probe_labels(ctx, variables, protocol, validation)
   if ctx.config.probe.get("rotation", False):
-    accuracy.update(_probe_labels(_rotated(ctx), variables, protocol, validation))
-  return accuracy
+    rotated, rotation = _probe_labels(_rotated(ctx), variables, protocol, validation)
+    accuracy.update(rotated)
+    classifier = LinearClassifier(
+        classifier.mean,
+        classifier.std,
+        {**classifier.weights, **rotation.weights},
+        {**classifier.biases, **rotation.biases},
+    )
+  return accuracy, classifier
 
 
-def eval_features(ctx: _Probe, variables: dict, src, desc: str | None):
+def eval_features(ctx: _Probe, variables: dict, src, desc: str | None, labels=None):
   """(features (N, D), {label: (N,)}) of every image of `src` in its evaluation view (resize
-  and centre crop), in order, computed data-parallel."""
+  and centre crop), in order, computed data-parallel; `labels`: the label names to collect
+  (default: those of ctx's probe data)."""
   d = ctx.config.data
-  labels = tuple(ctx.train_src.num_classes)
+  labels = tuple(ctx.train_src.num_classes) if labels is None else tuple(labels)
   dataset = pipeline.probe_dataset(
       src,
       labels,
@@ -289,7 +347,7 @@ def eval_features(ctx: _Probe, variables: dict, src, desc: str | None):
   return extract(ctx.features, variables, dataset, labels, desc, ctx.mesh)
 
 
-def _probe_labels(ctx: _Probe, variables: dict, protocol: str, validation: bool) -> dict:
+def _probe_labels(ctx: _Probe, variables: dict, protocol: str, validation: bool) -> tuple:
   """probe_variables for the labels of ctx's sources."""
   labels = tuple(ctx.train_src.num_classes)
   num_classes = dict(ctx.train_src.num_classes)
@@ -307,8 +365,10 @@ def _probe_labels(ctx: _Probe, variables: dict, protocol: str, validation: bool)
     if not validation:
       x_train, y_train = eval_features(ctx, variables, ctx.train_src, "train features")
     if protocol == "fast":
-      return fast_probe(x_train, y_train, x_test, y_test, num_classes, p, ctx.config.seed)
-    return logreg_probe(x_train, y_train, x_test, y_test, num_classes)
+      classifier = fit_fast(x_train, y_train, num_classes, p, ctx.config.seed)
+    else:
+      classifier = fit_logreg(x_train, y_train, num_classes)
+    return classifier.accuracy(x_test, y_test), classifier
   steps_per_epoch = _steps_per_epoch(len(ctx.train_src), p.batch_size)
   params, opt_state, update = _linear_trainer(
       num_classes, x_test.shape[1], _lr_schedule(p, steps_per_epoch), 0.9, p.weight_decay
@@ -330,9 +390,11 @@ def _probe_labels(ctx: _Probe, variables: dict, protocol: str, validation: bool)
       leave=False,
       disable=jax.process_index() != 0,
   ):
-    x = ctx.features(variables, batch["image"])
+    x = sharded_features(ctx.features, variables, batch["image"], ctx.mesh)
     params, opt_state = update(params, opt_state, x, {k: batch[k] for k in labels})
-  return _linear_accuracy(params, x_test, y_test)
+  dim = x_test.shape[1]
+  classifier = _from_params(params, np.zeros(dim, np.float32), np.ones(dim, np.float32))
+  return classifier.accuracy(x_test, y_test), classifier
 
 
 def baseline_key(config: ml_collections.ConfigDict, protocol: str, validation: bool = False) -> str:
@@ -367,7 +429,7 @@ def random_init_accuracy(ctx: _Probe, protocol: str, validation: bool = False) -
   path = _baseline_dir() / f"{baseline_key(ctx.config, protocol, validation)}.json"
   if path.exists():
     return json.loads(path.read_text())["accuracy"]
-  accuracy = probe_variables(ctx, ctx.init_variables(), protocol, validation)
+  accuracy, _ = probe_variables(ctx, ctx.init_variables(), protocol, validation)
   if jax.process_index() == 0:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{path.name}.{os.getpid()}.tmp"
@@ -411,7 +473,7 @@ def run(
     raise UsageError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
   step, variables = restored
   size = config.data.image_size
-  accuracy = probe_variables(ctx, variables, protocol, validation)
+  accuracy, classifier = probe_variables(ctx, variables, protocol, validation)
   where = workdir if "://" in workdir else os.path.abspath(workdir)
   report = {
       "workdir": where,
@@ -432,11 +494,31 @@ def run(
   if baseline:
     report["random_init"] = random_init_accuracy(ctx, protocol, validation)
   if jax.process_index() == 0:
-    suffix = ("_heads" if report["features"] == "heads" else "") + ("_val" if validation else "")
-    path = epath.Path(workdir) / f"probe_step{report['step']}_{protocol}{suffix}.json"
-    write_atomically(path, json.dumps(report, indent=2))
+    name = report_name(step, protocol, report["features"], validation)
+    path = epath.Path(workdir) / f"{name}.json"
+    classifier.save(epath.Path(workdir) / f"{name}_classifier.npz")
+    metrics.write_atomically(path, json.dumps(report, indent=2))
+    metrics.append_row(workdir, step, scalars(report), "probe")
     report["path"] = str(path)
   return report
+
+
+def report_name(step: int, protocol: str, features: str = "backbone", validation=False) -> str:
+  """probe_step<N>_<protocol>[_heads][_val]: the name of a probe's report (.json) and of its
+  classifier (_classifier.npz, LinearClassifier.save) in the workdir."""
+  heads = "_heads" if features == "heads" else ""
+  return f"probe_step{step}_{protocol}{heads}{'_val' if validation else ''}"
+
+
+def scalars(report: dict) -> dict[str, float]:
+  """The report's accuracies as metrics: probe[_heads][_val]/<protocol>/<label>/top1|top5."""
+  heads, validation = report["features"] == "heads", report["split"] == "validation"
+  prefix = "probe" + ("_heads" if heads else "") + ("_val" if validation else "")
+  return {
+      f"{prefix}/{report['protocol']}/{label}/{k}": v
+      for label, acc in report["accuracy"].items()
+      for k, v in acc.items()
+  }
 
 
 def _split_text(report: dict) -> str:

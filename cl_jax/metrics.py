@@ -15,7 +15,15 @@ are stored in one of two layouts:
 
 read_metrics reads either (or both). A run resumed from the checkpoint at step S
 re-runs the steps after S, so the writer first drops the rows and TensorBoard
-events logged after S, and each step keeps exactly one row.
+events logged after S, and each step keeps exactly one training row.
+
+Evaluation jobs that run beside or after training (the linear probe, the kNN and
+robustness/transfer suites) add their scalars with `append_row`: one more row at
+the checkpoint's step, appended to metrics.jsonl (an O_APPEND write of one line,
+safe while the trainer appends), or on a URL workdir a one-row segment
+<step>.<tag>.jsonl, plus a new TensorBoard event file in <workdir>/tb.
+read_metrics merges the rows of one step into one (later rows add or replace
+keys).
 """
 
 import json
@@ -58,7 +66,7 @@ class MetricWriter:
     else:
       self._segment_dir = root / SEGMENTS_DIR
       self._segment_dir.mkdir(exist_ok=True)
-      segments = _segment_paths(root)
+      segments = [s for s in _segment_paths(root) if s.stem.isdigit()]  # not append_row's
       self._segment = segments[-1] if segments else None
       self._lines = _lines(self._segment) if self._segment else []
 
@@ -91,6 +99,36 @@ class MetricWriter:
         self._jsonl.close()
 
 
+def append_row(
+    workdir: str, step: int, scalars: dict[str, float], tag: str, appendable: bool | None = None
+) -> None:
+  """Add the row {"step": step, **scalars} of an evaluation job named `tag` (e.g. "probe") to
+  the run's metrics and TensorBoard, beside a trainer that may still be writing (see the
+  module docstring); `appendable` as in MetricWriter. Only process 0 writes."""
+  if jax.process_index() != 0:
+    return
+  if not tag.isidentifier():
+    raise ValueError(f"tag must be a plain name such as 'probe', got {tag!r}")
+  from tensorboardX import SummaryWriter
+
+  root = epath.Path(workdir)
+  line = json.dumps({"step": step, **scalars}) + "\n"
+  if not ("://" not in str(workdir) if appendable is None else appendable):
+    segments = root / SEGMENTS_DIR
+    segments.mkdir(parents=True, exist_ok=True)
+    write_atomically(segments / f"{step:010d}.{tag}.jsonl", line)
+  else:
+    fd = os.open(root / METRICS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+      os.write(fd, line.encode())
+    finally:
+      os.close(fd)
+  writer = SummaryWriter(str(root / "tb"), filename_suffix=f".{tag}")
+  for name, value in scalars.items():
+    writer.add_scalar(name, value, step)
+  writer.close()
+
+
 def read_jsonl(path: str) -> list[dict]:
   """All records of one JSON-lines file, in order."""
   return [json.loads(line) for line in _lines(epath.Path(path))]
@@ -103,7 +141,8 @@ def has_metrics(workdir: str) -> bool:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """Every logged row of the run in `workdir`, in step order, from either layout.
+  """Every logged step of the run in `workdir`, in step order, from either layout; the rows
+  of one step (training and append_row's) merged into one, later rows adding or replacing keys.
 
   Raises FileNotFoundError when `workdir` holds no metrics log.
   """
@@ -114,12 +153,20 @@ def read_metrics(workdir: str) -> list[dict]:
   rows = read_jsonl(path) if path.exists() else []
   for segment in _segment_paths(root):
     rows += read_jsonl(segment)
-  return sorted(rows, key=lambda r: r["step"])
+  merged = {}
+  for row in sorted(rows, key=lambda r: r["step"]):  # stable: file order within a step
+    merged.setdefault(row["step"], {}).update(row)
+  return list(merged.values())
 
 
 def _lines(path: epath.Path) -> list[str]:
   """The non-blank lines of `path`."""
   return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+def _first_step(segment: epath.Path) -> int:
+  """The step a segment's name starts with (<step>.jsonl or append_row's <step>.<tag>.jsonl)."""
+  return int(segment.name.split(".")[0])
 
 
 def _segment_paths(root: epath.Path) -> list[epath.Path]:
@@ -135,10 +182,11 @@ def _drop_rows_after(root: epath.Path, step: int) -> None:
   atomically, so a crash at any point keeps every row up to `step`.
   """
   segments = _segment_paths(root)
-  kept = [s for s in segments if int(s.stem) <= step]
+  kept = [s for s in segments if _first_step(s) <= step]
   for segment in reversed(segments[len(kept) :]):
     segment.unlink()
-  for path in [root / METRICS_FILE] + kept[-1:]:
+  training = [s for s in kept if s.stem.isdigit()]  # append_row's one-row segments never straddle
+  for path in [root / METRICS_FILE] + training[-1:]:
     if path.exists():
       lines = _lines(path)
       keep = [l for l in lines if json.loads(l)["step"] <= step]

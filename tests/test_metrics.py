@@ -143,3 +143,35 @@ def test_write_text_logs_a_text_event(tmp_path):
   acc = event_accumulator.EventAccumulator(str(tmp_path / "tb")).Reload()
   [event] = acc.Tensors("config/text_summary")
   assert event.step == 0 and event.tensor_proto.string_val == [b"optim.lr: 0.06"]
+
+
+@pytest.mark.parametrize("appendable", [True, False])
+def test_append_row_merges_into_the_step_and_survives_resume(tmp_path, monkeypatch, appendable):
+  """An evaluation row at step 8 joins that step's training row when read; the trainer keeps
+  writing its own segments; a resume from step 6 drops it with the training rows after 6."""
+  monkeypatch.setattr(metrics, "SEGMENT_ROWS", 4)
+  _log(tmp_path, range(1, 9), 0, appendable=appendable)
+  metrics.append_row(str(tmp_path), 8, {"probe/label/top1": 0.5}, "probe", appendable=appendable)
+  metrics.append_row(str(tmp_path), 8, {"probe/label/top1": 0.75}, "probe", appendable=appendable)
+  _log(tmp_path, range(9, 11), 0, start_step=8, appendable=appendable)
+  rows = metrics.read_metrics(str(tmp_path))
+  assert [r["step"] for r in rows] == list(range(1, 11))
+  assert rows[7] == {"step": 8, "loss": 8.0, "probe/label/top1": 0.75}  # the later row wins
+  if not appendable:
+    assert "0000000008.probe.jsonl" in _segments(tmp_path)
+    assert _segments(tmp_path)["0000000009.jsonl"] == [9, 10]
+  _log(tmp_path, range(7, 9), 100, start_step=6, appendable=appendable)
+  rows = metrics.read_metrics(str(tmp_path))
+  assert [(r["step"], r["loss"]) for r in rows][-2:] == [(7, 107.0), (8, 108.0)]
+  assert all("probe/label/top1" not in r for r in rows)
+  with pytest.raises(ValueError, match="plain name"):
+    metrics.append_row(str(tmp_path), 8, {}, "a/b")
+
+
+def test_append_row_adds_the_scalars_to_tensorboard(tmp_path):
+  event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+  _log(tmp_path, range(1, 4), 0)
+  metrics.append_row(str(tmp_path), 3, {"knn/colour": 0.9}, "knn")
+  acc = event_accumulator.EventAccumulator(str(tmp_path / "tb")).Reload()
+  assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+  assert [(e.step, pytest.approx(e.value)) for e in acc.Scalars("knn/colour")] == [(3, 0.9)]

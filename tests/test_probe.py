@@ -34,8 +34,8 @@ def _two_label_data(seed=0, dim=24):
 def test_fast_probe_agrees_with_logistic_regression():
   (train, test), classes = _two_label_data()
   probe = mocov2.get_config().probe
-  fast = linear_probe.fast_probe(*train, *test, classes, probe, seed=0)
-  logreg = linear_probe.logreg_probe(*train, *test, classes)
+  fast = linear_probe.fit_fast(*train, classes, probe, seed=0).accuracy(*test)
+  logreg = linear_probe.fit_logreg(*train, classes).accuracy(*test)
   for k in classes:
     assert abs(fast[k]["top1"] - logreg[k]["top1"]) < 0.03, (k, fast[k], logreg[k])
     assert fast[k]["top1"] <= fast[k]["top5"] <= 1.0
@@ -50,7 +50,7 @@ def test_logreg_probe_matches_nearest_centroid_on_separable_data():
   x_tr, y_tr = _gaussian_classes(rng, 2000, centres, 1.0)
   x_te, y_te = _gaussian_classes(rng, 1000, centres, 1.0)
   nearest = np.argmin(((x_te[:, None] - centres[None]) ** 2).sum(-1), axis=1)
-  acc = linear_probe.logreg_probe(x_tr, {"c": y_tr}, x_te, {"c": y_te}, {"c": 5})
+  acc = linear_probe.fit_logreg(x_tr, {"c": y_tr}, {"c": 5}).accuracy(x_te, {"c": y_te})
   assert abs(acc["c"]["top1"] - np.mean(nearest == y_te)) < 0.02
 
 
@@ -93,7 +93,7 @@ def test_random_init_baseline_is_computed_once_per_config(tmp_path, monkeypatch)
 
   def fake_probe(ctx, variables, protocol, validation=False):
     calls.append((ctx.config.seed, protocol))
-    return {"colour": {"top1": 0.1 * len(calls), "top5": 0.5}}
+    return {"colour": {"top1": 0.1 * len(calls), "top5": 0.5}}, None
 
   monkeypatch.setattr(linear_probe, "probe_variables", fake_probe)
 
@@ -122,3 +122,39 @@ def test_validation_split_holds_out_the_first_fifth():
     linear_probe.validation_split(x[:4], {"a": y["a"][:4]})
   c = mocov2.get_config()
   assert linear_probe.baseline_key(c, "fast", True) != linear_probe.baseline_key(c, "fast")
+
+
+def test_logreg_classifier_covers_binary_labels_and_absent_classes():
+  """Two present classes of four: sklearn's single decision function becomes two logits whose
+  difference it is; the absent classes get -inf and are never predicted."""
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((400, 3))
+  y = np.where(x[:, 0] + 0.5 * x[:, 1] > 0, 3, 1)
+  clf = linear_probe.fit_logreg(x, {"c": y}, {"c": 4})
+  from sklearn.linear_model import LogisticRegression
+
+  z = (x - x.mean(0)) / (x.std(0) + 1e-6)
+  ref = LogisticRegression(max_iter=1000).fit(z, y)
+  logits = clf.logits(x)["c"]
+  assert np.all(np.isneginf(logits[:, [0, 2]]))
+  np.testing.assert_allclose(logits[:, 3] - logits[:, 1], ref.decision_function(z), rtol=1e-6)
+  np.testing.assert_array_equal(np.argmax(logits, 1), ref.predict(z))
+
+
+def test_classifier_save_load_round_trip(tmp_path):
+  rng = np.random.default_rng(3)
+  clf = linear_probe.LinearClassifier(
+      rng.standard_normal(4),
+      rng.random(4) + 0.5,
+      {"shape": rng.standard_normal((4, 3)), "rotation": rng.standard_normal((4, 4))},
+      {"shape": np.array([0.0, -np.inf, 1.0]), "rotation": rng.standard_normal(4)},
+  )
+  clf.save(tmp_path / "c.npz")
+  back = linear_probe.LinearClassifier.load(tmp_path / "c.npz")
+  x = rng.standard_normal((5, 4))
+  for k, v in clf.logits(x).items():
+    np.testing.assert_array_equal(back.logits(x)[k], v)
+  np.testing.assert_allclose(
+      clf.logits(x)["shape"][:, 2], ((x - clf.mean) / clf.std) @ clf.weights["shape"][:, 2] + 1.0
+  )
+  assert not list(tmp_path.glob("*.tmp"))

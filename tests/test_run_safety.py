@@ -289,9 +289,10 @@ def test_only_bad_input_becomes_one_line():
 
 
 @pytest.mark.slow
-def test_probe_reads_only_the_encoder_variables(finished_run, monkeypatch):
+def test_probe_reads_only_the_encoder_variables(finished_run, tmp_path, monkeypatch):
   """The probe needs the online encoder's params and batch statistics, and the probe
-  splits: it neither opens the pretraining split nor restores the optimizer or queue."""
+  splits: it neither opens the pretraining split nor restores the optimizer or queue. Its
+  accuracies join the run's metrics at the checkpoint's step and its classifier is saved."""
   from cl_jax import checkpoint
   from cl_jax.data import sources
 
@@ -303,8 +304,16 @@ def test_probe_reads_only_the_encoder_variables(finished_run, monkeypatch):
     return real_open(data, role)
 
   monkeypatch.setattr(sources, "open_source", open_source)
-  report = linear_probe.run(str(finished_run), baseline=False)
+  workdir = tmp_path / "run"
+  shutil.copytree(finished_run, workdir)
+  report = linear_probe.run(str(workdir), baseline=False)
   assert report["step"] == 16 and "pretrain" not in opened
+  row = metrics.read_metrics(str(workdir))[-1]
+  assert row["step"] == 16 and "loss" in row
+  for label, acc in report["accuracy"].items():
+    assert row[f"probe/fast/{label}/top1"] == acc["top1"]
+  saved = linear_probe.LinearClassifier.load(workdir / "probe_step16_fast_classifier.npz")
+  assert set(saved.weights) == set(report["accuracy"])
   manager = checkpoint.make_manager(str(finished_run), read_only=True)
   template = jax.eval_shape(linear_probe.setup(run_config.read(finished_run)).init_variables)
   step, variables = checkpoint.restore_variables(manager, template)

@@ -315,21 +315,22 @@ def _save_index_atomically(path, index: np.ndarray) -> None:
       partial.unlink()
 
 
-def _cached_subset_index(
+def cached_subset_index(
     builder, split: str, label_map: np.ndarray, kept: list[str], data_dir: str, fallback_dir: str
 ) -> np.ndarray:
   """(M,) int64 indices of the records of `split` kept by `label_map`, computed once and cached.
 
-  The cache file name holds the TFDS name, version, split, record count and a digest of the
-  kept classes. It lives in `<data_dir>/cl_jax_index/`, or under `fallback_dir` (in a folder
-  named by a digest of data_dir) when data_dir cannot be written.
+  The cache file name holds the TFDS name (with its config), version, split, record count and
+  a digest of the kept classes. It lives in `<data_dir>/cl_jax_index/`, or under
+  `fallback_dir` (in a folder named by a digest of data_dir) when data_dir cannot be written.
   """
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   from etils import epath  # pylint: disable=import-outside-toplevel
 
   num_records = builder.info.splits[split].num_examples
   classes_digest = hashlib.sha256("\n".join(sorted(kept)).encode()).hexdigest()[:16]
-  name = f"{builder.name}-{builder.version}-{split}-n{num_records}-classes{classes_digest}.npy"
+  full_name = builder.name + (f"-{builder.builder_config.name}" if builder.builder_config else "")
+  name = f"{full_name}-{builder.version}-{split}-n{num_records}-classes{classes_digest}.npy"
   data_dir_id = data_dir if "://" in data_dir else os.path.abspath(data_dir)
   data_dir_digest = hashlib.sha256(data_dir_id.encode()).hexdigest()[:16]
   primary = epath.Path(data_dir) / INDEX_CACHE_FOLDER / name
@@ -347,6 +348,36 @@ def _cached_subset_index(
     logging.warning("Cannot write %s (%s); caching the index at %s", primary, error, fallback)
     _save_index_atomically(fallback, index)
   return index
+
+
+def prepared_builder(tfds_name: str, data_dir: str, what: str, instructions: str):
+  """The TFDS builder of `tfds_name` ("name" or "name/config") in `data_dir`, checked to be
+  prepared in a random-access file format. Nothing is downloaded.
+
+  Raises:
+    DatasetNotFoundError: not prepared; the message names `what` and gives `instructions`.
+    DatasetFormatError: prepared without random access; the message says how to convert it.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+  _register(tfds_name)
+  with logs.quiet():  # TFDS warns about an unprepared folder; the error below says more
+    builder = tfds.builder(tfds_name, data_dir=data_dir)
+    prepared = builder.is_prepared()
+  if not prepared:
+    raise DatasetNotFoundError(
+        f"{what} (TFDS {tfds_name} {builder.version}) is not prepared in data_dir "
+        f"{data_dir!r} and is never downloaded at run time.\n{instructions}"
+    )
+  random_access = tfds.core.FileFormat.with_random_access()
+  if not builder.info.available_file_formats() & random_access:
+    raise DatasetFormatError(
+        f"{what} in {builder.data_path} is stored as {builder.info.file_format.value}, which "
+        f"has no random access. Convert it with:\n  tfds convert_format "
+        f"--dataset_version_dir={builder.data_path} --out_file_format=array_record\n"
+        f"or prepare it again. {instructions}"
+    )
+  return builder
 
 
 def open_source(
@@ -375,28 +406,9 @@ def open_source(
   if not isinstance(data_dir, str) or not data_dir:
     raise UsageError(f"data_dir must be a non-empty path string, got {data_dir!r}.")
 
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-
-  _register(spec.tfds_name)
-  with logs.quiet():  # TFDS warns about an unprepared folder; the error below says more
-    builder = tfds.builder(spec.tfds_name, data_dir=data_dir)
-    prepared = builder.is_prepared()
-  if not prepared:
-    raise DatasetNotFoundError(
-        f"Dataset {name!r} (TFDS {spec.tfds_name} {builder.version}) is not prepared in "
-        f"data_dir {data_dir!r} and is never downloaded at run time.\n"
-        f"{preparation_instructions(name, data_dir)}"
-    )
-  random_access = tfds.core.FileFormat.with_random_access()
-  if not builder.info.available_file_formats() & random_access:
-    raise DatasetFormatError(
-        f"Dataset {name!r} in {builder.data_path} is stored as "
-        f"{builder.info.file_format.value}, which has no random access. Convert it with:\n"
-        f"  tfds convert_format --dataset_version_dir={builder.data_path} "
-        f"--out_file_format=array_record\n"
-        f"or prepare it again. {preparation_instructions(name, data_dir)}"
-    )
-
+  builder = prepared_builder(
+      spec.tfds_name, data_dir, f"Dataset {name!r}", preparation_instructions(name, data_dir)
+  )
   split = getattr(spec.splits, split_role)
   index, label_map = None, None
   if spec.classes_file is not None:
@@ -406,7 +418,7 @@ def open_source(
           f"{spec.classes_file} lists {len(kept)} classes; {name} needs {spec.num_classes}."
       )
     label_map = subset_label_map(builder.info.features["label"].names, kept)
-    index = _cached_subset_index(
+    index = cached_subset_index(
         builder,
         split,
         label_map,

@@ -1,0 +1,190 @@
+"""Evaluation suites of a pretrained run's checkpoint, beyond the linear probe.
+
+python -m cl_jax.evaluate --workdir=W --suite=robustness|transfer|fewshot [--step=N]
+    [--data_dir=D] [--datasets=a,b] [--protocol=P] [--image_folders=name=path,...]
+    [--shots=5,10] [--ways=0] [--episodes=10] [--baseline=true]
+
+  robustness  the run's linear-probe classifier (python -m cl_jax.probe first) on shifted test
+              sets: ImageNet-C (mCE normalised by AlexNet, Hendrycks & Dietterich 2019),
+              ImageNet-R, -Sketch, -A and Stylized-ImageNet, restricted to the classes the model
+              was trained on (Ge et al. 2021, Sec. 4; cl_jax.suites.robustness).
+  transfer    linear classifiers on frozen features of CUB-200-2011 and Flowers-102 (Xiao et
+              al. 2021, Sec. 4; cl_jax.suites.transfer).
+  fewshot     N-way K-shot nearest-centroid episodes on frozen features, mean and 95% interval
+              over episodes (Xiao et al. 2021, Sec. 4; cl_jax.suites.fewshot).
+
+Datasets are read from a prepared TFDS data_dir (default: the run config's data.data_dir) or,
+for those TFDS lacks, from an image folder; nothing is downloaded, and a missing dataset stops
+with the command that prepares it. The report is written to W/eval_<suite>_step<N>.json, its
+numbers join the run's metrics.jsonl and TensorBoard at step N (metrics.append_row), and the
+table is printed.
+"""
+
+import json
+import os
+from typing import NamedTuple
+
+import jax
+import ml_collections
+from etils import epath
+
+from cl_jax import checkpoint, linear_probe, metrics, run_config
+from cl_jax.errors import UsageError
+
+SUITES = ("robustness", "transfer", "fewshot")
+
+
+class EvalContext(NamedTuple):
+  """What a suite needs about the run it evaluates.
+
+  Attributes:
+    workdir: the run directory.
+    step: the checkpoint's step.
+    config: the run's config.
+    probe: the run's linear-probe context (linear_probe.setup): the feature function, the mesh
+      the features are computed on, the initial variables (random-init baseline).
+    variables: the checkpoint's encoder variables {"params", "batch_stats"}.
+    data_dir: the TFDS data directory the suite's datasets are read from.
+    options: the command's suite options (datasets, protocol, image_folders, shots, ways,
+      episodes, baseline), see `run`.
+  """
+
+  workdir: str
+  step: int
+  config: ml_collections.ConfigDict
+  probe: object
+  variables: dict
+  data_dir: str
+  options: dict
+
+
+def _suite(name: str):
+  """The module of suite `name`: run(ctx) -> report dict, scalars(report), table(report)."""
+  if name == "robustness":
+    from cl_jax.suites import robustness as module
+  elif name == "transfer":
+    from cl_jax.suites import transfer as module
+  elif name == "fewshot":
+    from cl_jax.suites import fewshot as module
+  else:
+    raise UsageError(f"--suite must be one of {', '.join(SUITES)}, got {name!r}")
+  return module
+
+
+def run(workdir: str, suite: str, step: int | None = None, data_dir: str | None = None, **options):
+  """Run `suite` on checkpoint `step` (default: the latest) of the run in `workdir`.
+
+  Args:
+    workdir: a pretraining run directory.
+    suite: one of SUITES.
+    step: checkpoint step; None for the latest.
+    data_dir: TFDS data directory; None for the run config's data.data_dir.
+    **options: suite options passed on in EvalContext.options.
+  Returns:
+    The report (also written to workdir/eval_<suite>_step<N>.json, whose path it holds under
+    "path" on process 0).
+  """
+  module = _suite(suite)
+  config = run_config.read(workdir)
+  data_dir = data_dir or config.data.get("data_dir", "")
+  probe = linear_probe.setup(config)
+  manager = checkpoint.make_manager(workdir, read_only=True)
+  restored = checkpoint.restore_variables(manager, jax.eval_shape(probe.init_variables), step)
+  if restored is None:
+    raise UsageError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
+  step, variables = restored
+  where = workdir if "://" in workdir else os.path.abspath(workdir)
+  ctx = EvalContext(where, step, config, probe, variables, data_dir, options)
+  report = {"workdir": where, "step": step, "suite": suite, **module.run(ctx)}
+  if jax.process_index() == 0:
+    path = epath.Path(workdir) / f"eval_{suite}_step{step}.json"
+    metrics.write_atomically(path, json.dumps(report, indent=2))
+    metrics.append_row(workdir, step, module.scalars(report), f"eval_{suite}")
+    report["path"] = str(path)
+  return report
+
+
+def table(report: dict) -> str:
+  """The report of `run` as aligned text."""
+  return _suite(report["suite"]).table(report)
+
+
+def _pairs(text: str) -> dict[str, str]:
+  """{name: path} of --image_folders=name=path,name=path."""
+  out = {}
+  for item in filter(None, text.split(",")):
+    name, eq, path = item.partition("=")
+    if not eq or not name or not path:
+      raise UsageError(f"--image_folders takes name=path[,name=path...], got {item!r}")
+    out[name.strip()] = path.strip()
+  return out
+
+
+def options_from_flags(values: dict) -> dict:
+  """Suite options from the command's flag values (None: the suite's default)."""
+  options = {}
+  if values.get("datasets"):
+    options["datasets"] = tuple(d.strip() for d in values["datasets"].split(",") if d.strip())
+  if values.get("image_folders"):
+    options["image_folders"] = _pairs(values["image_folders"])
+  if values.get("shots"):
+    try:
+      options["shots"] = tuple(int(s) for s in values["shots"].split(","))
+    except ValueError:
+      raise UsageError(f"--shots takes integers such as 5,10, got {values['shots']!r}") from None
+  for name in ("protocol", "ways", "episodes", "baseline"):
+    if values.get(name) is not None:
+      options[name] = values[name]
+  return options
+
+
+def main(argv):
+  """The command line (module docstring)."""
+  from absl import app, flags, logging
+
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}; give the run as --workdir=W")
+  f = flags.FLAGS
+  if not f.workdir:
+    raise app.UsageError("--workdir is required: the run directory to evaluate")
+  if not f.suite:
+    raise app.UsageError(f"--suite is required: one of {', '.join(SUITES)}")
+  if not f["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+  from cl_jax import cli
+
+  with cli.report():
+    names = ("datasets", "image_folders", "shots", "protocol", "ways", "episodes", "baseline")
+    options = options_from_flags({name: f[name].value for name in names})
+    report = run(f.workdir, f.suite, f.step, f.data_dir, **options)
+    print(table(report))
+    if "path" in report:
+      print(f"report written to {report['path']}")
+
+
+def _define_flags():
+  """The command's flags (defined only when it runs as a program)."""
+  from absl import flags
+
+  flags.DEFINE_string("workdir", None, "Run directory with a checkpoint.")
+  flags.DEFINE_enum("suite", None, list(SUITES), "The evaluation suite.")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).", lower_bound=1)
+  flags.DEFINE_string("data_dir", None, "TFDS data_dir (default: the run's data.data_dir).")
+  flags.DEFINE_string("datasets", None, "Comma-separated datasets of the suite (default: all).")
+  flags.DEFINE_string(
+      "image_folders", None, "name=path,...: datasets read from image folders instead of TFDS."
+  )
+  flags.DEFINE_string("protocol", None, "Probe protocol (robustness: whose classifier; transfer).")
+  flags.DEFINE_string("shots", None, "fewshot: comma-separated K of the K-shot episodes.")
+  flags.DEFINE_integer("ways", None, "fewshot: N classes per episode (0: all).", lower_bound=0)
+  flags.DEFINE_integer("episodes", None, "fewshot: episodes per K.", lower_bound=1)
+  flags.DEFINE_bool("baseline", None, "Also evaluate the network at random initialisation.")
+
+
+if __name__ == "__main__":
+  from absl import app
+
+  from cl_jax import cli
+
+  _define_flags()
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,1 @@
+"""Evaluation suites of cl_jax.evaluate: robustness, transfer and few-shot."""
