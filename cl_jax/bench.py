@@ -1,6 +1,6 @@
-"""Train-step benchmark over 1..N devices: step time, img/s and per-device queue memory.
+"""Train-step benchmark over 1..N devices: step time, img/s, FLOPs and MFU, memory, compile time.
 
-python -m cl_jax.bench --config=configs/mocov2_patchns.py[:preset] --devices=1,2,4,8
+python -m cl_jax.bench --config=configs/mocov2_patchns.py[:preset] --devices=1,2,4,8 [--json]
 
 Each device count runs in its own process. On CPU the devices are simulated
 (JAX_NUM_CPU_DEVICES), so they share the machine's cores: the numbers show the
@@ -8,7 +8,8 @@ cost of the sharded step, not a speed-up. On GPUs and TPUs the first n real
 devices are used. The step is the full jitted train step (on-device photometric
 augmentation, EMA, key and NS forwards, loss, update, enqueue) on a synthetic
 global batch of host-cropped uint8 views with their crop boxes; the host input
-pipeline is not timed.
+pipeline is not timed. FLOPs come from XLA's cost analysis of the compiled step (step_flops);
+the MFU divides the achieved FLOP rate by the device's peak (cl_jax.device_peaks).
 """
 
 import json
@@ -22,7 +23,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from cl_jax import config_check, parallel, train
+from cl_jax import config_check, device_peaks, parallel, train
 from cl_jax import train_step as step_lib
 from cl_jax.data import geometric
 
@@ -36,6 +37,7 @@ _DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Device counts to 
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per device count.", lower_bound=1)
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.", lower_bound=0)
 _CHILD = flags.DEFINE_integer("child", None, "Internal: measure this device count in-process.")
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object (setup and rows) and no table.")
 flags.mark_flag_as_required("config")
 
 
@@ -59,13 +61,28 @@ def synthetic_batch(config, batch: int, rng: np.random.Generator) -> dict:
   return host
 
 
+def step_flops(compiled) -> float:
+  """FLOPs of one call of a compiled step on one device, from XLA's cost analysis of the
+  partitioned (per-device) program; convolutions count 2 per multiply-add over the taps that
+  fall inside the image (padding excluded), as a hand count does."""
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
+    analysis = analysis[0]
+  if not analysis or "flops" not in analysis:
+    raise RuntimeError("XLA's cost analysis of the step reports no FLOP count on this backend")
+  return float(analysis["flops"])
+
+
 def measure(config, devices: int, steps: int, warmup: int) -> dict:
   """Times `steps` train steps of `config` on the first `devices` devices.
 
   Returns a dict: devices, backend, device_kind, global_batch, compile_s,
   step_ms (mean wall time per step), img_per_s (global batch / step time),
   queue_mb_per_device (bytes of the queue shard on one device / 2^20),
-  queue_mb_total, and peak_mb_per_device where the backend reports it.
+  queue_mb_total, gflop_per_image (step_flops x devices / global batch),
+  tflops_per_device (step_flops / step time), mfu (tflops_per_device / the device's peak,
+  cl_jax.device_peaks; None where unknown), and peak_mb_per_device where the backend
+  reports it.
   """
   mesh = parallel.make_mesh(jax.devices()[:devices])
   config_check.validate(config, num_devices=devices, reads_data=False)
@@ -83,6 +100,7 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
   start = time.perf_counter()
   compiled = step.lower(state, data).compile()
   compile_s = time.perf_counter() - start
+  flops_per_device = step_flops(compiled)
   for _ in range(warmup + 1):
     state, metrics = compiled(state, data)
   jax.block_until_ready(metrics)
@@ -105,7 +123,11 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
       "queue_mb_per_device": shard_bytes / 2**20,
       "queue_mb_total": queue_bytes / 2**20,
       "loss": float(metrics["loss"]),
+      "gflop_per_image": round(flops_per_device * devices / batch / 1e9, 3),
+      "tflops_per_device": round(flops_per_device / step_s / 1e12, 3),
   }
+  peak = device_peaks.peak_tflops(out["device_kind"])
+  out["mfu"] = None if peak is None else round(out["tflops_per_device"] / peak, 4)
   stats = jax.devices()[0].memory_stats()
   if stats and "peak_bytes_in_use" in stats:
     out["peak_mb_per_device"] = round(stats["peak_bytes_in_use"] / 2**20, 1)
@@ -120,14 +142,17 @@ def _child_command(n: int) -> list[str]:
 
 def _table(rows: list[dict]) -> str:
   head = (
-      f"{'devices':>7} {'step ms':>9} {'img/s':>9} {'queue MiB/dev':>14} "
-      f"{'queue MiB':>10} {'compile s':>10}"
+      f"{'devices':>7} {'step ms':>9} {'img/s':>9} {'GFLOP/img':>10} {'TFLOP/s/dev':>12} "
+      f"{'MFU':>6} {'peak MiB/dev':>13} {'queue MiB/dev':>14} {'compile s':>10}"
   )
   lines = [head]
   for r in rows:
+    mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+    peak = r.get("peak_mb_per_device")
     lines.append(
         f"{r['devices']:>7} {r['step_ms']:>9.2f} {r['img_per_s']:>9.1f} "
-        f"{r['queue_mb_per_device']:>14.3f} {r['queue_mb_total']:>10.3f} "
+        f"{r['gflop_per_image']:>10.2f} {r['tflops_per_device']:>12.3f} {mfu:>6} "
+        f"{'n/a' if peak is None else f'{peak:.0f}':>13} {r['queue_mb_per_device']:>14.3f} "
         f"{r['compile_s']:>10.1f}"
     )
   return "\n".join(lines)
@@ -156,7 +181,8 @@ def main(argv):
     if proc.returncode or not results:
       sys.exit(f"error: the {n}-device measurement failed:\n{proc.stderr[-3000:]}")
     rows.append(json.loads(results[0]))
-    print(json.dumps(rows[-1]), flush=True)
+    if not _JSON.value:
+      print(json.dumps(rows[-1]), flush=True)
   kind = rows[0]["device_kind"] if rows else backend
   simulated = " (simulated CPU devices sharing the host's cores)" if backend == "cpu" else ""
   queue = (
@@ -164,11 +190,15 @@ def main(argv):
       if config.method == "moco"
       else "no queue, "
   )
-  print(
-      f"\n{config.method}: {config.model.depth}-layer ResNet, {config.data.image_size} px, "
+  setup = (
+      f"{config.method}: {config.model.depth}-layer ResNet, {config.data.image_size} px, "
       f"{config.model.dtype}, global batch {config.optim.batch_size}, {queue}"
       f"NS {'on' if config.nonsemantic.enabled else 'off'}; {kind}{simulated}"
   )
+  if _JSON.value:
+    print(json.dumps({"setup": setup, "rows": rows}))
+    return
+  print(f"\n{setup}")
   print(_table(rows))
 
 

@@ -100,3 +100,70 @@ def test_cli_runs_each_device_count_in_its_own_process():
   total = 256 * 8 * 4 / 2**20
   assert [float(r[3]) for r in rows] == [round(total, 3), round(total / 2, 3)]
   assert all(float(r[4]) == round(total, 3) for r in rows)
+
+
+def _valid_taps(size: int, kernel: int, stride: int) -> tuple[int, int]:
+  """(output side, sum over output positions of the kernel taps inside the input) of a k x k
+  convolution with padding k // 2 along one axis of `size` pixels."""
+  pad = kernel // 2
+  out = (size + 2 * pad - kernel) // stride + 1
+  inside = sum(0 <= o * stride - pad + j < size for o in range(out) for j in range(kernel))
+  return out, inside
+
+
+def _resnet18_cifar_convs(size: int, width: int) -> list[tuple[int, int, int, int, int]]:
+  """(C_in, C_out, k, stride, input side) of every convolution of a CIFAR-stem ResNet-18
+  (He et al. 2016, Table 1 with a 3x3/1 stem and no max-pool), written out independently."""
+  convs = [(3, width, 3, 1, size)]
+  c_in, side = width, size
+  for stage, planes in enumerate([width, 2 * width, 4 * width, 8 * width]):
+    for block in range(2):
+      stride = 2 if stage > 0 and block == 0 else 1
+      out_side = _valid_taps(side, 3, stride)[0]
+      convs += [(c_in, planes, 3, stride, side), (planes, planes, 3, 1, out_side)]
+      if stride != 1 or c_in != planes:
+        convs.append((c_in, planes, 1, stride, side))
+      c_in, side = planes, out_side
+  return convs
+
+
+def test_step_flops_match_a_hand_count_of_the_convolutions():
+  """MoCo-v2 (asymmetric) step on a CIFAR ResNet-18, 32 px, batch 8, float32: the query
+  encoder's forward and backward (3 forward costs, less the stem's input gradient, which
+  nothing needs) and the key encoder's forward (1) give 4 forward costs less one stem; the
+  heads, logits, BN and augmentation add about 1.5%."""
+  c = mocov2_patchns.get_config(None)
+  c.nonsemantic.enabled = False
+  c.data.image_size = 32
+  c.model.update(depth=18, stem="cifar", width_multiplier=1.0, dtype="float32")
+  c.moco.update(queue_size=512, symmetric=False)
+  c.optim.batch_size = 8
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  encoder, tx, schedule, make_state, _ = train.build(c, 8, mesh)
+  state = make_state()
+  step = step_lib.jit_train_step(
+      step_lib.make_train_step(c, encoder, tx, schedule, mesh, 1),
+      parallel.state_sharding(state, mesh),
+      parallel.batch_sharding(mesh),
+  )
+  batch = jax.device_put(
+      bench.synthetic_batch(c, 8, np.random.default_rng(0)), parallel.batch_sharding(mesh)
+  )
+  counted = bench.step_flops(step.lower(state, batch).compile())
+  forward = [
+      2 * 8 * c_in * c_out * _valid_taps(side, k, s)[1] ** 2
+      for c_in, c_out, k, s, side in _resnet18_cifar_convs(32, 64)
+  ]
+  hand = 4 * sum(forward) - forward[0]
+  assert hand <= counted <= 1.03 * hand, (counted, hand)
+
+
+def test_peak_table_names_the_accelerators():
+  from cl_jax import device_peaks
+
+  assert device_peaks.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+  assert device_peaks.peak_tflops("NVIDIA H100 PCIe") == 756.0
+  assert device_peaks.peak_tflops("NVIDIA A100-SXM4-40GB") == 312.0
+  assert device_peaks.peak_tflops("TPU v5 lite") == 197.0
+  assert device_peaks.peak_tflops("TPU v4") == 275.0
+  assert device_peaks.peak_tflops("cpu") is None
