@@ -1,0 +1,211 @@
+"""Export the pretrained backbone of a run's checkpoint for use outside cl_jax.
+
+python -m cl_jax.export --workdir=W --format=torchvision|flax [--step=N] [--out=PATH]
+
+Only the ResNet backbone of the online (query) encoder is exported, its params and BN
+statistics, not the projection heads, predictor, EMA target or queue.
+  torchvision  W/export/backbone_step<N>.safetensors: torchvision's resnet18 / resnet50
+               state dict without fc.* (cl_jax.export_torchvision says how to load it), the
+               run's facts in the safetensors metadata (all strings).
+  flax         W/export/backbone_step<N>.msgpack: flax.serialization.msgpack_serialize of
+               {"params", "batch_stats"} (numpy float32) of cl_jax.models.resnet.ResNet, and
+               beside it <that path>.json: depth, stem, width, stages, input normalisation
+               and how to load it. A LooC++ backbone (conv4 only, stages 3) exports here.
+Either way the network expects what the probe and kNN jobs feed it
+(cl_jax.linear_probe._features_fn): RGB images scaled to [0, 1] (uint8 / 255), then
+(x - mean) / std per channel with PhotometricSpec's ImageNet mean and std, whatever the
+run's augmentations; its output is the globally average-pooled last stage ("pooled").
+Files are written to a temporary file beside the destination and renamed, so a failed
+export never leaves a partial file under the final name.
+"""
+
+import functools
+import json
+import os
+
+import flax.serialization
+import jax
+import ml_collections
+import numpy as np
+import safetensors.numpy
+from absl import app, flags, logging
+from etils import epath
+
+from cl_jax import checkpoint, cli, parallel, run_config
+from cl_jax.data import photometric
+from cl_jax.errors import UsageError
+from cl_jax.export_torchvision import arch_name, torchvision_state_dict
+from cl_jax.metrics import write_atomically
+from cl_jax.models.encoder import Encoder, encoder_for
+from cl_jax.state import init_variables
+
+# Format -> file suffix.
+FORMATS = {"torchvision": ".safetensors", "flax": ".msgpack"}
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with a checkpoint.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).", lower_bound=1)
+_FORMAT = flags.DEFINE_string(
+    "format",
+    None,
+    "torchvision (safetensors state dict of torchvision's ResNet) or flax (msgpack of the "
+    "Flax variables).",
+)
+_OUT = flags.DEFINE_string(
+    "out", None, "Output file (default: <workdir>/export/backbone_step<N>.safetensors|.msgpack)."
+)
+
+
+def restore_online(
+    config: ml_collections.ConfigDict, encoder: Encoder, workdir: str, step: int | None = None
+) -> tuple[int, dict]:
+  """(step, {"params", "batch_stats"} of the online encoder as numpy arrays) of checkpoint
+  `step` (default: the latest) of the run in `workdir`, of config `config` and encoder
+  `encoder` (encoder_for(config)); read onto one device."""
+  mesh = parallel.make_mesh(jax.local_devices()[:1])
+  init = jax.jit(
+      functools.partial(init_variables, config.seed, encoder, config.data.image_size),
+      out_shardings=parallel.replicated(mesh),
+  )
+  manager = checkpoint.make_manager(workdir, read_only=True)
+  restored = checkpoint.restore_variables(manager, jax.eval_shape(init), step)
+  if restored is None:
+    raise UsageError(
+        f"no checkpoint in {workdir}/checkpoints: pretrain first "
+        f"(python -m cl_jax.main --workdir={workdir} ...)"
+    )
+  step, variables = restored
+  return step, jax.tree.map(np.asarray, variables)
+
+
+def description(
+    config: ml_collections.ConfigDict, encoder: Encoder, step: int, workdir: str
+) -> dict:
+  """What an exported backbone is and what input it expects (JSON-ready)."""
+  backbone = encoder.backbone
+  spec = photometric.PhotometricSpec()
+  return {
+      "depth": backbone.depth,
+      "stem": backbone.stem,
+      "width_multiplier": backbone.width_multiplier,
+      "stages": backbone.stages,
+      "feature_dim": backbone.feature_dim,
+      "dtype": "float32",
+      "run_compute_dtype": config.model.dtype,
+      "step": step,
+      "workdir": workdir if "://" in workdir else os.path.abspath(workdir),
+      "input": "RGB in [0, 1] (uint8 / 255), then (x - mean) / std per channel",
+      "mean": list(spec.mean),
+      "std": list(spec.std),
+  }
+
+
+def safetensors_metadata(about: dict) -> dict[str, str]:
+  """The safetensors metadata (strings only) of a torchvision export described by `about`."""
+  metadata = {"format": "torchvision", "arch": arch_name(about["depth"])}
+  for key, value in about.items():
+    metadata[key] = value if isinstance(value, str) else json.dumps(value)
+  return metadata
+
+
+def flax_sidecar(about: dict, path: str) -> dict:
+  """The JSON beside a flax export at `path`: `about` plus how to load it."""
+  module = (
+      f"cl_jax.models.resnet.ResNet(depth={about['depth']}, stem={about['stem']!r}, "
+      f"width_multiplier={about['width_multiplier']}, stages={about['stages']})"
+  )
+  return {
+      "format": "flax",
+      **about,
+      "layout": "NHWC images (B, H, W, 3) float32",
+      "load": (
+          f"variables = flax.serialization.msgpack_restore(open({os.path.basename(path)!r}, "
+          f"'rb').read()); pooled = {module}.apply(variables, images, train=False)['pooled']"
+          f"  # (B, {about['feature_dim']})"
+      ),
+  }
+
+
+def write_bytes_atomically(path: str, data: bytes) -> None:
+  """Write `data` to `path` (creating its folder) through a temporary file beside it renamed
+  over it; an object store (a URL) replaces the object in one step."""
+  target = epath.Path(path)
+  target.parent.mkdir(parents=True, exist_ok=True)
+  if "://" in path:
+    target.write_bytes(data)
+    return
+  tmp = f"{path}.tmp"
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def export(workdir: str, fmt: str, step: int | None = None, out: str | None = None) -> dict:
+  """Write the backbone of checkpoint `step` (default: the latest) of the run in `workdir` in
+  format `fmt` to `out` (default: workdir/export/backbone_step<N><suffix>).
+
+  Returns:
+    {"path", "format", "step", "tensors" (entries written), "parameters" (learned values,
+    conv kernels and BN scales and biases; BN statistics not counted)}.
+  """
+  if fmt not in FORMATS:
+    raise UsageError(
+        f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}: torchvision writes a "
+        "safetensors state dict for torchvision's ResNet, flax a msgpack of the Flax variables"
+    )
+  config = run_config.read(workdir)
+  encoder = encoder_for(config)
+  if fmt == "torchvision" and encoder.backbone.stages != 4:
+    raise UsageError(
+        f"the backbone of {workdir} stops after conv4 (LooC++, looc.conv5_heads: each "
+        "projection head has its own conv5), which torchvision's ResNet cannot hold; "
+        "use --format=flax to export it"
+    )
+  step, variables = restore_online(config, encoder, workdir, step)
+  params, stats = variables["params"]["backbone"], variables["batch_stats"]["backbone"]
+  path = out or str(epath.Path(workdir) / "export" / f"backbone_step{step}{FORMATS[fmt]}")
+  about = description(config, encoder, step, workdir)
+  if fmt == "torchvision":
+    tensors = torchvision_state_dict(params, stats, encoder.backbone.depth)
+    data = safetensors.numpy.save(tensors, metadata=safetensors_metadata(about))
+    count = len(tensors)
+  else:
+    tree = {"params": params, "batch_stats": stats}
+    data = flax.serialization.msgpack_serialize(tree)
+    count = len(jax.tree.leaves(tree))
+  write_bytes_atomically(path, data)
+  if fmt == "flax":
+    write_atomically(epath.Path(f"{path}.json"), json.dumps(flax_sidecar(about, path), indent=2))
+  return {
+      "path": path,
+      "format": fmt,
+      "step": step,
+      "tensors": count,
+      "parameters": sum(x.size for x in jax.tree.leaves(params)),
+  }
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}; give the run as --workdir=W")
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir is required: the run directory to export from")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+  with cli.report():
+    if _FORMAT.value is None:
+      raise UsageError(f"--format is required: one of {', '.join(FORMATS)}")
+    result = export(_WORKDIR.value, _FORMAT.value, _STEP.value, _OUT.value)
+    print(
+        f"wrote {result['path']} ({result['format']}, step {result['step']}): "
+        f"{result['tensors']} tensors, {result['parameters']:,} parameters"
+    )
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags)
