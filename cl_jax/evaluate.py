@@ -2,7 +2,8 @@
 
 python -m cl_jax.evaluate --workdir=W --suite=robustness|transfer|fewshot [--step=N]
     [--data_dir=D] [--datasets=a,b] [--protocol=P] [--image_folders=name=path,...]
-    [--shots=5,10] [--ways=0] [--episodes=10] [--baseline=true]
+    [--corruptions=c,...] [--severities=1,...] [--shots=5,10] [--ways=0] [--episodes=10]
+    [--baseline=true]
 
   robustness  the run's linear-probe classifier (python -m cl_jax.probe first) on shifted test
               sets: ImageNet-C (mCE normalised by AlexNet, Hendrycks & Dietterich 2019),
@@ -127,11 +128,14 @@ def options_from_flags(values: dict) -> dict:
     options["datasets"] = tuple(d.strip() for d in values["datasets"].split(",") if d.strip())
   if values.get("image_folders"):
     options["image_folders"] = _pairs(values["image_folders"])
-  if values.get("shots"):
-    try:
-      options["shots"] = tuple(int(s) for s in values["shots"].split(","))
-    except ValueError:
-      raise UsageError(f"--shots takes integers such as 5,10, got {values['shots']!r}") from None
+  if values.get("corruptions"):
+    options["corruptions"] = tuple(c.strip() for c in values["corruptions"].split(","))
+  for name in ("shots", "severities"):
+    if values.get(name):
+      try:
+        options[name] = tuple(int(s) for s in values[name].split(","))
+      except ValueError:
+        raise UsageError(f"--{name} takes integers such as 1,2, got {values[name]!r}") from None
   for name in ("protocol", "ways", "episodes", "baseline"):
     if values.get(name) is not None:
       options[name] = values[name]
@@ -154,7 +158,17 @@ def main(argv):
   from cl_jax import cli
 
   with cli.report():
-    names = ("datasets", "image_folders", "shots", "protocol", "ways", "episodes", "baseline")
+    names = (
+        "datasets",
+        "image_folders",
+        "corruptions",
+        "severities",
+        "shots",
+        "protocol",
+        "ways",
+        "episodes",
+        "baseline",
+    )
     options = options_from_flags({name: f[name].value for name in names})
     report = run(f.workdir, f.suite, f.step, f.data_dir, **options)
     print(table(report))
@@ -175,6 +189,8 @@ def _define_flags():
       "image_folders", None, "name=path,...: datasets read from image folders instead of TFDS."
   )
   flags.DEFINE_string("protocol", None, "Probe protocol (robustness: whose classifier; transfer).")
+  flags.DEFINE_string("corruptions", None, "robustness: ImageNet-C corruptions (default all 15).")
+  flags.DEFINE_string("severities", None, "robustness: ImageNet-C severities (default 1,2,3,4,5).")
   flags.DEFINE_string("shots", None, "fewshot: comma-separated K of the K-shot episodes.")
   flags.DEFINE_integer("ways", None, "fewshot: N classes per episode (0: all).", lower_bound=0)
   flags.DEFINE_integer("episodes", None, "fewshot: episodes per K.", lower_bound=1)
