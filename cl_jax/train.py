@@ -7,7 +7,9 @@ summary (cl_jax.summary). The step runs without host synchronisation; the host
 reads metrics back only every `train.log_every` steps and before each
 checkpoint, where a diverged state (non-finite, or a parameter norm beyond
 `train.max_param_growth` times its initial value) stops the run before anything
-is saved, so the last checkpoint is always one to resume from. At each logging
+is saved, so the last checkpoint is always one to resume from. Between logging
+steps a lean variant of the step runs, without the statistics nobody reads
+(score statistics, health signals, gradient norms). At each logging
 step the embeddings' health signals (cl_jax.health) are checked against the
 `health` thresholds: a collapse is reported on the console and in
 workdir/warnings.log, and logged as the scalar health/collapsed. The first Ctrl-C
@@ -259,11 +261,15 @@ def pretrain(
           changes=changes,
       )
   )
-  train_step = step_lib.jit_train_step(
-      step_lib.make_train_step(config, encoder, tx, schedule, mesh, spe),
-      parallel.state_sharding(state, mesh),
-      parallel.batch_sharding(mesh),
-  )
+  # The full step (with its statistics) on logging steps, the lean one between them.
+  train_steps = {
+      logs: step_lib.jit_train_step(
+          step_lib.make_train_step(config, encoder, tx, schedule, mesh, spe, statistics=logs),
+          parallel.state_sharding(state, mesh),
+          parallel.batch_sharding(mesh),
+      )
+      for logs in (True, False)
+  }
   meta = {
       "queue_shards": mesh.shape[parallel.DATA_AXIS],
       "keys_per_step": keys,
@@ -282,17 +288,26 @@ def pretrain(
     try:
       t_last = time.perf_counter()
       step_last, collapsed_logs = start, 0
+      compiled = set()
       for step in range(start, end):
-        state, metrics = train_step(state, parallel.global_batch(next(it), mesh))
         done = step + 1
-        progress.step()
-        if step == start:  # the first step compiles: keep it out of img/s
-          jax.block_until_ready(metrics["loss"])
-          now = time.perf_counter()
-          progress.compiled(done, now - t_last)
-          t_last, step_last = now, done
         knn_due = bool(knn_every) and (done % knn_every == 0 or done == end)
         logged = done % config.train.log_every == 0 or done == end or knn_due
+        first_call = logged not in compiled
+        if first_call and step > start:  # it compiles: keep it out of img/s
+          jax.block_until_ready(state.step)
+          t_compile = time.perf_counter()
+        state, metrics = train_steps[logged](state, parallel.global_batch(next(it), mesh))
+        progress.step()
+        if first_call:
+          compiled.add(logged)
+          jax.block_until_ready(metrics["loss"])
+          now = time.perf_counter()
+          if step == start:
+            progress.compiled(done, now - t_last)
+            t_last, step_last = now, done
+          else:
+            t_last += now - t_compile
         saved = done % config.train.checkpoint_every == 0 or done == end or bool(interrupted)
         if not (logged or saved):
           continue

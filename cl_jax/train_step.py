@@ -159,6 +159,7 @@ def make_train_step(
     schedule: optax.Schedule,
     mesh: Mesh,
     steps_per_epoch: int,
+    statistics: bool = True,
 ):
   """Build the jit-able train_step(state, batch) for `config` on `mesh`.
 
@@ -176,7 +177,9 @@ def make_train_step(
   statistics of the contrastive methods, cl_jax.losses.moco.moco_loss and
   cl_jax.losses.simclr.simclr_loss; pos_mean and BYOL's tau for the others), the
   embeddings' health signals (cl_jax.health.embedding_health, health/*) and the
-  per-layer gradient norms of layer_grad_norms, float32 scalars.
+  per-layer gradient norms of layer_grad_norms, float32 scalars. With statistics=False the
+  metrics are loss and lr alone and XLA drops the computations of the others (the step the
+  training loop runs between logging steps; the state it returns is the same).
   """
   spec = photometric_spec(config.aug)
   objective = make_objective(config, encoder, mesh, steps_per_epoch)
@@ -193,12 +196,9 @@ def make_train_step(
     param_updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, param_updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, **updates)
-    metrics = {
-        "loss": loss,
-        "lr": jnp.asarray(schedule(state.step), jnp.float32),
-        **stats,
-        **layer_grad_norms(grads),
-    }
+    metrics = {"loss": loss, "lr": jnp.asarray(schedule(state.step), jnp.float32)}
+    if statistics:
+      metrics.update(stats, **layer_grad_norms(grads))
     return new_state, metrics
 
   return train_step

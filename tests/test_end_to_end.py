@@ -57,8 +57,9 @@ def test_pretrain_then_probe_report(tmp_path):
   workdir = tmp_path / "run"
   proc = _run(workdir, "--config.optim.epochs=2", "--config.train.checkpoint_every=4")
   assert proc.returncode == 0, proc.stderr[-3000:]
-  records = metrics.read_jsonl(workdir / "metrics.jsonl")
+  records = metrics.read_metrics(str(workdir))  # the probe's row merged into step 16's
   assert [r["step"] for r in records] == list(range(1, 17))  # 256 // 32 * 2 epochs
+  assert {"loss", "probe/fast/shape/top1"} <= set(records[-1])
   for key in ("loss", "lr", "pos_mean", "neg_mean", "neg_var", "ns_mean", "param_norm"):
     assert all(np.isfinite(r[key]) for r in records), key
   # img/s leaves out the first step (compilation): from the second logged step on.

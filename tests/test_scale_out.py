@@ -100,8 +100,10 @@ def test_eight_devices_take_the_one_device_step(bn_mode, groups, host_batch):
   assert len(m1) > 40  # one gradient norm per layer
   for name in m1:
     np.testing.assert_allclose(m8[name], m1[name], rtol=1e-5, atol=1e-7, err_msg=name)
-  _close(eight.params, one.params)
-  _close(eight.target_params, one.target_params)
+  # With shuffle-BN each device encodes its share of the permuted keys, so the keys' sums run
+  # in another order than on one device: the updated parameters agree to float32 rounding.
+  _close(eight.params, one.params, atol=1e-6)
+  _close(eight.target_params, one.target_params, atol=1e-6)
   _close(eight.batch_stats, one.batch_stats)
   _close(eight.target_batch_stats, one.target_batch_stats)
   # The momentum buffer is the gradient itself, a sum over the batch: summed in another

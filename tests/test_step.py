@@ -78,3 +78,21 @@ def test_ns_negatives_raise_the_loss_of_the_same_step(batch):
   _, _, with_ns = _one_step(_config(True), batch)
   assert with_ns["loss"] > plain["loss"]
   np.testing.assert_allclose(with_ns["pos_mean"], plain["pos_mean"], rtol=1e-5)
+
+
+def test_lean_step_returns_the_same_state_with_loss_and_lr_only(batch):
+  """The step the loop runs between logging steps (statistics=False) updates the state as the
+  full step does; only its metrics shrink to loss and lr."""
+  config = _config(True)
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
+  out = {}
+  for statistics in (True, False):
+    fn = jax.jit(
+        step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4, statistics=statistics)
+    )
+    out[statistics] = jax.device_get(fn(make_state(), batch))
+  (full, full_metrics), (lean, lean_metrics) = out[True], out[False]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), full, lean)
+  assert set(lean_metrics) == {"loss", "lr"} and len(full_metrics) > 10
+  assert lean_metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-6)

@@ -7,7 +7,9 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
+from jax.sharding import Mesh
 
+from cl_jax import parallel
 from cl_jax.addons import dicr, nonsemantic
 
 
@@ -66,13 +68,17 @@ def encode_keys(
     rng: jax.Array,
     shuffle: bool,
     output: Callable[[dict], jax.Array] = _unit_embedding,
+    mesh: Mesh | None = None,
 ):
   """Key / target features of `images`, in train-mode batch norm, without gradient.
 
   With shuffle=True the batch is permuted before the encoder and un-permuted
   after it (shuffle-BN, He et al. 2020 Sec. 3.3): with grouped batch norm,
   key i is normalised with the statistics of a random group of other images,
-  not with those of the group that holds query i.
+  not with those of the group that holds query i. The permuted batch is kept split over
+  `mesh`'s data axis (given a mesh), so the key forward stays data-parallel: a random gather
+  gives XLA no sharding to propagate, and it would otherwise run the whole batch on every
+  device.
 
   Args:
     images: (N, S, S, 3) normalised views.
@@ -83,12 +89,17 @@ def encode_keys(
   """
   if shuffle:
     perm = jax.random.permutation(rng, images.shape[0])
-    images = images[perm]
+    images = _split_over(images[perm], mesh)
   out, batch_stats = encode(encoder, params, batch_stats, images)
   z = output(out)
   if shuffle:
-    z = jnp.zeros_like(z).at[perm].set(z)
+    z = _split_over(jnp.zeros_like(z).at[perm].set(z), mesh)
   return jax.lax.stop_gradient(z), batch_stats
+
+
+def _split_over(x: jax.Array, mesh: Mesh | None) -> jax.Array:
+  """x with its rows constrained to be split over mesh's data axis (x itself without a mesh)."""
+  return x if mesh is None else jax.lax.with_sharding_constraint(x, parallel.batch_sharding(mesh))
 
 
 def ns_features(
@@ -100,6 +111,7 @@ def ns_features(
     ns: ml_collections.ConfigDict,
     shuffle: bool,
     texture: jax.Array | None = None,
+    mesh: Mesh | None = None,
 ):
   """Features of the M NS images of each view (Ge et al. 2021, Sec. 2.2-2.3).
 
@@ -111,6 +123,7 @@ def ns_features(
     ns: the `nonsemantic` config block (kind, num_ns, patch_min, patch_max).
     texture: (B, S, S, 3) the views' texture images under the views' own augmentation
       parameters (ns.kind "texture"), else None.
+    mesh: the device mesh, which keeps a shuffled forward data-parallel (encode_keys).
   Returns:
     ((B, M, d) unit features without gradient, updated batch_stats).
   """
@@ -123,7 +136,7 @@ def ns_features(
     images = nonsemantic.patch_negatives(r_patch, views, ns.num_ns, ns.patch_min, ns.patch_max)
     num = ns.num_ns
   flat = images.reshape((-1,) + views.shape[1:])
-  t, batch_stats = encode_keys(encoder, params, batch_stats, flat, r_shuffle, shuffle)
+  t, batch_stats = encode_keys(encoder, params, batch_stats, flat, r_shuffle, shuffle, mesh=mesh)
   return t.reshape(views.shape[0], num, -1), batch_stats
 
 

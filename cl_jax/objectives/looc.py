@@ -50,6 +50,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh):
           jax.random.fold_in(x.r_key, j),
           shuffle,
           output=head_embeddings,
+          mesh=mesh,
       )
       keys.append(k)
     keys = jnp.stack(keys, axis=2)  # (B, H, V, d): keys[b, i, j] = z_i^{k_j}

@@ -49,7 +49,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps
     keys, ns_feats = [], []
     for i, (vq, vk) in enumerate(pairs):
       k, target_bs = encode_keys(
-          encoder, target_params, target_bs, vk, jax.random.fold_in(x.r_key, i), shuffle
+          encoder, target_params, target_bs, vk, jax.random.fold_in(x.r_key, i), shuffle, mesh=mesh
       )
       keys.append(k)
       # The NS forward's batch statistics are not kept: the running statistics
@@ -64,6 +64,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps
               ns,
               shuffle,
               texture_of(x, i),
+              mesh,
           )[0]
           if ns.enabled
           else None
