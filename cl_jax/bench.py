@@ -123,8 +123,8 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
       "queue_mb_per_device": shard_bytes / 2**20,
       "queue_mb_total": queue_bytes / 2**20,
       "loss": float(metrics["loss"]),
-      "gflop_per_image": round(flops_per_device * devices / batch / 1e9, 3),
-      "tflops_per_device": round(flops_per_device / step_s / 1e12, 3),
+      "gflop_per_image": float(f"{flops_per_device * devices / batch / 1e9:.4g}"),
+      "tflops_per_device": float(f"{flops_per_device / step_s / 1e12:.4g}"),
   }
   peak = device_peaks.peak_tflops(out["device_kind"])
   out["mfu"] = None if peak is None else round(out["tflops_per_device"] / peak, 4)
@@ -151,7 +151,7 @@ def _table(rows: list[dict]) -> str:
     peak = r.get("peak_mb_per_device")
     lines.append(
         f"{r['devices']:>7} {r['step_ms']:>9.2f} {r['img_per_s']:>9.1f} "
-        f"{r['gflop_per_image']:>10.2f} {r['tflops_per_device']:>12.3f} {mfu:>6} "
+        f"{r['gflop_per_image']:>10.4g} {r['tflops_per_device']:>12.4g} {mfu:>6} "
         f"{'n/a' if peak is None else f'{peak:.0f}':>13} {r['queue_mb_per_device']:>14.3f} "
         f"{r['compile_s']:>10.1f}"
     )
