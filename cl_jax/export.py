@@ -42,18 +42,6 @@ from cl_jax.state import init_variables
 # Format -> file suffix.
 FORMATS = {"torchvision": ".safetensors", "flax": ".msgpack"}
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with a checkpoint.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).", lower_bound=1)
-_FORMAT = flags.DEFINE_string(
-    "format",
-    None,
-    "torchvision (safetensors state dict of torchvision's ResNet) or flax (msgpack of the "
-    "Flax variables).",
-)
-_OUT = flags.DEFINE_string(
-    "out", None, "Output file (default: <workdir>/export/backbone_step<N>.safetensors|.msgpack)."
-)
-
 
 def restore_online(
     config: ml_collections.ConfigDict, encoder: Encoder, workdir: str, step: int | None = None
@@ -190,17 +178,34 @@ def export(workdir: str, fmt: str, step: int | None = None, out: str | None = No
   }
 
 
+def _define_flags():
+  """The command's flags (defined only when it runs as a program, so that importing this module
+  next to the other commands defines no flag twice)."""
+  flags.DEFINE_string("workdir", None, "Run directory with a checkpoint.")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).", lower_bound=1)
+  flags.DEFINE_string(
+      "format",
+      None,
+      "torchvision (safetensors state dict of torchvision's ResNet) or flax (msgpack of the "
+      "Flax variables).",
+  )
+  flags.DEFINE_string(
+      "out", None, "Output file (default: <workdir>/export/backbone_step<N>.safetensors|.msgpack)."
+  )
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; give the run as --workdir=W")
-  if not _WORKDIR.value:
+  f = flags.FLAGS
+  if not f.workdir:
     raise app.UsageError("--workdir is required: the run directory to export from")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
   with cli.report():
-    if _FORMAT.value is None:
+    if f.format is None:
       raise UsageError(f"--format is required: one of {', '.join(FORMATS)}")
-    result = export(_WORKDIR.value, _FORMAT.value, _STEP.value, _OUT.value)
+    result = export(f.workdir, f.format, f.step, f.out)
     print(
         f"wrote {result['path']} ({result['format']}, step {result['step']}): "
         f"{result['tensors']} tensors, {result['parameters']:,} parameters"
@@ -208,4 +213,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main, flags_parser=cli.parse_flags)
