@@ -10,6 +10,10 @@ augmentation, EMA, key and NS forwards, loss, update, enqueue) on a synthetic
 global batch of host-cropped uint8 views with their crop boxes; the host input
 pipeline is not timed. FLOPs come from XLA's cost analysis of the compiled step (step_flops);
 the MFU divides the achieved FLOP rate by the device's peak (cl_jax.device_peaks).
+
+--compare=torch times, instead, the JAX step on one device beside the PyTorch reference of
+the same MoCo-v2 step (cl_jax.bench_torch, eager and torch.compile; needs torch and
+torchvision) on the same device, and prints the ratios JAX img/s / torch img/s.
 """
 
 import json
@@ -38,6 +42,13 @@ _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per device count.", lowe
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.", lower_bound=0)
 _CHILD = flags.DEFINE_integer("child", None, "Internal: measure this device count in-process.")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object (setup and rows) and no table.")
+_COMPARE = flags.DEFINE_enum(
+    "compare",
+    None,
+    ["torch"],
+    "torch: time the JAX step and the PyTorch reference of cl_jax.bench_torch (eager and "
+    "compiled) on one device instead of the device counts (--devices is not used).",
+)
 flags.mark_flag_as_required("config")
 
 
@@ -158,11 +169,143 @@ def _table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def _run_child(command: list[str], env: dict) -> tuple[dict | None, str]:
+  """(the row a child command prints after "RESULT ", or None where it failed; its stderr)."""
+  proc = subprocess.run(command, env=env, capture_output=True, text=True)
+  results = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+  if proc.returncode or not results:
+    return None, proc.stderr
+  return json.loads(results[0]), proc.stderr
+
+
+def _setup(config) -> str:
+  """The measured step in words: method, network, resolution, dtype, batch, queue, NS."""
+  queue = (
+      f"queue {config.moco.queue_size} x {config.model.head_out_dim}, "
+      if config.method == "moco"
+      else "no queue, "
+  )
+  return (
+      f"{config.method}: {config.model.depth}-layer ResNet, {config.data.image_size} px, "
+      f"{config.model.dtype}, global batch {config.optim.batch_size}, {queue}"
+      f"NS {'on' if config.nonsemantic.enabled else 'off'}"
+  )
+
+
+# The MoCo add-ons that the PyTorch reference leaves out (cl_jax.bench_torch.ADDONS; not
+# imported from there, which needs torch): --compare=torch switches them off in both steps.
+_TORCH_ADDONS = ("nonsemantic", "ft", "ifm", "looc", "dicr")
+
+
+def _torch_command(compiled: bool) -> list[str]:
+  """cl_jax.bench_torch's command line with this run's config flags, --steps and --warmup."""
+  drop = ("--devices", "--child", "--compare", "--json", "--nojson")
+  args = [a for a in sys.argv[1:] if not a.startswith(drop)]
+  return [sys.executable, "-m", "cl_jax.bench_torch", *args, f"--compile={compiled}"]
+
+
+def _failure_reason(stderr: str) -> str:
+  """The last non-empty line of a failed child's stderr (its exception), at most 300 chars."""
+  lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+  return (lines[-1] if lines else "no error output")[:300]
+
+
+def _ratio(jax_row: dict, torch_row: dict) -> float | None:
+  """JAX img/s / torch img/s, None where the torch step failed."""
+  if "failed" in torch_row:
+    return None
+  return round(jax_row["img_per_s"] / torch_row["img_per_s"], 3)
+
+
+def _compare_table(dtype: str, jax_row: dict, eager: dict, compiled: dict) -> str:
+  """The comparison's rows: step time, img/s, compile time, peak memory, JAX / torch."""
+  cells = [("jax (jit, 1 device)", jax_row, dtype, jax_row.get("peak_mb_per_device"), None)]
+  for row in (eager, compiled):
+    cells.append(
+        (f"torch {row['mode']}", row, row.get("dtype"), row.get("peak_mb"), _ratio(jax_row, row))
+    )
+  lines = [
+      f"{'step':<34} {'dtype':>8} {'step ms':>9} {'img/s':>9} {'compile s':>10} "
+      f"{'peak MiB':>9} {'JAX/this':>9}"
+  ]
+  for label, row, row_dtype, peak, ratio in cells:
+    if "failed" in row:
+      lines.append(f"{label:<34} failed: {row['failed']}")
+      continue
+    lines.append(
+        f"{label:<34} {row_dtype:>8} {row['step_ms']:>9.2f} {row['img_per_s']:>9.1f} "
+        f"{row['compile_s']:>10.1f} {'n/a' if peak is None else f'{peak:.0f}':>9} "
+        f"{'' if ratio is None else f'{ratio:.3f}':>9}"
+    )
+  return "\n".join(lines)
+
+
+def _compare_torch(config) -> None:
+  """--compare=torch: the JAX step on one device beside the PyTorch reference of
+  cl_jax.bench_torch, eager and compiled, on the same device (CUDA if torch sees one, else
+  the CPU), each in its own process; a torch mode that fails (e.g. torch.compile without a C
+  compiler) is reported with its reason. The MoCo add-ons the reference lacks are switched
+  off in both steps. Prints the rows and the ratios JAX img/s / torch img/s, or with --json
+  one object: setup, rows (the JAX row), compare (jax, torch_eager, torch_compiled,
+  ratio_eager, ratio_compiled) and switched_off (the add-ons)."""
+  if config.method != "moco":
+    sys.exit(
+        f"error: --compare=torch compares MoCo steps; the config's method is {config.method!r}"
+    )
+  addons = [name for name in _TORCH_ADDONS if config[name].enabled]
+  overrides = [f"--config.{name}.enabled=False" for name in addons]
+  # The parent leaves JAX's backend alone, so that it holds no accelerator memory.
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
+  jax_row, stderr = _run_child(_child_command(1) + overrides, env)
+  if jax_row is None:
+    sys.exit(f"error: the JAX measurement failed:\n{stderr[-3000:]}")
+  if not _JSON.value:
+    print(json.dumps(jax_row), flush=True)
+  torch_rows = []
+  for compiled in (False, True):
+    row, stderr = _run_child(_torch_command(compiled) + overrides, env)
+    if row is None:
+      row = {"mode": "compiled" if compiled else "eager", "failed": _failure_reason(stderr)}
+    torch_rows.append(row)
+    if not _JSON.value:
+      print(json.dumps(row), flush=True)
+  eager, compiled = torch_rows
+  reference = config.copy_and_resolve_references()
+  for name in addons:
+    reference[name].enabled = False
+  torch_device = next((r["device"] for r in torch_rows if "device" in r), "n/a")
+  devices = f"JAX on {jax_row['device_kind']}, torch on {torch_device}"
+  off = f"; switched off in both: {', '.join(addons)}" if addons else ""
+  setup = f"{_setup(reference)}; {devices}{off}"
+  ratios = {"ratio_eager": _ratio(jax_row, eager), "ratio_compiled": _ratio(jax_row, compiled)}
+  if _JSON.value:
+    compare = {"jax": jax_row, "torch_eager": eager, "torch_compiled": compiled, **ratios}
+    print(
+        json.dumps({"setup": setup, "rows": [jax_row], "compare": compare, "switched_off": addons})
+    )
+    return
+  print(f"\n{setup}")
+  print(_compare_table(config.model.dtype, jax_row, eager, compiled))
+  words = [
+      f"{mode} {'failed' if r is None else f'{r:.3f}'}"
+      for mode, r in (("eager", ratios["ratio_eager"]), ("compiled", ratios["ratio_compiled"]))
+  ]
+  print(f"JAX img/s / torch img/s: {', '.join(words)}")
+  print(
+      "compile s: JAX's lowering and compilation; torch's first step, compilation included. "
+      "The JAX step also augments its views photometrically; the torch step gets them "
+      "augmented."
+  )
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
   if _CHILD.value is not None:
     print("RESULT " + json.dumps(measure(config, _CHILD.value, _STEPS.value, _WARMUP.value)))
+    return
+  if _COMPARE.value == "torch":
+    _compare_torch(config)
     return
   counts = [int(n) for n in _DEVICES.value]
   backend = jax.default_backend()
@@ -176,25 +319,15 @@ def main(argv):
     elif n > available:
       print(f"skipping {n} devices: only {available} {backend} devices")
       continue
-    proc = subprocess.run(_child_command(n), env=env, capture_output=True, text=True)
-    results = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not results:
-      sys.exit(f"error: the {n}-device measurement failed:\n{proc.stderr[-3000:]}")
-    rows.append(json.loads(results[0]))
+    row, stderr = _run_child(_child_command(n), env)
+    if row is None:
+      sys.exit(f"error: the {n}-device measurement failed:\n{stderr[-3000:]}")
+    rows.append(row)
     if not _JSON.value:
       print(json.dumps(rows[-1]), flush=True)
   kind = rows[0]["device_kind"] if rows else backend
   simulated = " (simulated CPU devices sharing the host's cores)" if backend == "cpu" else ""
-  queue = (
-      f"queue {config.moco.queue_size} x {config.model.head_out_dim}, "
-      if config.method == "moco"
-      else "no queue, "
-  )
-  setup = (
-      f"{config.method}: {config.model.depth}-layer ResNet, {config.data.image_size} px, "
-      f"{config.model.dtype}, global batch {config.optim.batch_size}, {queue}"
-      f"NS {'on' if config.nonsemantic.enabled else 'off'}; {kind}{simulated}"
-  )
+  setup = f"{_setup(config)}; {kind}{simulated}"
   if _JSON.value:
     print(json.dumps({"setup": setup, "rows": rows}))
     return
