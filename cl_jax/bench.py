@@ -335,5 +335,38 @@ def main(argv):
   print(_table(rows))
 
 
+_INPUT = flags.DEFINE_enum(
+    "input",
+    "synthetic",
+    ["synthetic", "jpeg"],
+    "synthetic: time the step on a synthetic batch (above). jpeg: time the training loop end "
+    "to end on a generated ImageNet-like JPEG folder (input pipeline alone with 0, 1, 2, ... "
+    "workers, exact and reduced-size decoding; loop on JPEGs / loop on batches in memory; "
+    "cl_jax.bench_input) on this process's devices (--devices is not used).",
+)
+_JPEG_DIR = flags.DEFINE_string(
+    "jpeg_dir", "", "--input=jpeg: the folder (default: in $CL_JAX_CACHE or ~/.cache/cl_jax)."
+)
+_JPEG_IMAGES = flags.DEFINE_integer(
+    "jpeg_images", 512, "--input=jpeg: images in the generated folder.", lower_bound=1
+)
+
+
+def _main_with_input(argv):
+  """main, or with --input=jpeg the JPEG loop benchmark of cl_jax.bench_input."""
+  if _INPUT.value != "jpeg" or _CHILD.value is not None:
+    return main(argv)
+  from cl_jax import bench_input  # only this mode needs it
+
+  bench_input.run(
+      _CONFIG.value,
+      jpeg_dir=_JPEG_DIR.value,
+      jpeg_images=_JPEG_IMAGES.value,
+      steps=_STEPS.value,
+      warmup=_WARMUP.value,
+      as_json=_JSON.value,
+  )
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(_main_with_input)
