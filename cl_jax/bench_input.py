@@ -5,23 +5,28 @@ python -m cl_jax.bench --config=configs/NAME.py[:preset] --input=jpeg [--jpeg_di
 
 The pretraining images are a generated ImageNet-like folder (`make_jpeg_folder`,
 `<root>/<class>/<i>.JPEG`, 10 classes, cached): widths 300-600 px, aspect ratios 3:4 to 4:3,
-smooth 1/f content with a few textured objects, PIL quality 90, so that the files are as large
-(about 50-150 KB) and cost as much to decode as ImageNet's. Printed:
+smooth 1/f content with a few textured objects, PIL quality 90, so that the files are about as
+large as ImageNet's (50-150 KB) and about as costly to decode. Three decodings (DECODES,
+`JpegSource`): exact (full size, as ImageFolderSource), reduced (libjpeg's DCT-domain 1/2, 1/4
+or 1/8, the largest that keeps every possible crop at least twice the view's side; the
+faithful default) and reduced-max (at least the view's side: the largest reduction that never
+upsamples). Printed:
 
-  decode    ms per image of PIL's decoding at full size and, DCT-domain, at 1/2, 1/4, 1/8;
+  decode    ms per image of PIL's decoding at full size and at 1/2, 1/4, 1/8; per reduced
+            decoding its mean reduction and how far its views are from exact decoding's
+            (`view_difference`, beside a one-pixel move of the crop for scale);
   pipeline  img/s of cl_jax.data.pipeline.pretrain_dataset alone (decode, the views' random
             resized crops and flips, batching) through pipeline.make_iterator with 0, 1, 2, 4,
-            ... grain workers, for exact and reduced decoding (`JpegSource`), and per worker;
-            for reduced decoding also the mean reduction and the mean absolute difference of
-            its views from the same crops of the exactly decoded images;
-  loop      img/s of cl_jax.train's loop (pipeline -> parallel.global_batch -> jitted train
-            step, as train.pretrain runs it, without checkpoints, metrics or logging) on the
-            JPEG folder, and of the same loop on batches already in memory (two batches of
-            the pipeline, decoded before the timing and cycled); ratio = JPEG loop img/s /
-            in-memory loop img/s (1: the pipeline keeps up with the step).
+            ... grain workers (`worker_counts`), and per worker, for each decoding;
+  loop      img/s of train.pretrain's loop (pipeline -> parallel.global_batch -> the jitted
+            lean train step; no checkpoints, metrics or logging) on the JPEG folder for each
+            decoding with 0 and N (the CPU count) workers, and of the same loop on two batches
+            of the pipeline held in memory, which runs before the first JPEG loop and after
+            each; ratio = JPEG loop img/s / the mean of the in-memory runs beside it (1: the
+            pipeline keeps up with the step); and a verdict on the fastest faithful decoding.
 
-Worker start-up is kept out of every rate: the timing starts after warmup batches (or steps)
-taken from the started iterator.
+Worker start-up and compilation are kept out of every rate: the timing starts after warmup
+batches (or steps) taken from the started iterator.
 """
 
 import concurrent.futures
@@ -304,6 +309,15 @@ def sources(root: str, config) -> dict[str, JpegSource]:
   }
 
 
+def reduces(source: JpegSource) -> bool:
+  """Whether `source` decodes any of its images at reduced size (from the files' headers)."""
+  for path in source.files:
+    with PIL.Image.open(path) as image:
+      if source.reduction(*image.size) > 1:
+        return True
+  return False
+
+
 def _exact_view(image: np.ndarray, box, size: int) -> np.ndarray:
   return geometric.apply_crop(image, geometric.CropParams(np.float32(box), False), size)
 
@@ -491,14 +505,14 @@ def measure(
 
   Returns a dict: setup (words); folder (images, KB); decode_ms (decode_ms of compare_images
   files); view_difference (per reduced mode, view_difference over compare_images images);
-  pipeline (a pipeline_rate row per mode of DECODES and count of pipeline_workers, default
-  worker_counts, with its decode; at least pipeline_images images timed); compile_s; memory
-  (the loop_rate row of the loop on two batches held in memory); loop (a loop_rate row per
-  mode and count of loop_workers, default 0 and the CPU count, with its decode,
-  memory_img_per_s, the mean img/s of the in-memory loop's runs just before and just after
-  it, and ratio = its img/s / memory_img_per_s); memory (the in-memory loop's loop_rate rows:
-  one before the JPEG loops and one after each). The loop runs on `mesh` (default: all
-  devices, as train.pretrain's).
+  same_as_exact (the reduced modes that reduce no image of the folder, which are not timed);
+  pipeline (a pipeline_rate row, with its decode, per timed mode and count of
+  pipeline_workers, default worker_counts; at least pipeline_images images timed);
+  compile_s; global_batch; memory (loop_rate rows of the loop on two batches held in memory:
+  one before the JPEG loops and one after each); loop (a loop_rate row per timed mode and
+  count of loop_workers, default 0 and the CPU count, with its decode, memory_img_per_s (the
+  mean img/s of the in-memory runs just before and just after it) and ratio = its img/s /
+  memory_img_per_s). The loop runs on `mesh` (default: all devices, as train.pretrain's).
   """
   load = os.getloadavg()[0]
   if config.nonsemantic.enabled and config.nonsemantic.kind == "texture":
@@ -508,6 +522,9 @@ def measure(
   files = modes["exact"].files
   if len(files) < batch:
     raise ValueError(f"the folder's {len(files)} images are fewer than a batch of {batch}")
+  # A reduced decoding that reduces no image of the folder is the exact one: not timed again.
+  same = [mode for mode, source in modes.items() if mode != "exact" and not reduces(source)]
+  timed = {mode: source for mode, source in modes.items() if mode not in same}
   sizes_kb = [os.path.getsize(f) / 1024 for f in files]
   compare = list(range(0, len(files), max(1, len(files) // compare_images)))[:compare_images]
   out = {
@@ -524,12 +541,13 @@ def measure(
           for mode, source in modes.items()
           if source.view_size is not None
       },
+      "same_as_exact": same,
   }
   batches = max(3, math.ceil(pipeline_images / batch))
   counts = worker_counts(config) if pipeline_workers is None else pipeline_workers
   out["pipeline"] = [
       {"decode": mode, **pipeline_rate(source, config, w, batches)}
-      for mode, source in modes.items()
+      for mode, source in timed.items()
       for w in counts
   ]
 
@@ -551,7 +569,7 @@ def measure(
   out["memory"] = [loop_rate(loop, _cycle(held), steps, warmup)]
   cpus = os.cpu_count() or 1
   out["loop"] = []
-  for mode, source in modes.items():
+  for mode, source in timed.items():
     for w in sorted({0, cpus}) if loop_workers is None else loop_workers:
       it = pipeline.make_iterator(_dataset(source, config), w)
       try:
@@ -621,6 +639,8 @@ def table(out: dict) -> str:
         f"differ from exact decoding's by {v['mean_abs']:.2f} grey levels (mean absolute; "
         f"moving the crop by 1 source pixel: {shift})"
     )
+  for mode in out["same_as_exact"]:
+    lines.append(f"{mode}: reduces no image at this view size and crop scale, the same as exact")
   lines += [
       "",
       "input pipeline alone",

@@ -155,6 +155,16 @@ def test_reduced_decoding_of_a_smooth_image_is_close_to_exact(tmp_path):
   assert diff["mean_abs"] < 1.0, diff
 
 
+def test_a_decoding_that_reduces_no_image_is_recognised(folder):
+  names = bench_input.class_names()
+  assert bench_input.reduces(
+      bench_input.JpegSource(folder, names, view_size=32, crop_scale=(0.5, 1))
+  )
+  assert not bench_input.reduces(bench_input.JpegSource(folder, names))
+  big = bench_input.JpegSource(folder, names, view_size=224, crop_scale=(0.2, 1.0), margin=1)
+  assert not bench_input.reduces(big)
+
+
 def test_pipeline_of_reduced_decoding_gives_views_of_the_view_size(folder):
   c = _tiny_config()
   source = bench_input.JpegSource(
@@ -192,6 +202,7 @@ def test_measure_times_pipeline_and_loops_and_prints_the_ratio(folder):
     assert np.isfinite(r["loss"]) and r["memory_img_per_s"] == beside
     assert r["ratio"] == round(r["img_per_s"] / ((memory[i] + memory[i + 1]) / 2), 3)
   assert set(out["view_difference"]) == {"reduced", "reduced-max"}
+  assert out["same_as_exact"] == []
   assert out["folder"]["images"] == 30
   json.dumps(out)  # the --json output
   text = bench_input.table(out)
