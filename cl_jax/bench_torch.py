@@ -37,10 +37,12 @@ under bf16 autocast (cudnn.benchmark on). The pooled features, head and loss run
 with autocast off, and batch-norm statistics in float32, as in the JAX model. On CPU:
 float32 and contiguous (NCHW) tensors, which ran faster than channels_last with oneDNN here.
 
-Modes: eager, or `torch.compile` (Inductor, mode "default"; "max-autotune-no-cudagraphs"
-adds minutes of kernel autotuning at compile time) of the forward passes and the loss, whose
-backward AOTAutograd compiles too; the EMA (foreach lerp), SGD (its foreach kernels on CUDA)
-and enqueue run eagerly around it.
+Modes: eager, or `torch.compile` (Inductor, mode "default", no CUDA graphs;
+"max-autotune-no-cudagraphs" would add kernel autotuning to the compile time) of the forward
+passes and the loss, whose backward AOTAutograd compiles too; the EMA (foreach lerp), SGD
+(its foreach kernels on CUDA) and enqueue run eagerly around it. In eager mode the grouped
+batch norm runs as generic ops (var_mean, addcmul and their backward), not as cuDNN's fused
+batch norm, so eager is a lower bound for torch there; the compiled step fuses them.
 """
 
 import copy
