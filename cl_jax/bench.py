@@ -100,11 +100,7 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
   batch = config.optim.batch_size
   encoder, tx, schedule, make_state, _ = train.build(config, batch, mesh)
   state = make_state()
-  step = step_lib.jit_train_step(
-      step_lib.make_train_step(config, encoder, tx, schedule, mesh, 1),
-      parallel.state_sharding(state, mesh),
-      parallel.batch_sharding(mesh),
-  )
+  step = step_lib.jit_on_mesh(config, encoder, tx, schedule, mesh, 1, state)
   host = synthetic_batch(config, batch, np.random.default_rng(0))
   data = jax.device_put(host, parallel.batch_sharding(mesh))
 

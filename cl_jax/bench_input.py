@@ -442,11 +442,7 @@ def make_loop(config, num_records: int, mesh) -> Loop:
   spe = train.steps_per_epoch(num_records, config.optim.batch_size)
   encoder, tx, schedule, make_state, _ = train.build(config, num_records, mesh)
   state = make_state()
-  step = step_lib.jit_train_step(
-      step_lib.make_train_step(config, encoder, tx, schedule, mesh, spe, statistics=False),
-      parallel.state_sharding(state, mesh),
-      parallel.batch_sharding(mesh),
-  )
+  step = step_lib.jit_on_mesh(config, encoder, tx, schedule, mesh, spe, state, statistics=False)
   return Loop(config, mesh, step, state)
 
 

@@ -131,6 +131,20 @@ def restore_variables(manager: ocp.CheckpointManager, template: dict, step: int 
   return int(state["step"]), {"params": state["params"], "batch_stats": state["batch_stats"]}
 
 
+def restore_encoder(workdir: str, init_variables, step: int | None = None) -> tuple[int, dict]:
+  """(step, {"params", "batch_stats"}) of the online encoder in checkpoint `step` (default: the
+  latest) of the run in `workdir`, laid out as `init_variables()` returns them (only its
+  jax.eval_shape is taken); UsageError when the run has no checkpoint."""
+  manager = make_manager(workdir, read_only=True)
+  restored = restore_variables(manager, jax.eval_shape(init_variables), step)
+  if restored is None:
+    raise UsageError(
+        f"no checkpoint in {workdir}/checkpoints: pretrain first "
+        f"(python -m cl_jax.main --workdir={workdir} ...)"
+    )
+  return restored
+
+
 def _sharding(tree):
   """The sharding of the first leaf of `tree`."""
   return jax.tree.leaves(tree)[0].sharding

@@ -89,11 +89,7 @@ def run(workdir: str, suite: str, step: int | None = None, data_dir: str | None 
   config = run_config.read(workdir)
   data_dir = data_dir or config.data.get("data_dir", "")
   probe = linear_probe.setup(config)
-  manager = checkpoint.make_manager(workdir, read_only=True)
-  restored = checkpoint.restore_variables(manager, jax.eval_shape(probe.init_variables), step)
-  if restored is None:
-    raise UsageError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
-  step, variables = restored
+  step, variables = checkpoint.restore_encoder(workdir, probe.init_variables, step)
   where = workdir if "://" in workdir else os.path.abspath(workdir)
   ctx = EvalContext(where, step, config, probe, variables, data_dir, options)
   report = {"workdir": where, "step": step, "suite": suite, **module.run(ctx)}

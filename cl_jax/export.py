@@ -54,14 +54,7 @@ def restore_online(
       functools.partial(init_variables, config.seed, encoder, config.data.image_size),
       out_shardings=parallel.replicated(mesh),
   )
-  manager = checkpoint.make_manager(workdir, read_only=True)
-  restored = checkpoint.restore_variables(manager, jax.eval_shape(init), step)
-  if restored is None:
-    raise UsageError(
-        f"no checkpoint in {workdir}/checkpoints: pretrain first "
-        f"(python -m cl_jax.main --workdir={workdir} ...)"
-    )
-  step, variables = restored
+  step, variables = checkpoint.restore_encoder(workdir, init, step)
   return step, jax.tree.map(np.asarray, variables)
 
 
@@ -113,26 +106,6 @@ def flax_sidecar(about: dict, path: str) -> dict:
   }
 
 
-def write_bytes_atomically(path: str, data: bytes) -> None:
-  """Write `data` to `path` (creating its folder) through a temporary file beside it renamed
-  over it; an object store (a URL) replaces the object in one step."""
-  target = epath.Path(path)
-  target.parent.mkdir(parents=True, exist_ok=True)
-  if "://" in path:
-    target.write_bytes(data)
-    return
-  tmp = f"{path}.tmp"
-  try:
-    with open(tmp, "wb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
 def export(workdir: str, fmt: str, step: int | None = None, out: str | None = None) -> dict:
   """Write the backbone of checkpoint `step` (default: the latest) of the run in `workdir` in
   format `fmt` to `out` (default: workdir/export/backbone_step<N><suffix>).
@@ -166,9 +139,10 @@ def export(workdir: str, fmt: str, step: int | None = None, out: str | None = No
     tree = {"params": params, "batch_stats": stats}
     data = flax.serialization.msgpack_serialize(tree)
     count = len(jax.tree.leaves(tree))
-  write_bytes_atomically(path, data)
+  epath.Path(path).parent.mkdir(parents=True, exist_ok=True)
+  write_atomically(path, data)
   if fmt == "flax":
-    write_atomically(epath.Path(f"{path}.json"), json.dumps(flax_sidecar(about, path), indent=2))
+    write_atomically(f"{path}.json", json.dumps(flax_sidecar(about, path), indent=2))
   return {
       "path": path,
       "format": fmt,

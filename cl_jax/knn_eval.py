@@ -55,11 +55,7 @@ def run(workdir: str, step=None, k: int = 200, temperature: float = 0.1, baselin
   ctx = linear_probe.setup(config)
   if k > len(ctx.train_src):
     raise UsageError(f"--k={k} exceeds the memory bank's {len(ctx.train_src)} images")
-  manager = checkpoint.make_manager(workdir, read_only=True)
-  restored = checkpoint.restore_variables(manager, jax.eval_shape(ctx.init_variables), step)
-  if restored is None:
-    raise UsageError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
-  step, variables = restored
+  step, variables = checkpoint.restore_encoder(workdir, ctx.init_variables, step)
   report = {
       "workdir": workdir if "://" in workdir else os.path.abspath(workdir),
       "step": step,

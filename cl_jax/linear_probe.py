@@ -173,12 +173,7 @@ class LinearClassifier(NamedTuple):
     arrays.update({f"b/{k}": np.asarray(b) for k, b in self.biases.items()})
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    if "://" in str(path):  # an object store replaces an object in one step
-      path.write_bytes(buffer.getvalue())
-      return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(buffer.getvalue())
-    tmp.replace(path)
+    metrics.write_atomically(path, buffer.getvalue())
 
   @classmethod
   def load(cls, path: epath.Path) -> "LinearClassifier":
@@ -467,11 +462,7 @@ def run(
         f"probe protocol must be one of {config_check.PROBE_PROTOCOLS}, " f"got {protocol!r}"
     )
   ctx = setup(config)
-  manager = checkpoint.make_manager(workdir, read_only=True)
-  restored = checkpoint.restore_variables(manager, jax.eval_shape(ctx.init_variables), step)
-  if restored is None:
-    raise UsageError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
-  step, variables = restored
+  step, variables = checkpoint.restore_encoder(workdir, ctx.init_variables, step)
   size = config.data.image_size
   accuracy, classifier = probe_variables(ctx, variables, protocol, validation)
   where = workdir if "://" in workdir else os.path.abspath(workdir)

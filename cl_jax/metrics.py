@@ -194,18 +194,26 @@ def _drop_rows_after(root: epath.Path, step: int) -> None:
         write_atomically(path, "".join(l + "\n" for l in keep))
 
 
-def write_atomically(path: epath.Path, text: str) -> None:
-  """Replace the contents of `path` by `text`; a crash leaves the old or the new contents.
+def write_atomically(path: epath.Path, data: str | bytes) -> None:
+  """Replace the contents of `path` by `data` (text, written as UTF-8, or bytes); a crash or a
+  failed write leaves the old or the new contents.
 
   An object store replaces an object in one step; a local file is written to a
-  temporary file beside it, synced, and renamed over it.
+  temporary file beside it, synced, and renamed over it (the temporary file is removed
+  when the write fails).
   """
+  path = epath.Path(path)
+  raw = data.encode("utf-8") if isinstance(data, str) else data
   if "://" in str(path):
-    path.write_text(text)
+    path.write_bytes(raw)
     return
   tmp = path.with_name(path.name + ".tmp")
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "wb") as f:
+      f.write(raw)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)

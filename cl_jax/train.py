@@ -263,11 +263,7 @@ def pretrain(
   )
   # The full step (with its statistics) on logging steps, the lean one between them.
   train_steps = {
-      logs: step_lib.jit_train_step(
-          step_lib.make_train_step(config, encoder, tx, schedule, mesh, spe, statistics=logs),
-          parallel.state_sharding(state, mesh),
-          parallel.batch_sharding(mesh),
-      )
+      logs: step_lib.jit_on_mesh(config, encoder, tx, schedule, mesh, spe, state, logs)
       for logs in (True, False)
   }
   meta = {

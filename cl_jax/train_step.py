@@ -23,6 +23,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
+from cl_jax import parallel
 from cl_jax.addons import dicr
 from cl_jax.data import photometric
 from cl_jax.objectives import byol, looc, moco, simclr, simsiam
@@ -37,6 +38,7 @@ __all__ = [
     "make_objective",
     "make_train_step",
     "jit_train_step",
+    "jit_on_mesh",
 ]
 
 
@@ -215,4 +217,23 @@ def jit_train_step(train_step, state_sharding, batch_sharding):
       in_shardings=(state_sharding, batch_sharding),
       out_shardings=(state_sharding, None),
       donate_argnums=(0,),
+  )
+
+
+def jit_on_mesh(
+    config: ml_collections.ConfigDict,
+    encoder,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    mesh: Mesh,
+    steps_per_epoch: int,
+    state: TrainState,
+    statistics: bool = True,
+):
+  """make_train_step(...) jitted by jit_train_step for `state` (its layout: the queue's rows
+  over `mesh`, the rest replicated) and a batch split over `mesh`."""
+  return jit_train_step(
+      make_train_step(config, encoder, tx, schedule, mesh, steps_per_epoch, statistics),
+      parallel.state_sharding(state, mesh),
+      parallel.batch_sharding(mesh),
   )

@@ -317,21 +317,6 @@ def test_loocpp_is_refused_for_torchvision_only(tmp_path):
     export.export(str(tmp_path), "flax")
 
 
-def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
-  path = str(tmp_path / "backbone.safetensors")
-  export.write_bytes_atomically(path, b"old")
-
-  def broken_fsync(_):
-    raise OSError("disk full")
-
-  monkeypatch.setattr(os, "fsync", broken_fsync)
-  with pytest.raises(OSError, match="disk full"):
-    export.write_bytes_atomically(path, b"new")
-  assert os.listdir(tmp_path) == ["backbone.safetensors"]
-  with open(path, "rb") as f:
-    assert f.read() == b"old"
-
-
 def test_the_command_reports_bad_input_in_one_line(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "cl_jax.export", f"--workdir={tmp_path}", "--format=onnx"],

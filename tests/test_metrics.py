@@ -1,6 +1,7 @@
 """MetricWriter: one row per step across resumes, both layouts, bounded writes, TensorBoard."""
 
 import json
+import os
 import time
 
 import jax
@@ -175,3 +176,18 @@ def test_append_row_adds_the_scalars_to_tensorboard(tmp_path):
   acc = event_accumulator.EventAccumulator(str(tmp_path / "tb")).Reload()
   assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 3.0)]
   assert [(e.step, pytest.approx(e.value)) for e in acc.Scalars("knn/colour")] == [(3, 0.9)]
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+  path = str(tmp_path / "backbone.safetensors")
+  metrics.write_atomically(path, b"old")
+
+  def broken_fsync(_):
+    raise OSError("disk full")
+
+  monkeypatch.setattr(os, "fsync", broken_fsync)
+  with pytest.raises(OSError, match="disk full"):
+    metrics.write_atomically(path, b"new")
+  assert os.listdir(tmp_path) == ["backbone.safetensors"]
+  with open(path, "rb") as f:
+    assert f.read() == b"old"

@@ -207,11 +207,7 @@ def run(
     raise UsageError(f"crop_scale must be two areas 0 < a <= b <= 1, got {crop_scale}")
   encoder = encoder_for(config)
   init = jax.jit(functools.partial(init_variables, config.seed, encoder, config.data.image_size))
-  manager = checkpoint.make_manager(workdir, read_only=True)
-  restored = checkpoint.restore_variables(manager, jax.eval_shape(init), step)
-  if restored is None:
-    raise UsageError(f"no checkpoint in {workdir}/checkpoints: pretrain first")
-  step, trained = restored
+  step, trained = checkpoint.restore_encoder(workdir, init, step)
   source = sources.open_source(config.data, "pretrain")
   if images > len(source):
     raise UsageError(f"--images={images} exceeds the {len(source)} pretraining images")

@@ -119,6 +119,16 @@ def dataset_spec(name: str) -> DatasetSpec:
   return DATASETS[name]
 
 
+def build_command(tfds_name: str, data_dir: str) -> str:
+  """The `tfds build` command that prepares TFDS `tfds_name` in `data_dir` as ArrayRecord, and
+  what that command needs installed."""
+  return (
+      f"tfds build {tfds_name} --data_dir={data_dir} --file_format=array_record\n"
+      "(the tfds command of tensorflow-datasets 4.9 needs: pip install apache-beam "
+      "importlib_resources)"
+  )
+
+
 def preparation_instructions(name: str, data_dir: str) -> str:
   """How to prepare `name` in `data_dir`, with the exact `tfds build` command."""
   spec = dataset_spec(name)
@@ -130,11 +140,7 @@ def preparation_instructions(name: str, data_dir: str) -> str:
         f"and run:\n  python -m cl_jax.data.tiny_imagenet --zip=<path of "
         f"{tiny_imagenet.ARCHIVE}> --data_dir={data_dir}"
     )
-  build = (
-      f"tfds build {spec.tfds_name} --data_dir={data_dir} --file_format=array_record\n"
-      "(the tfds command of tensorflow-datasets 4.9 needs: pip install apache-beam "
-      "importlib_resources)"
-  )
+  build = build_command(spec.tfds_name, data_dir)
   if spec.tfds_name != "imagenet2012":
     return f"Prepare it on a machine with internet access:\n  {build}"
   manual_dir = os.path.join(data_dir, "downloads", "manual")

@@ -61,10 +61,8 @@ class Features(NamedTuple):
 def preparation_instructions(tfds_name: str, data_dir: str) -> str:
   """How to prepare TFDS `tfds_name` in `data_dir`, with the exact `tfds build` command."""
   return (
-      f"Prepare it on a machine with internet access:\n"
-      f"  tfds build {tfds_name} --data_dir={data_dir} --file_format=array_record\n"
-      "(the tfds command of tensorflow-datasets 4.9 needs: pip install apache-beam "
-      "importlib_resources)"
+      "Prepare it on a machine with internet access:\n  "
+      f"{tfds_source.build_command(tfds_name, data_dir)}"
   )
 
 

@@ -238,27 +238,24 @@ def preparation_instructions(name: str, data_dir: str) -> str:
         "the AdaIN style transfer of github.com/rgeirhos/Stylized-ImageNet and pass the folder "
         f"of the stylized validation images: {folder}; {skip}"
     )
-  beam = (
-      "(the tfds command of tensorflow-datasets 4.9 needs: pip install apache-beam "
-      "importlib_resources)"
-  )
   if name == "imagenet_c":
     manual = os.path.join(data_dir, "downloads", "manual")
     return (
         "TFDS generates ImageNet-C (imagenet2012_corrupted, one config per corruption and "
         f"severity) from the ImageNet validation images: put ILSVRC2012_img_val.tar (from "
         f"image-net.org) into {manual} and, on a machine with internet access (the frost "
-        f"images are downloaded), run\n  tfds build imagenet2012_corrupted --data_dir={data_dir} "
-        f"--file_format=array_record\n(all 19 corruptions x 5 severities, the 75 of the benchmark "
-        f"among them; or one config, e.g. imagenet2012_corrupted/fog_3) {beam}; or read the "
-        f"release ({RELEASES[name]}) from a folder: {folder}; {skip}"
+        f"images are downloaded), run\n  "
+        f"{tfds_source.build_command('imagenet2012_corrupted', data_dir)}\n(all 19 corruptions "
+        f"x 5 severities, the 75 of the benchmark among them; or one config, e.g. "
+        f"imagenet2012_corrupted/fog_3); or read the release ({RELEASES[name]}) from a folder: "
+        f"{folder}; {skip}"
     )
   tfds_name = TFDS_SPLITS[name][0]
   return (
-      f"Prepare it on a machine with internet access:\n  tfds build {tfds_name} "
-      f"--data_dir={data_dir} --file_format=array_record\n{beam} and copy the folder "
-      f"{tfds_name} it makes into {data_dir}; or read the release ({RELEASES[name]}) from a "
-      f"folder: {folder}; {skip}"
+      f"Prepare it on a machine with internet access:\n  "
+      f"{tfds_source.build_command(tfds_name, data_dir)}\nand copy the folder {tfds_name} it "
+      f"makes into {data_dir}; or read the release ({RELEASES[name]}) from a folder: {folder}; "
+      f"{skip}"
   )
 
 
