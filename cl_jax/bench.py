@@ -8,8 +8,11 @@ cost of the sharded step, not a speed-up. On GPUs and TPUs the first n real
 devices are used. The step is the full jitted train step (on-device photometric
 augmentation, EMA, key and NS forwards, loss, update, enqueue) on a synthetic
 global batch of host-cropped uint8 views with their crop boxes; the host input
-pipeline is not timed. FLOPs come from XLA's cost analysis of the compiled step (step_flops);
-the MFU divides the achieved FLOP rate by the device's peak (cl_jax.device_peaks).
+pipeline is not timed. The timed step is the lean one that training runs between logging
+steps (loss and lr; --logging_step times the step that also computes every logged statistic).
+FLOPs come from XLA's cost analysis of the compiled step (step_flops); the MFU divides the
+achieved FLOP rate by the device's peak (cl_jax.device_peaks). --profile=DIR traces a few more
+steps with jax.profiler and prints where the step's time goes (cl_jax.step_profile).
 
 --compare=torch times, instead, the JAX step on one device beside the PyTorch reference of
 the same MoCo-v2 step (cl_jax.bench_torch, eager and torch.compile; needs torch and
@@ -18,6 +21,7 @@ torchvision) on the same device, and prints the ratios JAX img/s / torch img/s.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,9 +29,10 @@ import time
 import jax
 import numpy as np
 from absl import app, flags
+from etils import epath
 from ml_collections import config_flags
 
-from cl_jax import config_check, device_peaks, parallel, train
+from cl_jax import config_check, device_peaks, parallel, step_profile, train
 from cl_jax import train_step as step_lib
 from cl_jax.data import geometric
 
@@ -48,6 +53,22 @@ _COMPARE = flags.DEFINE_enum(
     ["torch"],
     "torch: time the JAX step and the PyTorch reference of cl_jax.bench_torch (eager and "
     "compiled) on one device instead of the device counts (--devices is not used).",
+)
+_LOGGING_STEP = flags.DEFINE_bool(
+    "logging_step",
+    False,
+    "Time the logging step (every statistic: score statistics, health signals, per-layer "
+    "gradient norms) instead of the lean step that training runs between logging steps.",
+)
+_PROFILE = flags.DEFINE_string(
+    "profile",
+    None,
+    "Trace --profile_steps more steps with jax.profiler into DIR/devices_<n> (for TensorBoard's "
+    "profile plugin or ui.perfetto.dev) and print where the step's time goes, by phase and by "
+    "op kind (cl_jax.step_profile); the step's optimized HLO goes to DIR/devices_<n>/step_hlo.txt.",
+)
+_PROFILE_STEPS = flags.DEFINE_integer(
+    "profile_steps", 3, "Steps traced with --profile.", lower_bound=1
 )
 flags.mark_flag_as_required("config")
 
@@ -84,10 +105,25 @@ def step_flops(compiled) -> float:
   return float(analysis["flops"])
 
 
-def measure(config, devices: int, steps: int, warmup: int) -> dict:
+def measure(
+    config,
+    devices: int,
+    steps: int,
+    warmup: int,
+    statistics: bool = False,
+    profile_dir: str | None = None,
+    profile_steps: int = 3,
+) -> dict:
   """Times `steps` train steps of `config` on the first `devices` devices.
 
-  Returns a dict: devices, backend, device_kind, global_batch, compile_s,
+  statistics=False times the lean step that training runs between logging steps (loss and
+  lr only), True the logging step with every statistic (cl_jax.train_step.make_train_step).
+  With profile_dir, `profile_steps` more steps run under the profiler
+  (cl_jax.step_profile.trace_steps) after the timed ones, and the row gains "profile", their
+  op time per step by phase and by kind (cl_jax.step_profile.summarise).
+
+  Returns a dict: devices, backend, device_kind, step ("lean" or "logging"), global_batch,
+  compile_s,
   step_ms (mean wall time per step), img_per_s (global batch / step time),
   queue_mb_per_device (bytes of the queue shard on one device / 2^20),
   queue_mb_total, gflop_per_image (step_flops x devices / global batch),
@@ -100,7 +136,7 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
   batch = config.optim.batch_size
   encoder, tx, schedule, make_state, _ = train.build(config, batch, mesh)
   state = make_state()
-  step = step_lib.jit_on_mesh(config, encoder, tx, schedule, mesh, 1, state)
+  step = step_lib.jit_on_mesh(config, encoder, tx, schedule, mesh, 1, state, statistics)
   host = synthetic_batch(config, batch, np.random.default_rng(0))
   data = jax.device_put(host, parallel.batch_sharding(mesh))
 
@@ -116,6 +152,17 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
     state, metrics = compiled(state, data)
   jax.block_until_ready((state, metrics))
   step_s = (time.perf_counter() - start) / steps
+  loss = float(metrics["loss"])
+  profile = None
+  if profile_dir:
+    state, trace = step_profile.trace_steps(compiled, state, data, profile_steps, profile_dir)
+    hlo = compiled.as_text()
+    (epath.Path(profile_dir) / "step_hlo.txt").write_text(hlo)
+    module = re.match(r"HloModule ([\w.\-]+)", hlo).group(1)
+    profile = step_profile.summarise(
+        step_profile.op_events(trace, module), step_profile.hlo_instructions(hlo), profile_steps
+    )
+    profile["trace"] = trace
 
   queue_bytes = 0 if state.queue is None else state.queue.nbytes
   shard_bytes = 0 if state.queue is None else state.queue.addressable_shards[0].data.nbytes
@@ -123,13 +170,14 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
       "devices": devices,
       "backend": jax.default_backend(),
       "device_kind": jax.devices()[0].device_kind,
+      "step": "logging" if statistics else "lean",
       "global_batch": batch,
       "compile_s": round(compile_s, 2),
       "step_ms": round(1e3 * step_s, 2),
       "img_per_s": round(batch / step_s, 1),
       "queue_mb_per_device": shard_bytes / 2**20,
       "queue_mb_total": queue_bytes / 2**20,
-      "loss": float(metrics["loss"]),
+      "loss": loss,
       "gflop_per_image": float(f"{flops_per_device * devices / batch / 1e9:.4g}"),
       "tflops_per_device": float(f"{flops_per_device / step_s / 1e12:.4g}"),
   }
@@ -138,6 +186,8 @@ def measure(config, devices: int, steps: int, warmup: int) -> dict:
   stats = jax.devices()[0].memory_stats()
   if stats and "peak_bytes_in_use" in stats:
     out["peak_mb_per_device"] = round(stats["peak_bytes_in_use"] / 2**20, 1)
+  if profile is not None:
+    out["profile"] = profile
   return out
 
 
@@ -188,6 +238,13 @@ def _setup(config) -> str:
   )
 
 
+def _step_words() -> str:
+  """Which step is timed, in words."""
+  if _LOGGING_STEP.value:
+    return "logging step (every statistic)"
+  return "lean step (loss and lr; training's step between logging steps)"
+
+
 # The MoCo add-ons that the PyTorch reference leaves out (cl_jax.bench_torch.ADDONS; not
 # imported from there, which needs torch): --compare=torch switches them off in both steps.
 _TORCH_ADDONS = ("nonsemantic", "ft", "ifm", "looc", "dicr")
@@ -195,7 +252,8 @@ _TORCH_ADDONS = ("nonsemantic", "ft", "ifm", "looc", "dicr")
 
 def _torch_command(compiled: bool) -> list[str]:
   """cl_jax.bench_torch's command line with this run's config flags, --steps and --warmup."""
-  drop = ("--devices", "--child", "--compare", "--json", "--nojson")
+  drop = ("--devices", "--child", "--compare", "--json", "--nojson", "--profile", "--logging_step")
+  drop += ("--nologging_step",)
   args = [a for a in sys.argv[1:] if not a.startswith(drop)]
   return [sys.executable, "-m", "cl_jax.bench_torch", *args, f"--compile={compiled}"]
 
@@ -272,7 +330,7 @@ def _compare_torch(config) -> None:
   torch_device = next((r["device"] for r in torch_rows if "device" in r), "n/a")
   devices = f"JAX on {jax_row['device_kind']}, torch on {torch_device}"
   off = f"; switched off in both: {', '.join(addons)}" if addons else ""
-  setup = f"{_setup(reference)}; {devices}{off}"
+  setup = f"{_setup(reference)}, JAX {_step_words()}; {devices}{off}"
   ratios = {"ratio_eager": _ratio(jax_row, eager), "ratio_compiled": _ratio(jax_row, compiled)}
   if _JSON.value:
     compare = {"jax": jax_row, "torch_eager": eager, "torch_compiled": compiled, **ratios}
@@ -298,7 +356,19 @@ def main(argv):
   del argv
   config = _CONFIG.value
   if _CHILD.value is not None:
-    print("RESULT " + json.dumps(measure(config, _CHILD.value, _STEPS.value, _WARMUP.value)))
+    profile_dir = None
+    if _PROFILE.value:
+      profile_dir = os.path.join(os.path.abspath(_PROFILE.value), f"devices_{_CHILD.value}")
+    row = measure(
+        config,
+        _CHILD.value,
+        _STEPS.value,
+        _WARMUP.value,
+        statistics=_LOGGING_STEP.value,
+        profile_dir=profile_dir,
+        profile_steps=_PROFILE_STEPS.value,
+    )
+    print("RESULT " + json.dumps(row))
     return
   if _COMPARE.value == "torch":
     _compare_torch(config)
@@ -323,12 +393,16 @@ def main(argv):
       print(json.dumps(rows[-1]), flush=True)
   kind = rows[0]["device_kind"] if rows else backend
   simulated = " (simulated CPU devices sharing the host's cores)" if backend == "cpu" else ""
-  setup = f"{_setup(config)}; {kind}{simulated}"
+  setup = f"{_setup(config)}, {_step_words()}; {kind}{simulated}"
   if _JSON.value:
     print(json.dumps({"setup": setup, "rows": rows}))
     return
   print(f"\n{setup}")
   print(_table(rows))
+  for row in rows:
+    if "profile" in row:
+      print(f"\nprofile, {row['devices']} device(s), trace in {row['profile']['trace']}")
+      print(step_profile.format_summary(row["profile"]))
 
 
 _INPUT = flags.DEFINE_enum(

@@ -27,10 +27,11 @@ cl_jax.models.batchnorm.GroupBatchNorm does; "sync" is one group.
 
 Not like for like with the JAX step, and in torch's favour: the JAX step augments its uint8
 views photometrically (colour jitter, grayscale, blur) inside the timed step, while this
-step gets already-augmented uint8 views and only converts and normalises them; the JAX
-step also computes its logged statistics (score statistics, embedding health, per-layer
-gradient norms). The non-semantic negatives, feature transformation, IFM, LooC and DICR
-add-ons are not implemented: a config with one of them on is refused.
+step gets already-augmented uint8 views and only converts and normalises them (with
+--logging_step, the JAX step also computes its logged statistics: score statistics,
+embedding health, per-layer gradient norms). The non-semantic negatives, feature
+transformation, IFM, LooC and DICR add-ons are not implemented: a config with one of them on
+is refused.
 
 Precision and layout. On CUDA: channels_last, and with model.dtype "bfloat16" the backbone
 under bf16 autocast (cudnn.benchmark on). The pooled features, head and loss run in float32

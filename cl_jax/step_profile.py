@@ -1,0 +1,212 @@
+"""Where a compiled train step's time goes: a jax.profiler trace of a few steps, summarised.
+
+trace_steps runs a few calls of the compiled step under jax.profiler.trace, which writes
+the trace for TensorBoard's profile plugin or Perfetto (ui.perfetto.dev opens the
+perfetto_trace.json.gz it writes). summarise reads the XLA op events of that trace (events
+whose args name an hlo_op of the step's HLO module; on GPUs and TPUs the ones on the
+device's own lines, so host-side launches are not counted twice) and adds their durations
+up two ways, using the optimized HLO of the compiled step (compiled.as_text()):
+  - by phase of the step, from each instruction's op_name metadata (the JAX name stack):
+    augmentation (the "augment" scope of cl_jax.train_step), backward (transposes of the
+    forward, "transpose(" in the stack), online forward (the encoder under jvp), target
+    forward (the encoder without gradient: MoCo's keys and NS negatives, BYOL's target),
+    optimizer (the "optimizer" scope), the rest (loss, queue, EMA, random numbers,
+    statistics), and ops that XLA's passes made without a name stack;
+  - by kind of op: convolution, matmul, collective, copy/transpose, fusion (elementwise
+    and reductions), other.
+Times are op time per step: on a CPU, ops running at once on several threads each count,
+so they add up to more than the step's wall time; on an accelerator the kernels of the
+device's streams add up (to its busy time where one stream runs at a time). A fused op is
+named by its root in the HLO, so elementwise work that XLA fused across phases lands in one
+of them: the phases are a guide to the split, the kinds are exact.
+
+Hand-written because neither jax nor XProf gives such a summary as data: XProf's op profile
+needs its server or TensorBoard.
+"""
+
+import gzip
+import json
+import re
+from collections import defaultdict
+
+import jax
+from etils import epath
+
+PHASES = (
+    "augmentation",
+    "online forward",
+    "backward",
+    "target forward",
+    "optimizer",
+    "loss, queue, EMA, RNG, statistics",
+    "unnamed (made by XLA passes)",
+)
+KINDS = ("convolution", "matmul", "collective", "copy/transpose", "fusion", "other")
+_CONTAINERS = ("while", "conditional", "call", "async-start", "async-done")
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ")
+_OPCODE = re.compile(r" ([a-z][a-z0-9\-]*)\(")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
+
+
+def trace_steps(compiled, state, data, steps: int, out_dir: str):
+  """Runs `steps` calls of compiled(state, data) under jax.profiler.trace(out_dir) and
+  returns (the last state, the path of the Perfetto trace it wrote)."""
+  with jax.profiler.trace(out_dir, create_perfetto_trace=True):
+    for _ in range(steps):
+      state, metrics = compiled(state, data)
+    jax.block_until_ready((state, metrics))
+  traces = sorted(epath.Path(out_dir).glob("plugins/profile/*/perfetto_trace.json.gz"))
+  if not traces:
+    raise RuntimeError(f"jax.profiler.trace wrote no perfetto_trace.json.gz under {out_dir}")
+  return state, str(max(traces, key=lambda p: p.stat().mtime))
+
+
+def hlo_instructions(hlo_text: str) -> dict[str, dict]:
+  """{instruction name: {"opcode", "op_name", "target", "fused"}} of an optimized HLO
+  module's text: target is a custom-call's target, "" otherwise; fused is the set of opcodes
+  and custom-call targets inside the computation a fusion calls (on CPUs convolutions run
+  inside fusions, on GPUs cuDNN and Triton GEMM fusions), empty otherwise. A fusion without
+  op_name metadata takes that of an instruction inside it (_fusion_op_name)."""
+  instructions, computations, current = {}, defaultdict(set), None
+  names = defaultdict(list)  # computation -> [(opcode, op_name)] of its named instructions
+  for line in hlo_text.splitlines():
+    computation = _COMPUTATION.match(line)
+    if computation:
+      current = computation.group(1)
+      continue
+    head = _INSTRUCTION.match(line)
+    opcode = _OPCODE.search(line, head.end()) if head else None
+    if not opcode:
+      continue
+    op_name = re.search(r'op_name="([^"]*)"', line)
+    target = re.search(r'custom_call_target="([^"]*)"', line)
+    calls = re.search(r"calls=%?([\w.\-]+)", line)
+    computations[current].add(opcode.group(1))
+    if op_name:
+      names[current].append((opcode.group(1), op_name.group(1)))
+    if target:
+      computations[current].add(target.group(1))
+    instructions[head.group(1)] = {
+        "opcode": opcode.group(1),
+        "op_name": op_name.group(1) if op_name else "",
+        "target": target.group(1) if target else "",
+        "calls": calls.group(1) if calls and opcode.group(1) == "fusion" else None,
+    }
+  for inst in instructions.values():
+    calls = inst.pop("calls")
+    inst["fused"] = computations.get(calls, set())
+    if not inst["op_name"] and names.get(calls):
+      inst["op_name"] = _fusion_op_name(names[calls])
+  return instructions
+
+
+def _fusion_op_name(named: list[tuple[str, str]]) -> str:
+  """The op_name of a fusion that has none (XLA's CPU fusions): that of its first convolution
+  or dot, else of its last named instruction (nearest the root)."""
+  heavy = [name for opcode, name in named if opcode in ("convolution", "dot")]
+  return heavy[0] if heavy else named[-1][1]
+
+
+def phase_of(op_name: str) -> str:
+  """The step's phase (one of PHASES) of an instruction from its JAX name stack ("" for ops
+  that XLA's passes made without one, e.g. rewritten weight-gradient convolutions on CPUs)."""
+  if not op_name:
+    return PHASES[-1]
+  if "/augment/" in op_name or op_name.endswith("/augment"):
+    return "augmentation"
+  if "transpose(" in op_name:
+    return "backward"
+  if "/optimizer/" in op_name:
+    return "optimizer"
+  if "jvp(" in op_name and "Encoder" in op_name:
+    return "online forward"
+  if "Encoder" in op_name:
+    return "target forward"
+  return "loss, queue, EMA, RNG, statistics"
+
+
+def kind_of(opcode: str, target: str, fused: set[str] = frozenset()) -> str:
+  """The kind (one of KINDS) of an instruction from its opcode, custom-call target and, for
+  a fusion, the opcodes and targets inside it (a fusion with a convolution counts as one)."""
+  inside = {opcode, target.lower(), *(op.lower() for op in fused)}
+  if "convolution" in inside or any("cudnn$conv" in op for op in inside):
+    return "convolution"
+  if "dot" in inside or any(w in op for op in inside for w in ("gemm", "matmul", "cublas")):
+    return "matmul"
+  if opcode.removesuffix("-start").removesuffix("-done") in _COLLECTIVES:
+    return "collective"
+  if opcode in ("copy", "transpose", "copy-start", "copy-done"):
+    return "copy/transpose"
+  if opcode == "fusion":
+    return "fusion"
+  return "other"
+
+
+def op_events(trace_path: str, module: str) -> list[tuple[str, float]]:
+  """(hlo_op, duration in microseconds) of every event of HLO module `module` in a Perfetto
+  trace (gzipped JSON); on a trace with device lines ("/device:..." processes) only theirs."""
+  with gzip.open(epath.Path(trace_path).open("rb")) as f:
+    events = json.load(f)["traceEvents"]
+  processes = {
+      e["pid"]: e["args"]["name"]
+      for e in events
+      if e.get("ph") == "M" and e.get("name") == "process_name"
+  }
+  devices = {pid for pid, name in processes.items() if name.startswith("/device:")}
+  out = []
+  for e in events:
+    args = e.get("args", {})
+    if e.get("ph") != "X" or "hlo_op" not in args:
+      continue
+    if not args.get("hlo_module", "").startswith(module):
+      continue
+    if devices and e["pid"] not in devices:
+      continue
+    out.append((args["hlo_op"], float(e.get("dur", 0.0))))
+  return out
+
+
+def summarise(events: list[tuple[str, float]], instructions: dict[str, dict], steps: int) -> dict:
+  """Op time per step by phase and by kind.
+
+  Args:
+    events: (hlo_op, microseconds) from op_events.
+    instructions: hlo_instructions of the step's optimized HLO.
+    steps: the number of traced steps.
+
+  Returns:
+    {"op_ms_per_step": total, "by_phase": {phase: ms per step}, "by_kind": {kind: ms per
+    step}, "unmatched_ms_per_step": time of events naming no instruction of the module}.
+    Containers (while, conditional, call, async wrappers) are left out: the ops they run
+    have events of their own.
+  """
+  by_phase, by_kind = defaultdict(float), defaultdict(float)
+  unmatched = 0.0
+  for name, micros in events:
+    inst = instructions.get(name)
+    if inst is None:
+      unmatched += micros
+      continue
+    if inst["opcode"] in _CONTAINERS:
+      continue
+    by_phase[phase_of(inst["op_name"])] += micros
+    by_kind[kind_of(inst["opcode"], inst["target"], inst["fused"])] += micros
+  per_step = lambda micros: round(micros / steps / 1e3, 3)
+  return {
+      "op_ms_per_step": per_step(sum(by_phase.values())),
+      "by_phase": {p: per_step(by_phase[p]) for p in PHASES if p in by_phase},
+      "by_kind": {k: per_step(by_kind[k]) for k in KINDS if k in by_kind},
+      "unmatched_ms_per_step": per_step(unmatched),
+  }
+
+
+def format_summary(summary: dict) -> str:
+  """Two small tables, ms per step and share, by phase and by kind."""
+  total = summary["op_ms_per_step"] or 1.0
+  lines = [f"op time per step: {summary['op_ms_per_step']:.2f} ms"]
+  for title, table in (("phase", summary["by_phase"]), ("op kind", summary["by_kind"])):
+    lines.append(f"  {'by ' + title:<40} {'ms/step':>9} {'share':>7}")
+    for name, ms in sorted(table.items(), key=lambda item: -item[1]):
+      lines.append(f"  {name:<40} {ms:>9.2f} {100 * ms / total:>6.1f}%")
+  return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""The one-command benchmark report: its parts' command lines, its tables and verdict from
+hand-made results, and the whole command started on the CPU with a tiny config."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cl_jax import bench_report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = [
+    "--config=configs/mocov2_patchns.py",
+    "--config.data.image_size=16",
+    "--config.model.width_multiplier=0.125",
+    "--config.model.head_hidden_dim=16",
+    "--config.model.head_out_dim=8",
+    "--config.moco.queue_size=256",
+    "--config.optim.batch_size=16",
+]
+
+STEP = {
+    "setup": "moco: 50-layer ResNet, 224 px, bfloat16, global batch 256",
+    "rows": [
+        {
+            "device_kind": "NVIDIA H100 80GB HBM3",
+            "img_per_s": 4100.0,
+            "step_ms": 62.44,
+            "gflop_per_image": 32.8,
+            "tflops_per_device": 134.5,
+            "mfu": 0.136,
+            "peak_mb_per_device": 30720.0,
+            "compile_s": 41.0,
+            "profile": {
+                "op_ms_per_step": 60.0,
+                "by_phase": {"backward": 30.0, "online forward": 15.0, "target forward": 15.0},
+                "by_kind": {"convolution": 45.0, "fusion": 15.0},
+            },
+        }
+    ],
+}
+
+
+def _torch(eager: float | None, compiled: float | None) -> dict:
+  rows = {}
+  for mode, ratio in (("eager", eager), ("compiled", compiled)):
+    rows[f"torch_{mode}"] = (
+        {"failed": "ImportError: no torch"}
+        if ratio is None
+        else {"img_per_s": 4100.0 / ratio, "step_ms": 1.0, "compile_s": 2.0}
+    )
+    rows[f"ratio_{mode}"] = ratio
+  jax_row = {"img_per_s": 4100.0, "step_ms": 62.44, "compile_s": 41.0}
+  return {"setup": "the same step", "compare": {"jax": jax_row, **rows}}
+
+
+def test_part_commands():
+  cmd = bench_report.part_command("step", "/o", ["--config=c.py"], 5, 1, 64)
+  assert cmd[1:] == [
+      "-m",
+      "cl_jax.bench",
+      "--config=c.py",
+      "--json",
+      "--steps=5",
+      "--warmup=1",
+      "--devices=1",
+      "--profile=/o/profile",
+  ]
+  assert bench_report.part_command("torch", "/o", [], 5, 1, 64)[-1] == "--compare=torch"
+  assert bench_report.part_command("jpeg", "/o", [], 5, 1, 64)[-2:] == [
+      "--input=jpeg",
+      "--jpeg_images=64",
+  ]
+  with pytest.raises(ValueError, match="part must be one of"):
+    bench_report.part_command("disk", "/o", [], 5, 1, 64)
+
+
+def test_report_tables_and_verdict():
+  text = bench_report.report({"step": STEP, "torch": _torch(2.5, 1.5)}, "NVIDIA H100")
+  assert text.startswith("## cl_jax benchmark on NVIDIA H100")
+  assert "| 4100.0 | 62.44 | 32.8 | 134.5 | 13.6% | 30.00 | 41.0 |" in text
+  assert "| backward | 30.00 | 50.0% |" in text and "| convolution | 45.00 | 75.0% |" in text
+  assert "| torch eager | 1640.0 | 1.00 | 2.0 | 2.50 |" in text
+  assert "against the target 3900" in text and ": met on this device" in text
+  # The slowest ratio decides: 1.5 < 2.
+  assert "(slowest ratio over eager and compiled): 1.50 against 2: not met." in text
+
+
+def test_report_names_failed_parts():
+  text = bench_report.report(
+      {"step": {"failed": "OOM"}, "torch": _torch(None, 2.2), "jpeg": {"failed": "no PIL"}}, "x"
+  )
+  assert "### Step\n\nfailed: OOM" in text
+  assert "| torch eager | failed: ImportError: no torch | | | |" in text
+  assert "2.20 against 2: met." in text and "### JPEG end to end\n\nfailed: no PIL" in text
+
+
+@pytest.mark.slow
+def test_the_one_command_runs_every_part_on_cpu(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["CL_JAX_CACHE"] = str(tmp_path / "cache")
+  out = tmp_path / "report"
+  proc = subprocess.run(
+      [sys.executable, "-m", "cl_jax.bench_report", f"--out={out}", *TINY]
+      + ["--steps=1", "--warmup=0", "--jpeg_images=24"],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=1200,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  step = json.loads((out / "step.json").read_text())
+  assert step["rows"][0]["img_per_s"] > 0 and step["rows"][0]["profile"]["by_phase"]
+  jpeg = json.loads((out / "jpeg.json").read_text())
+  assert all(r["ratio"] > 0 for r in jpeg["loop"])
+  torch = json.loads((out / "torch.json").read_text())
+  assert torch["compare"]["jax"]["img_per_s"] > 0
+  text = (out / "report.md").read_text()
+  assert text.startswith("## cl_jax benchmark on cpu") and text in proc.stdout
+  for section in ("### Step", "### PyTorch reference", "### JPEG end to end"):
+    assert section in text
+  # Without torch installed the torch rows say why they failed; with it they are timed.
+  for mode in ("eager", "compiled"):
+    row = torch["compare"][f"torch_{mode}"]
+    assert "failed" in row or row["img_per_s"] > 0
