@@ -25,6 +25,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from cl_jax import bench_input
+
 PARTS = ("step", "torch", "jpeg")
 # MoCo-v2 ResNet-50 224 px bf16 on one H100: the speed target in img/s, and the factor over
 # the PyTorch step on the same device.
@@ -135,7 +137,8 @@ def torch_section(result: dict) -> list[str]:
 
 
 def jpeg_section(result: dict) -> list[str]:
-  """The loop on JPEGs against the loop on batches in memory, and the pipeline alone."""
+  """The loop on JPEGs against the loop on batches in memory, the pipeline alone, and
+  cl_jax.bench_input's verdict (the fastest faithful decoding: exact or reduced)."""
   if "failed" in result:
     return ["### JPEG end to end", "", f"failed: {result['failed']}", ""]
   lines = [
@@ -157,7 +160,7 @@ def jpeg_section(result: dict) -> list[str]:
         f"| {r['decode']} | {r['workers']} | {r['img_per_s']:.1f} | "
         f"{r['img_per_s_per_worker']:.1f} |"
     )
-  return lines + [""]
+  return lines + ["", bench_input.verdict(result), ""]
 
 
 def verdict(results: dict) -> list[str]:
