@@ -33,22 +33,6 @@ PARTS = ("step", "torch", "jpeg")
 TARGET_IMG_PER_S = 3900
 TARGET_TORCH_RATIO = 2.0
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "Config file, optionally with a preset: configs/NAME.py[:preset].",
-    lock_config=True,
-)
-_OUT = flags.DEFINE_string("out", None, "Folder for the JSON outputs, the profile and report.md.")
-_STEPS = flags.DEFINE_integer("steps", 20, "Timed steps of each measurement.", lower_bound=1)
-_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.", lower_bound=0)
-_PARTS = flags.DEFINE_list("parts", list(PARTS), f"Which of {', '.join(PARTS)} to run.")
-_JPEG_IMAGES = flags.DEFINE_integer(
-    "jpeg_images", 512, "Images in the generated JPEG folder.", lower_bound=1
-)
-flags.mark_flags_as_required(["config", "out"])
-
-
 def part_command(part: str, out: str, config_args: list[str], steps: int, warmup: int,
                  jpeg_images: int) -> list[str]:  # fmt: skip
   """The cl_jax.bench command line of one part."""
@@ -206,31 +190,50 @@ def _device_name(results: dict) -> str:
   return "an unknown device (every part failed)"
 
 
+def _define_flags():
+  """The command's flags (defined only when it runs as a program, so that importing this module
+  next to cl_jax.bench defines no flag twice)."""
+  config_flags.DEFINE_config_file(
+      "config",
+      None,
+      "Config file, optionally with a preset: configs/NAME.py[:preset].",
+      lock_config=True,
+  )
+  flags.DEFINE_string("out", None, "Folder for the JSON outputs, the profile and report.md.")
+  flags.DEFINE_integer("steps", 20, "Timed steps of each measurement.", lower_bound=1)
+  flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.", lower_bound=0)
+  flags.DEFINE_list("parts", list(PARTS), f"Which of {', '.join(PARTS)} to run.")
+  flags.DEFINE_integer("jpeg_images", 512, "Images in the generated JPEG folder.", lower_bound=1)
+  flags.mark_flags_as_required(["config", "out"])
+
+
 def main(argv):
   del argv
-  unknown = [p for p in _PARTS.value if p not in PARTS]
+  f = flags.FLAGS
+  unknown = [p for p in f.parts if p not in PARTS]
   if unknown:
     sys.exit(f"error: --parts: {', '.join(unknown)} unknown; choose from {', '.join(PARTS)}")
-  _CONFIG.value  # parsed here, so that a bad config stops before any part runs
-  out = os.path.abspath(_OUT.value)
+  f.config  # parsed here, so that a bad config stops before any part runs
+  out = os.path.abspath(f.out)
   os.makedirs(out, exist_ok=True)
   config_args = [a for a in sys.argv[1:] if a.startswith("--config")]
   results = {}
   for part in PARTS:
-    if part not in _PARTS.value:
+    if part not in f.parts:
       continue
     print(f"running {part} ...", flush=True)
-    command = part_command(part, out, config_args, _STEPS.value, _WARMUP.value, _JPEG_IMAGES.value)
+    command = part_command(part, out, config_args, f.steps, f.warmup, f.jpeg_images)
     results[part] = run_part(command)
-    with open(os.path.join(out, f"{part}.json"), "w") as f:
-      json.dump(results[part], f, indent=1)
+    with open(os.path.join(out, f"{part}.json"), "w") as handle:
+      json.dump(results[part], handle, indent=1)
   text = report(results, _device_name(results))
-  with open(os.path.join(out, "report.md"), "w") as f:
-    f.write(text)
+  with open(os.path.join(out, "report.md"), "w") as handle:
+    handle.write(text)
   print(text)
   if any("failed" in r for r in results.values()):
     sys.exit(1)
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
