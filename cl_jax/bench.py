@@ -21,7 +21,6 @@ torchvision) on the same device, and prints the ratios JAX img/s / torch img/s.
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -29,7 +28,6 @@ import time
 import jax
 import numpy as np
 from absl import app, flags
-from etils import epath
 from ml_collections import config_flags
 
 from cl_jax import config_check, device_peaks, parallel, step_profile, train
@@ -119,8 +117,8 @@ def measure(
   statistics=False times the lean step that training runs between logging steps (loss and
   lr only), True the logging step with every statistic (cl_jax.train_step.make_train_step).
   With profile_dir, `profile_steps` more steps run under the profiler
-  (cl_jax.step_profile.trace_steps) after the timed ones, and the row gains "profile", their
-  op time per step by phase and by kind (cl_jax.step_profile.summarise).
+  after the timed ones, and the row gains "profile", their op time per step by phase and by
+  kind (cl_jax.step_profile.profile_compiled).
 
   Returns a dict: devices, backend, device_kind, step ("lean" or "logging"), global_batch,
   compile_s,
@@ -155,14 +153,9 @@ def measure(
   loss = float(metrics["loss"])
   profile = None
   if profile_dir:
-    state, trace = step_profile.trace_steps(compiled, state, data, profile_steps, profile_dir)
-    hlo = compiled.as_text()
-    (epath.Path(profile_dir) / "step_hlo.txt").write_text(hlo)
-    module = re.match(r"HloModule ([\w.\-]+)", hlo).group(1)
-    profile = step_profile.summarise(
-        step_profile.op_events(trace, module), step_profile.hlo_instructions(hlo), profile_steps
+    state, profile = step_profile.profile_compiled(
+        compiled, state, data, profile_steps, profile_dir
     )
-    profile["trace"] = trace
 
   queue_bytes = 0 if state.queue is None else state.queue.nbytes
   shard_bytes = 0 if state.queue is None else state.queue.addressable_shards[0].data.nbytes
@@ -252,8 +245,8 @@ _TORCH_ADDONS = ("nonsemantic", "ft", "ifm", "looc", "dicr")
 
 def _torch_command(compiled: bool) -> list[str]:
   """cl_jax.bench_torch's command line with this run's config flags, --steps and --warmup."""
-  drop = ("--devices", "--child", "--compare", "--json", "--nojson", "--profile", "--logging_step")
-  drop += ("--nologging_step",)
+  drop = ("--devices", "--child", "--compare", "--json", "--nojson", "--profile", "--logging_step",
+          "--nologging_step")  # fmt: skip
   args = [a for a in sys.argv[1:] if not a.startswith(drop)]
   return [sys.executable, "-m", "cl_jax.bench_torch", *args, f"--compile={compiled}"]
 

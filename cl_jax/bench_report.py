@@ -57,17 +57,14 @@ def run_part(command: list[str]) -> dict:
   return json.loads(objects[-1])
 
 
-def _fmt(value, spec: str, missing: str = "n/a") -> str:
-  return missing if value is None else format(value, spec)
-
-
 def step_section(result: dict) -> list[str]:
   """The step's table and its profile."""
   if "failed" in result:
     return ["### Step", "", f"failed: {result['failed']}", ""]
   row = result["rows"][0]
   peak = row.get("peak_mb_per_device")
-  mfu = row["mfu"]
+  mfu = "n/a" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
+  peak_gib = "n/a" if peak is None else f"{peak / 1024:.2f}"
   lines = [
       "### Step",
       "",
@@ -76,9 +73,7 @@ def step_section(result: dict) -> list[str]:
       "| img/s | step ms | GFLOP/img | TFLOP/s | MFU | peak memory GiB | compile s |",
       "|---:|---:|---:|---:|---:|---:|---:|",
       f"| {row['img_per_s']:.1f} | {row['step_ms']:.2f} | {row['gflop_per_image']:.4g} | "
-      f"{row['tflops_per_device']:.4g} | {_fmt(None if mfu is None else 100 * mfu, '.1f')}"
-      f"{'' if mfu is None else '%'} | {_fmt(None if peak is None else peak / 1024, '.2f')} | "
-      f"{row['compile_s']:.1f} |",
+      f"{row['tflops_per_device']:.4g} | {mfu} | {peak_gib} | {row['compile_s']:.1f} |",
       "",
   ]
   profile = row.get("profile")

@@ -14,6 +14,7 @@ up two ways, using the optimized HLO of the compiled step (compiled.as_text()):
     statistics), and ops that XLA's passes made without a name stack;
   - by kind of op: convolution, matmul, collective, copy/transpose, fusion (elementwise
     and reductions), other.
+profile_compiled does both for a compiled step (cl_jax.bench --profile).
 Times are op time per step: on a CPU, ops running at once on several threads each count,
 so they add up to more than the step's wall time; on an accelerator the kernels of the
 device's streams add up (to its busy time where one stream runs at a time). A fused op is
@@ -60,6 +61,21 @@ def trace_steps(compiled, state, data, steps: int, out_dir: str):
   if not traces:
     raise RuntimeError(f"jax.profiler.trace wrote no perfetto_trace.json.gz under {out_dir}")
   return state, str(max(traces, key=lambda p: p.stat().mtime))
+
+
+def profile_compiled(compiled, state, data, steps: int, out_dir: str):
+  """trace_steps, then the summary of the trace against the step's optimized HLO, which is
+  written to out_dir/step_hlo.txt beside the trace.
+
+  Returns:
+    (the last state, summarise's dict with "trace": the trace's path).
+  """
+  state, trace = trace_steps(compiled, state, data, steps, out_dir)
+  hlo = compiled.as_text()
+  (epath.Path(out_dir) / "step_hlo.txt").write_text(hlo)
+  module = re.match(r"HloModule ([\w.\-]+)", hlo).group(1)
+  summary = summarise(op_events(trace, module), hlo_instructions(hlo), steps)
+  return state, {**summary, "trace": trace}
 
 
 def hlo_instructions(hlo_text: str) -> dict[str, dict]:

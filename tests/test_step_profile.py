@@ -6,7 +6,6 @@ import gzip
 import json
 import os
 
-import numpy as np
 import pytest
 
 from cl_jax import bench, step_profile
@@ -166,5 +165,8 @@ def test_bench_profile_traces_the_step(tmp_path):
   for phase in ("augmentation", "online forward", "backward", "target forward", "optimizer"):
     assert phases.get(phase, 0) > 0, phases
   assert profile["by_kind"]["convolution"] > 0
-  np.testing.assert_allclose(sum(phases.values()), profile["op_ms_per_step"], rtol=1e-3)
+  # The traced ops are the step's: their time per step is of the order of the timed step's
+  # wall time (more where ops overlap on the CPU's threads, less by the dispatch gaps).
+  assert 0.3 * out["step_ms"] < profile["op_ms_per_step"] < 4 * out["step_ms"], out
+  assert profile["unmatched_ms_per_step"] == 0.0
   assert out["step"] == "lean"
