@@ -299,6 +299,13 @@ def validate(
       _fail("nonsemantic.patch_min", d_min, f"must be <= nonsemantic.patch_max = {d_max}")
 
   if _bool(c, "ft.enabled"):
+    if _bool(c, "ft.positive_interpolation") and not _bool(c, "ft.positive_extrapolation"):
+      _fail(
+          "ft.positive_interpolation",
+          True,
+          "interpolation replaces the extrapolation coefficient: set ft.positive_extrapolation "
+          "= True too",
+      )
     _bool(c, "ft.positive_extrapolation")
     _float(c, "ft.alpha_ex", 0.0, None, lo_open=True)
     negative = _choice(c, "ft.negative", FT_NEGATIVE)

@@ -65,6 +65,7 @@ INERT = {
     "optim.decay_epochs": (),
     "probe.features": "backbone",
     "probe.rotation": False,
+    "ft.positive_interpolation": False,
 }
 
 

@@ -23,7 +23,8 @@ def addons(config: ml_collections.ConfigDict) -> list[str]:
         f"{ns.alpha_mode}, {source})"
     )
   if config.ft.enabled:
-    parts = (["positive extrapolation"] if config.ft.positive_extrapolation else []) + (
+    positive = "interpolation" if config.ft.positive_interpolation else "extrapolation"
+    parts = ([f"positive {positive}"] if config.ft.positive_extrapolation else []) + (
         [f"negative {config.ft.negative}"] if config.ft.negative != "none" else []
     )
     out.append(f"feature transformation ({', '.join(parts) or 'nothing transformed'})")

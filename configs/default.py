@@ -103,6 +103,9 @@ def base_config() -> ml_collections.ConfigDict:
       True  # q' = l q + (1-l) k, k' = l k + (1-l) q, l = 1 + Beta(a_ex, a_ex)
   )
   c.ft.alpha_ex = 2.0
+  # With positive_extrapolation: l = Beta(a_ex, a_ex) in (0, 1) instead, interpolated (easier)
+  # positives, the arm that Zhu et al. Table 3 compares extrapolation with.
+  c.ft.positive_interpolation = False
   c.ft.negative = (
       "interpolate"  # none | interpolate (mu ~ Beta(a_in, a_in)) | extrapolate (1 + Beta) | hard
   )

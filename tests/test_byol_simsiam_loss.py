@@ -269,6 +269,7 @@ def test_siamese_extrapolation_draws_one_vector_per_pair():
       dict(
           enabled=True,
           positive_extrapolation=True,
+          positive_interpolation=False,
           alpha_ex=2.0,
           coefficients="sample_dimension",
           renormalize=False,

@@ -45,6 +45,7 @@ def _ft(
       dict(
           enabled=True,
           positive_extrapolation=positive,
+          positive_interpolation=False,
           alpha_ex=alpha_ex,
           negative=negative,
           alpha_in=alpha_in,

@@ -50,6 +50,7 @@ def _ft(key):
   return _cfg(
       enabled=True,
       positive_extrapolation=positive_extrapolation,
+      positive_interpolation=False,
       alpha_ex=2.0,
       negative=negative,
       alpha_in=1.6,

@@ -39,6 +39,19 @@ def sample_coefficient(rng: jax.Array, a: float, b: float, shape: tuple[int, ...
   return jax.random.beta(rng, a, b, shape, jnp.float32)
 
 
+def positive_coefficient(
+    rng: jax.Array, alpha_ex: float, interpolate: bool, shape: tuple[int, ...]
+) -> jax.Array:
+  """lam of the positive transform (Eq. 3), float32 of `shape`:
+
+  extrapolation   lam = 1 + Beta(a_ex, a_ex)   in (1, 2): harder positives, q'.k' <= q.k (Eq. 4)
+  interpolation   lam = Beta(a_ex, a_ex)       in (0, 1): easier positives, q'.k' >= q.k, the
+                                               comparison arm of Table 3
+  """
+  draw = sample_coefficient(rng, alpha_ex, alpha_ex, shape)
+  return draw if interpolate else 1.0 + draw
+
+
 def negative_coefficient(
     rng: jax.Array, negative: str, alpha_in: float, alpha_ex: float, shape: tuple[int, ...]
 ) -> jax.Array:

@@ -70,7 +70,9 @@ def _transform(q, k, queue, ft, rng, active, mesh, keys_per_step):
   (rows, dim), keys = q.shape, queue.shape[0]
   shape = lambda n: feature_transform.coefficient_shape(ft.coefficients, n, dim)
   if ft.positive_extrapolation:
-    lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex, shape(rows))
+    lam = feature_transform.positive_coefficient(
+        r_pos, ft.alpha_ex, ft.positive_interpolation, shape(rows)
+    )
     q_ex, k_ex = feature_transform.positive_extrapolation(q, k, lam, ft.renormalize)
     q, k = jnp.where(active, q_ex, q), jnp.where(active, k_ex, k)
   plain = (queue, None)

@@ -206,7 +206,9 @@ def _transformed_scores(
   keep = lambda new, old: jnp.where(active, new, old)
   u = jnp.concatenate([z1, z2], axis=0)
   if ft.positive_extrapolation:
-    lam = 1.0 + feature_transform.sample_coefficient(r_pos, ft.alpha_ex, ft.alpha_ex, shape(bsz))
+    lam = feature_transform.positive_coefficient(
+        r_pos, ft.alpha_ex, ft.positive_interpolation, shape(bsz)
+    )
     e1, e2 = feature_transform.positive_extrapolation(z1, z2, lam, ft.renormalize)
     z1, z2 = keep(e1, z1), keep(e2, z2)
   anchors = jnp.concatenate([z1, z2], axis=0)

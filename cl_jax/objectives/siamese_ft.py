@@ -39,8 +39,8 @@ def extrapolate_pairs(
   out = []
   for i, (p, z) in enumerate(pairs):
     z = jax.lax.stop_gradient(z)
-    lam = 1.0 + feature_transform.sample_coefficient(
-        jax.random.fold_in(rng, i), ft.alpha_ex, ft.alpha_ex, shape
+    lam = feature_transform.positive_coefficient(
+        jax.random.fold_in(rng, i), ft.alpha_ex, ft.positive_interpolation, shape
     )
     p2, z2 = feature_transform.siamese_positive_extrapolation(p, z, lam, ft.renormalize)
     out.append((jnp.where(active, p2, p), jnp.where(active, z2, z)))

@@ -1,0 +1,31 @@
+"""The studies of cl_jax.study: the papers' claims, one file each, and the two grids.
+
+A claim file states the paper, the figure or table, the claim in one sentence, the arms, the
+metric and the expected direction; cl_jax.analysis.study runs it and gives the verdict.
+"""
+
+from cl_jax.studies import (
+    dicr_normstd,
+    ge_alpha,
+    ge_nojitter,
+    ge_queue,
+    recipe,
+    robinson_difficulty,
+    robinson_ifm,
+    suppression,
+    zhu_ft,
+)
+
+CLAIMS = tuple(
+    m.STUDY
+    for m in (
+        ge_alpha,
+        ge_nojitter,
+        ge_queue,
+        robinson_difficulty,
+        robinson_ifm,
+        zhu_ft,
+        dicr_normstd,
+    )
+)
+STUDIES = {s.name: s for s in (*CLAIMS, suppression.STUDY, recipe.STUDY)}

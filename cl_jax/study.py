@@ -1,0 +1,110 @@
+"""Run a study: its arms times seeds, then the tables, the plot and, for a claim, the verdict.
+
+python -m cl_jax.study --study=NAME[,NAME...]|claims [--seeds=3] [--workdir=runs/studies]
+    [--results=results/studies] [--arms=ARM,...] [--set=FIELD=VALUE ...] [--report_only]
+python -m cl_jax.study --list
+
+Run from anywhere (relative config paths resolve against the repository). Studies: the
+papers' claims (cl_jax/studies/, "claims" runs them all), "suppression" (Robinson et al.
+Figs. 3 and 6) and "recipe_check" (every quick default beside random init). Each run is
+cl_jax.main in <workdir>/<arm>/seed<s>; what it measured is kept in
+<results>/runs/<arm>/seed<s>.json, small files meant to be committed: a seed with a record is
+read, not retrained, an interrupted run resumes, and a record or run whose config differs from
+the arm's is refused (cl_jax.analysis.study). Outputs, rewritten after every new record:
+<results>/<study>.md (per arm the mean and 95% t-interval over seeds of each metric, the
+comparisons with their intervals and verdicts), <study>.json and <study>.png.
+
+--set applies FIELD=VALUE (a Python literal, else a string) to every arm, e.g. a smaller model
+for a smoke test; such runs need their own --workdir and --results. --report_only rebuilds the
+outputs from the records without training.
+"""
+
+import ast
+import time
+
+from absl import app, flags, logging
+
+from cl_jax import cli
+from cl_jax.analysis import study as study_lib
+from cl_jax.errors import UsageError
+
+_STUDY = flags.DEFINE_list("study", None, "Studies to run (see --list), or 'claims'.")
+_LIST = flags.DEFINE_bool("list", False, "List the studies with their arms and stop.")
+_SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per arm (0 .. seeds - 1).", lower_bound=1)
+_WORKDIR = flags.DEFINE_string("workdir", "runs/studies", "Root of the run directories.")
+_RESULTS = flags.DEFINE_string(
+    "results", "results/studies", "Root of the per-run records and the tables."
+)
+_ARMS = flags.DEFINE_list("arms", None, "Train only these arms (default: all of the study's).")
+_SET = flags.DEFINE_multi_string("set", [], "FIELD=VALUE for every arm's config.")
+_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Rebuild the outputs; train nothing.")
+
+
+def parse_set(items: list[str]) -> tuple[tuple[str, object], ...]:
+  """("field", value) pairs of --set FIELD=VALUE (VALUE a Python literal, else a string)."""
+  out = []
+  for item in items:
+    field, eq, text = item.partition("=")
+    if not eq or not field:
+      raise UsageError(f"--set={item}: give FIELD=VALUE, e.g. --set=optim.epochs=4")
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    out.append((field, value))
+  return tuple(out)
+
+
+def chosen(names: list[str] | None) -> list:
+  """The studies named (or every claim for "claims")."""
+  from cl_jax.studies import CLAIMS, STUDIES
+
+  if not names:
+    raise UsageError(f"give --study=NAME; studies: claims, {', '.join(STUDIES)}")
+  out = []
+  for n in names:
+    if n == "claims":
+      out.extend(CLAIMS)
+    elif n in STUDIES:
+      out.append(STUDIES[n])
+    else:
+      raise UsageError(f"no study {n!r}; studies: claims, {', '.join(STUDIES)}")
+  return out
+
+
+def verdict_line(summary: dict) -> str:
+  return f"{summary['study']}: {summary['verdict'] or 'no expectation'} ({summary['where']})"
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}; see --help")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  start = time.perf_counter()
+  with cli.report():
+    if _LIST.value:
+      from cl_jax.studies import STUDIES
+
+      for s in STUDIES.values():
+        print(f"{s.name}: {s.title}\n  arms: {', '.join(a.name for a in s.arms)}")
+      return
+    extra = parse_set(_SET.value)
+    summaries = []
+    for s in chosen(_STUDY.value):
+      if _REPORT_ONLY.value:
+        records = study_lib.read_records(s, _SEEDS.value, _RESULTS.value, extra)
+        study_lib.write_outputs(s, records, _RESULTS.value)
+        summary = study_lib.summarise(s, records)
+      else:
+        summary = study_lib.run(s, _SEEDS.value, _WORKDIR.value, _RESULTS.value, extra, _ARMS.value)
+      print("\n" + study_lib.markdown(s, summary))
+      summaries.append(summary)
+  claims = [s for s in summaries if s["verdict"] is not None]
+  if claims:
+    print("Verdicts:\n" + "\n".join("  " + verdict_line(s) for s in claims))
+  print(f"study wall time {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags)
