@@ -327,3 +327,32 @@ def test_negative_coefficient_follows_eq5_and_eq7():
   assert np.all((extrap > 1.42) & (extrap < 1.58)) and abs(extrap.mean() - 1.5) < 0.002
   with pytest.raises(ValueError, match="interpolate"):
     ft.negative_coefficient(rng, "hard", 1.0, 1.0, ())
+
+
+def test_positive_interpolation_draws_lam_in_0_1_and_raises_the_positive_score():
+  key = jax.random.key(3)
+  extrapolate = np.asarray(ft.positive_coefficient(key, 2.0, False, (500,)))
+  interpolate = np.asarray(ft.positive_coefficient(key, 2.0, True, (500,)))
+  np.testing.assert_allclose(extrapolate - 1.0, interpolate, atol=1e-6)  # the same Beta draw
+  assert (interpolate > 0).all() and (interpolate < 1).all() and (extrapolate > 1).all()
+  rng = np.random.default_rng(4)
+  q, k = _unit(rng, 500, DIM), _unit(rng, 500, DIM)
+  s = np.sum(q * k, axis=1)
+  pairs = jax.vmap(lambda a, b, l: ft.positive_extrapolation(a, b, l, False))
+  for lam, above in ((interpolate, True), (extrapolate, False)):
+    q_new, k_new = pairs(_f32(q), _f32(k), _f32(lam))
+    got = np.sum(np.asarray(q_new, np.float64) * np.asarray(k_new, np.float64), axis=1)
+    np.testing.assert_allclose(got, s + 2 * lam * (1 - lam) * (1 - s), atol=1e-5)  # Eq. 4
+    assert (got >= s - 1e-6).all() if above else (got <= s + 1e-6).all()
+
+
+def test_positive_interpolation_needs_the_positive_transform():
+  from cl_jax import config_check
+  from configs import mocov2
+
+  c = mocov2.get_config()
+  c.ft.update(enabled=True, positive_extrapolation=False, positive_interpolation=True)
+  with pytest.raises(config_check.ConfigError, match=r"ft\.positive_interpolation"):
+    config_check.validate(c, num_devices=1)
+  c.ft.positive_extrapolation = True
+  config_check.validate(c, num_devices=1)

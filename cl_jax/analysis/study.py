@@ -488,9 +488,13 @@ def write_outputs(study: Study, records: dict, results: str) -> list[str]:
   root.mkdir(parents=True, exist_ok=True)
   summary = summarise(study, records)
   files = {f"{study.name}.md": markdown(study, summary), f"{study.name}.json": summary}
-  if study.outputs is not None:
-    files.update(study.outputs(study, records))
   files[f"{study.name}.png"] = study_plot.plot(study, summary, records)
+  if study.outputs is not None:
+    own = study.outputs(study, records)
+    clash = sorted(set(own) & set(files))
+    if clash:
+      raise ValueError(f"study {study.name}: its own outputs {clash} clash with the standard ones")
+    files.update(own)
   paths = []
   for name, content in files.items():
     if isinstance(content, Figure):

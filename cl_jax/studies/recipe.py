@@ -1,6 +1,6 @@
 """Do the quick recipes learn? Every quick Trifeature default over seeds, beside random init.
 
-Besides the study's standard tables it writes recipe_check.md: one row per config and seed
+Besides the study's standard tables it writes recipe_check_runs.md: one row per config and seed
 with colour, shape and texture top-1 (random init -> trained), the final loss, the final
 embedding std x sqrt(d) (cl_jax.health; about 1 healthy, 0 collapsed), the logged steps that
 show a collapse under the default health thresholds ("end" when the run ends collapsed), and
@@ -52,5 +52,5 @@ STUDY = Study(
     title="The quick recipes over seeds, beside random init",
     arms=tuple(QUICK.values()),
     metrics=("colour", "shape", "texture", "std_sqrt_d"),
-    outputs=lambda study, records: {"recipe_check.md": markdown_table(study, records)},
+    outputs=lambda study, records: {"recipe_check_runs.md": markdown_table(study, records)},
 )

@@ -2,9 +2,9 @@
 SimCLR at T 0.05, 0.2 and 0.5, each with IFM off and on (epsilon 0.1, alpha 1), and
 hard-negative sampling at T 0.5 with beta 0.5, 1 and 2 (tau+ 0.1), read out by the fast probe.
 
-Besides the study's standard tables it writes, per run of the grid (named as before:
-simclr_t{T}[_ifm], hcl_t0.5_b{beta}), suppression.md (mean +- sample std over seeds, ddof 1),
-suppression.csv and suppression.png (cl_jax.viz.suppression_plot).
+Besides the study's standard tables it writes the grid's own, one row per run (named as
+before: simclr_t{T}[_ifm], hcl_t0.5_b{beta}): suppression_grid.md (mean +- sample std over
+seeds, ddof 1), suppression_grid.csv and suppression_grid.png (cl_jax.viz.suppression_plot).
 """
 
 import csv
@@ -127,12 +127,12 @@ HEADER = (
 
 
 def outputs(study: Study, records: dict) -> dict:
-  """suppression.md, suppression.csv and suppression.png."""
+  """suppression_grid.md, .csv and .png."""
   table = rows(study, records)
   return {
-      "suppression.md": markdown_table(table, HEADER),
-      "suppression.csv": csv_table(table),
-      "suppression.png": suppression_plot.plot_suppression(table),
+      "suppression_grid.md": markdown_table(table, HEADER),
+      "suppression_grid.csv": csv_table(table),
+      "suppression_grid.png": suppression_plot.plot_suppression(table),
   }
 
 

@@ -12,7 +12,7 @@ A panel is drawn only when there are runs for it. Error bars are the sample
 standard deviation over seeds when a run has more than one. A grey line marks
 chance (10 values per feature).
 
-The rows are cl_jax.suppression.Row objects: `.spec` (a RunSpec with
+The rows are cl_jax.studies.suppression.Row objects: `.spec` (a RunSpec with
 `.temperature`, `.ifm`, `.beta`, beta None for runs without hard-negative
 sampling), `.mean` and `.std` (feature -> percent; std None for one seed).
 """
@@ -101,7 +101,7 @@ def plot_suppression(rows: Sequence) -> Figure:
   """The study's figure (module docstring) from summarised rows.
 
   Args:
-    rows: cl_jax.suppression.Row objects, at least one.
+    rows: cl_jax.studies.suppression.Row objects, at least one.
   Returns:
     A FIGSIZE figure at DPI with one or two panels and a shared legend below.
   """

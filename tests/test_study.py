@@ -1,0 +1,253 @@
+"""cl_jax.analysis.intervals against scipy and hand-computed numbers; the verdict rules on
+hand-made intervals; the study runner's resume, added seeds and refusals on fake runs; the
+claims registry; and a tiny study end to end through the command."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from cl_jax import config_check
+from cl_jax.analysis import intervals, study
+from cl_jax.analysis.intervals import NOT_RESOLVED, OPPOSITE, REPRODUCED, Interval
+from cl_jax.errors import UsageError
+from cl_jax.studies import CLAIMS, STUDIES
+from tests import study_fakes, tiny_run
+from tests.conftest import ROOT
+
+
+def test_t_interval_matches_a_hand_computed_case_and_scipy():
+  # 1, 2, 4: mean 7/3, s = sqrt(((−4/3)^2 + (−1/3)^2 + (5/3)^2) / 2) = sqrt(7/3),
+  # t_{0.975, 2} = 4.302653 (tables), half width 4.302653 sqrt(7/3) / sqrt(3) = 3.79458.
+  i = intervals.t_interval([1.0, 2.0, 4.0])
+  assert i.n == 3
+  np.testing.assert_allclose(i.mean, 7 / 3, rtol=1e-12)
+  np.testing.assert_allclose([i.low, i.high], [7 / 3 - 3.794583, 7 / 3 + 3.794583], atol=1e-5)
+  rng = np.random.default_rng(0)
+  for n in (2, 3, 5, 11):
+    x = rng.normal(size=n)
+    want = scipy.stats.ttest_1samp(x, 0.0).confidence_interval(0.95)
+    got = intervals.t_interval(x)
+    np.testing.assert_allclose([got.low, got.high], [want.low, want.high], rtol=1e-10)
+  one = intervals.t_interval([3.5])
+  assert one.n == 1 and one.mean == 3.5 and math.isnan(one.low) and math.isnan(one.high)
+  assert one.text() == "3.5" and i.text() == "2.3 [-1.5, 6.1]"
+  with pytest.raises(ValueError):
+    intervals.t_interval([])
+
+
+def test_paired_difference_matches_scipy_ttest_rel():
+  rng = np.random.default_rng(1)
+  a, b = rng.normal(size=4), rng.normal(size=4)
+  want = scipy.stats.ttest_rel(a, b).confidence_interval(0.95)
+  got = intervals.paired_difference(a, b)
+  np.testing.assert_allclose([got.low, got.high], [want.low, want.high], rtol=1e-10)
+  np.testing.assert_allclose(got.mean, np.mean(a - b), rtol=1e-12)
+  with pytest.raises(ValueError, match="one shape"):
+    intervals.paired_difference([1.0, 2.0], [1.0])
+
+
+def test_slopes_match_scipy_linregress_per_seed():
+  rng = np.random.default_rng(2)
+  x = np.array([0.0, 1.0, 2.0, 3.0, 5.0])
+  y = rng.normal(size=(3, 5)) + 0.7 * x
+  per_seed = [scipy.stats.linregress(x, row).slope for row in y]
+  np.testing.assert_allclose(intervals.slopes(x, y), per_seed, rtol=1e-10)
+  got = intervals.slope_interval(x, y)
+  want = scipy.stats.ttest_1samp(per_seed, 0.0).confidence_interval(0.95)
+  np.testing.assert_allclose([got.low, got.high], [want.low, want.high], rtol=1e-10)
+  with pytest.raises(ValueError):
+    intervals.slopes([1.0, 1.0], np.zeros((2, 2)))
+
+
+@pytest.mark.parametrize(
+    "low, high, expect, verdict",
+    [
+        (0.5, 2.0, "increase", REPRODUCED),
+        (-2.0, -0.5, "increase", OPPOSITE),
+        (-0.5, 2.0, "increase", NOT_RESOLVED),
+        (-2.0, -0.5, "decrease", REPRODUCED),
+        (0.5, 2.0, "decrease", OPPOSITE),
+        (-0.5, 0.5, "decrease", NOT_RESOLVED),
+        (-0.5, 2.0, "no_decrease", REPRODUCED),
+        (0.5, 2.0, "no_decrease", REPRODUCED),
+        (-2.0, -0.5, "no_decrease", OPPOSITE),
+    ],
+)
+def test_verdict_rules(low, high, expect, verdict):
+  assert intervals.verdict(Interval((low + high) / 2, low, high, 3), expect) == verdict
+
+
+def test_one_seed_and_combined_verdicts():
+  one = Interval(5.0, math.nan, math.nan, 1)
+  for expect in intervals.DIRECTIONS:
+    assert intervals.verdict(one, expect) == NOT_RESOLVED
+  with pytest.raises(ValueError):
+    intervals.verdict(one, "up")
+  assert intervals.combined_verdict([REPRODUCED, REPRODUCED]) == REPRODUCED
+  assert intervals.combined_verdict([REPRODUCED, NOT_RESOLVED]) == NOT_RESOLVED
+  assert intervals.combined_verdict([REPRODUCED, OPPOSITE, NOT_RESOLVED]) == OPPOSITE
+
+
+# A two-arm study on the tiny fake runs: MoCo-v2 without and with patch negatives.
+BASE = study.arm("base", "configs/mocov2.py")
+NS = study.arm("ns", "configs/mocov2_patchns.py")
+STUDY = study.Study(
+    name="pair",
+    title="pair",
+    arms=(BASE, NS),
+    metrics=("shape", "pos_mean"),
+    comparisons=(study.Comparison("shape: ns - base", "shape", ("ns", "base"), expect="increase"),),
+)
+SHAPE = {"base": (0.40, 0.42, 0.41), "ns": (0.45, 0.46, 0.47)}
+
+
+def _fake_trainer(calls: list):
+  """A stand-in for cl_jax.main: writes the finished fake run of arm and seed."""
+
+  def train(arm_, seed, extra, directory, analyses):
+    calls.append((arm_.name, seed, str(directory)))
+    config = study.arm_config(arm_, seed, extra)
+    acc = {"colour": 0.9, "shape": SHAPE[arm_.name][seed], "texture": 0.3}
+    study_fakes.make_run(directory, config, acc, {"colour": 0.7, "shape": 0.2, "texture": 0.2})
+    return 10.0 + seed
+
+  return train
+
+
+def test_records_are_read_not_retrained_and_more_seeds_are_added(tmp_path):
+  work, results, calls = str(tmp_path / "runs"), str(tmp_path / "results"), []
+  run = lambda seeds: study.run(
+      STUDY, seeds, work, results, study_fakes.TINY, train=_fake_trainer(calls), log=lambda s: None
+  )
+  summary = run(2)
+  assert sorted(c[:2] for c in calls) == [("base", 0), ("base", 1), ("ns", 0), ("ns", 1)]
+  record = json.loads((tmp_path / "results/runs/ns/seed1.json").read_text())
+  assert record["metrics"]["shape"] == pytest.approx(46.0)
+  assert record["wall_s"] == 11.0 and record["step"] == study_fakes.STEPS
+  # pos_mean: the mean of the rows logged in the last epoch (the whole 8-step run: 0.5, 0.6).
+  assert record["metrics"]["pos_mean"] == pytest.approx(0.55)
+  assert record["config"]["nonsemantic.enabled"] is True and record["config"]["seed"] == 1
+  diff = summary["comparisons"][0]
+  assert diff["seeds"] == [0, 1] and diff["interval"]["mean"] == pytest.approx(4.5)  # 5, 4
+
+  calls.clear()
+  run(2)
+  assert calls == []  # every record exists
+  summary = run(3)
+  assert sorted(c[:2] for c in calls) == [("base", 2), ("ns", 2)]
+  diffs = [SHAPE["ns"][s] * 100 - SHAPE["base"][s] * 100 for s in range(3)]
+  want = scipy.stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
+  got = summary["comparisons"][0]["interval"]
+  np.testing.assert_allclose([got["low"], got["high"]], [want.low, want.high], rtol=1e-9)
+  assert summary["comparisons"][0]["verdict"] == REPRODUCED and summary["verdict"] == REPRODUCED
+  for name in ("pair.md", "pair.json", "pair.png"):
+    assert (tmp_path / "results" / name).exists()
+  md = (tmp_path / "results/pair.md").read_text()
+  assert "| ns | 46.0 [" in md and "Verdict: **reproduced**" in md
+
+
+def test_an_interrupted_run_is_resumed_in_its_own_directory(tmp_path):
+  work, results, calls = str(tmp_path / "runs"), str(tmp_path / "results"), []
+  directory = study.run_dir(work, "ns", 0)
+  # An unfinished run: its config, no probe report.
+  from cl_jax import run_config
+
+  run_config.save_start(study.arm_config(NS, 0, study_fakes.TINY), str(directory), 0)
+  study.ensure_record(
+      NS, 0, work, results, study_fakes.TINY, train=_fake_trainer(calls), log=lambda s: None
+  )
+  assert calls == [("ns", 0, str(directory))]
+  assert study.record_path(results, "ns", 0).exists()
+
+
+def test_a_changed_arm_is_refused_before_anything_is_trained(tmp_path):
+  work, results, calls = str(tmp_path / "runs"), str(tmp_path / "results"), []
+  study.run(STUDY, 1, work, results, study_fakes.TINY, train=_fake_trainer(calls), log=print)
+  changed = study.Study(
+      name="pair",
+      title="pair",
+      arms=(study.arm("base", "configs/mocov2.py", {"moco.temperature": 0.1}), NS),
+  )
+  calls.clear()
+  with pytest.raises(UsageError, match=r"moco.temperature: 0.2 there, 0.1 in the arm"):
+    study.run(changed, 2, work, results, study_fakes.TINY, train=_fake_trainer(calls))
+  assert calls == []
+  # Without its record, the run directory's config refuses it too.
+  study.record_path(results, "base", 0).unlink()
+  with pytest.raises(UsageError, match=r"runs/base/seed0 holds arm base seed 0 with another"):
+    study.ensure_record(changed.arms[0], 0, work, results, study_fakes.TINY, train=None)
+  with pytest.raises(UsageError, match="unknown config field moco.temperatur"):
+    study.arm_config(study.arm("x", "configs/mocov2.py", {"moco.temperatur": 0.1}), 0)
+  with pytest.raises(UsageError, match="has no arm nope"):
+    study.run(STUDY, 1, work, results, study_fakes.TINY, only=["nope"], train=None)
+
+
+def test_slope_of_paired_gains_and_comparisons_without_records():
+  records = {}
+  for name, values in {"a1": (1, 2), "a2": (3, 5), "b1": (0, 0), "b2": (1, 1)}.items():
+    records[name] = {s: {"metrics": {"m": float(v)}} for s, v in enumerate(values)}
+  c = study.Comparison("gain vs x", "m", ("a1", "a2"), (1.0, 2.0), "increase", ("b1", "b2"))
+  out = study.compare(c, records)
+  # Gains: seed 0: 1, 2 -> slope 1; seed 1: 2, 4 -> slope 2.
+  assert out["seeds"] == [0, 1] and out["interval"]["mean"] == pytest.approx(1.5)
+  empty = study.compare(study.Comparison("d", "m", ("a1", "zz"), expect="decrease"), records)
+  assert empty["interval"] is None and empty["verdict"] == NOT_RESOLVED
+  with pytest.raises(ValueError, match="unknown arms"):
+    study.Study("s", "s", (BASE,), comparisons=(study.Comparison("d", "m", ("base", "ns")),))
+
+
+def test_claims_name_every_part_and_one_name_is_one_arm_everywhere():
+  seen = {}
+  for s in STUDIES.values():
+    for a in s.arms:
+      assert seen.setdefault(a.name, a) == a, f"arm {a.name} differs between studies"
+  for s in CLAIMS:
+    assert s.paper and s.where and s.claim and s.is_claim, s.name
+  # Every arm's config is valid, and differs from its quick config only in its overrides.
+  for a in seen.values():
+    config = study.arm_config(a, 0)
+    config_check.validate(config, num_devices=1)
+    base = study.arm_config(study.Arm(a.name, a.config), 0)
+    differ = {k for k, _, _ in study.config_differences(study._plain(base), config)}
+    assert differ == {k for k, v in a.overrides if base_value(base, k) != v}, a.name
+
+
+def base_value(config, field):
+  node = config
+  for part in field.split("."):
+    node = node[part]
+  return node
+
+
+@pytest.mark.slow
+def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
+  sets = [f"--set={f[len('--config.') :]}" for f in tiny_run.FLAGS if f.startswith("--config.")]
+  sets += ["--set=optim.epochs=1", "--set=eval.knn_every=0"]
+  cmd = [
+      sys.executable,
+      "-m",
+      "cl_jax.study",
+      "--study=ge_nojitter",
+      "--seeds=1",
+      f"--workdir={tmp_path / 'runs'}",
+      f"--results={tmp_path / 'results'}",
+      *sets,
+  ]
+  out = subprocess.run(cmd, cwd=ROOT, env=tiny_run.env(), capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "training in" in out.stdout
+  assert "Verdict: **not resolved**" in out.stdout  # one seed has no interval
+  for arm_name in ("mocov2_nojitter", "mocov2_patchns_nojitter"):
+    record = json.loads((tmp_path / f"results/runs/{arm_name}/seed0.json").read_text())
+    assert record["config"]["aug.jitter_prob"] == 0.0 and record["step"] == 8
+    assert 0 <= record["metrics"]["shape"] <= 100 and "random_init/shape" in record["metrics"]
+  assert (tmp_path / "results/ge_nojitter.png").stat().st_size > 1000
+  again = subprocess.run(cmd, cwd=ROOT, env=tiny_run.env(), capture_output=True, text=True)
+  assert again.returncode == 0 and "training in" not in again.stdout
+  bad = subprocess.run(cmd[:-1] + ["--set=nonsense"], cwd=ROOT, capture_output=True, text=True)
+  assert bad.returncode == 1 and bad.stderr.strip().startswith("error: --set=nonsense")
