@@ -210,6 +210,7 @@ def validate(
   _int(c, "data.trifeature_train", 1)
   _int(c, "data.trifeature_test", 1)
   _float(c, "data.trifeature_max_angle", 0.0, 180.0)
+  _float(c, "data.trifeature_texture_angle", 0.0, 360.0)
 
   for p in photometric.PROBABILITY_FIELDS:
     _float(c, f"aug.{p}", 0.0, 1.0)

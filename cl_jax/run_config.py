@@ -61,6 +61,7 @@ INERT = {
     "aug.texture_prob": 0.0,
     "data.texture_dir": "",
     "data.trifeature_max_angle": 45.0,
+    "data.trifeature_texture_angle": 360.0,
     "optim.schedule": "cosine",
     "optim.decay_epochs": (),
     "probe.features": "backbone",

@@ -12,7 +12,8 @@ cl_jax.main in <workdir>/<arm>/seed<s>; what it measured is kept in
 read, not retrained, an interrupted run resumes, and a record or run whose config differs from
 the arm's is refused (cl_jax.analysis.study). Outputs, rewritten after every new record:
 <results>/<study>.md (per arm the mean and 95% t-interval over seeds of each metric, the
-comparisons with their intervals and verdicts), <study>.json and <study>.png.
+comparisons with their intervals and verdicts), <study>.json and <study>.png; with several
+claims, <results>/claims.md, one row per claim with its verdict.
 
 --set applies FIELD=VALUE (a Python literal, else a string) to every arm, e.g. a smaller model
 for a smoke test; such runs need their own --workdir and --results. --report_only rebuilds the
@@ -23,8 +24,9 @@ import ast
 import time
 
 from absl import app, flags, logging
+from etils import epath
 
-from cl_jax import cli
+from cl_jax import cli, metrics
 from cl_jax.analysis import study as study_lib
 from cl_jax.errors import UsageError
 
@@ -90,8 +92,8 @@ def main(argv):
         print(f"{s.name}: {s.title}\n  arms: {', '.join(a.name for a in s.arms)}")
       return
     extra = parse_set(_SET.value)
-    summaries = []
-    for s in chosen(_STUDY.value):
+    studies, summaries = chosen(_STUDY.value), []
+    for s in studies:
       if _REPORT_ONLY.value:
         records = study_lib.read_records(s, _SEEDS.value, _RESULTS.value, extra)
         study_lib.write_outputs(s, records, _RESULTS.value)
@@ -100,9 +102,12 @@ def main(argv):
         summary = study_lib.run(s, _SEEDS.value, _WORKDIR.value, _RESULTS.value, extra, _ARMS.value)
       print("\n" + study_lib.markdown(s, summary))
       summaries.append(summary)
-  claims = [s for s in summaries if s["verdict"] is not None]
+  claims = [(s, m) for s, m in zip(studies, summaries) if s.is_claim]
   if claims:
-    print("Verdicts:\n" + "\n".join("  " + verdict_line(s) for s in claims))
+    table = study_lib.claims_table(*zip(*claims), _SEEDS.value)
+    if len(claims) > 1:
+      metrics.write_atomically(epath.Path(_RESULTS.value) / "claims.md", table)
+    print("Verdicts:\n" + "\n".join("  " + verdict_line(m) for _, m in claims))
   print(f"study wall time {time.perf_counter() - start:.0f} s")
 
 

@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.trifeature_train = 5000
   c.data.trifeature_test = 2000
   c.data.trifeature_max_angle = 45.0  # shapes rotated by U[-a, a) degrees (0: upright)
+  c.data.trifeature_texture_angle = 360.0  # textures rotated by U[0, a) degrees (0: unrotated)
   c.data.cache_dir = ""  # Trifeature cache ("" = $CL_JAX_CACHE or ~/.cache/cl_jax)
   # Texture versions of the pretraining images (python -m cl_jax.data.make_texture), read by
   # texture-based non-semantic negatives (nonsemantic.kind = "texture").

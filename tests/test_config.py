@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from cl_jax import config_check
+from cl_jax import config_check, run_config
 from configs import mocov2, mocov2_patchns
 from tests.conftest import ROOT
 
@@ -70,6 +70,8 @@ def _set(c, path, value):
         ("nonsemantic.alpha", 0.0, "nonsemantic.alpha"),
         ("data.name", "imagenet21k", "data.name"),
         ("data.image_size", 8, "data.image_size"),
+        ("data.trifeature_texture_angle", -1.0, "data.trifeature_texture_angle"),
+        ("data.trifeature_texture_angle", 361.0, "data.trifeature_texture_angle"),
         ("model.depth", 34, "model.depth"),
         ("model.bn_mode", "ghost", "model.bn_mode"),
         ("model.bn_groups", 3, "model.bn_groups"),
@@ -90,6 +92,22 @@ def test_bad_values_name_their_field(path, value, field):
   _set(c, path, value)
   with pytest.raises(config_check.ConfigError, match=field.replace(".", r"\.")):
     config_check.validate(c)
+
+
+def test_texture_angle_accepts_its_range_and_stored_configs_without_it_resume():
+  c = mocov2_patchns.get_config(None)
+  assert c.data.trifeature_texture_angle == 360.0
+  for angle in (0.0, 90.0, 360.0):
+    c.data.trifeature_texture_angle = angle
+    config_check.validate(c)
+  stored, new = mocov2_patchns.get_config(None), mocov2_patchns.get_config(None)
+  del stored.data["trifeature_texture_angle"]  # a config stored before the field existed
+  assert run_config.check_resume(stored, new, step=8, workdir="w", allow_change=False) == []
+  new.data.trifeature_texture_angle = 0.0
+  with pytest.raises(
+      run_config.ConfigChangeError, match=r"data.trifeature_texture_angle: '<absent>' -> 0.0"
+  ):
+    run_config.check_resume(stored, new, step=8, workdir="w", allow_change=False)
 
 
 def test_zero_health_thresholds_switch_the_warnings_off():

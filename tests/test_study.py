@@ -251,3 +251,30 @@ def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
   assert again.returncode == 0 and "training in" not in again.stdout
   bad = subprocess.run(cmd[:-1] + ["--set=nonsense"], cwd=ROOT, capture_output=True, text=True)
   assert bad.returncode == 1 and bad.stderr.strip().startswith("error: --set=nonsense")
+
+
+def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
+  records = {
+      "base": {s: {"metrics": {"shape": v}} for s, v in enumerate((40.0, 42.0, 41.0))},
+      "ns": {s: {"metrics": {"shape": v}} for s, v in enumerate((45.0, 46.0, 47.0))},
+  }
+  claim = study.Study(
+      name="pair",
+      title="pair",
+      arms=(BASE, NS),
+      metrics=("shape",),
+      comparisons=STUDY.comparisons + (study.Comparison("colour", "colour", ("ns", "base")),),
+      paper="Someone 2021",
+      where="Table 9",
+      claim="negatives raise shape.",
+      paper_result="70 -> 75",
+  )
+  summary = study.summarise(claim, records)
+  rows = study.claims_table([claim], [summary], seeds=4).splitlines()
+  cells = [c.strip() for c in rows[2].strip("|").split("|")]
+  # Differences 5, 4, 6: mean 5, s 1, t_{0.975,2} 4.302653 / sqrt(3) = 2.484 -> [2.5, 7.5].
+  assert cells[0] == "Someone 2021, Table 9: negatives raise shape."
+  assert cells[1] == "70 -> 75"
+  assert cells[2] == "shape: ns - base (difference): 5.0 [2.5, 7.5], reproduced"
+  assert cells[3:5] == ["**reproduced**", "6 of 8"]
+  assert cells[5] == "`python -m cl_jax.study --study=pair`"

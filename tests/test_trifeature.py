@@ -307,3 +307,71 @@ def test_render_rejects_bad_factor_indices():
     trifeature.render(0, 0, 10, S, rng)
   with pytest.raises(ValueError, match="image_size"):
     trifeature.render(0, 0, 0, 15, rng)
+
+
+def test_default_texture_angle_is_360_and_changes_nothing(tmp_path):
+  assert trifeature.MAX_TEXTURE_ANGLE_DEG == 360.0
+  for seed in range(4):
+    for texture in range(10):  # noise included: its seed is drawn after the six floats
+      shape, colour = (seed + texture) % 10, (3 * seed + texture) % 10
+      default = trifeature.render(shape, texture, colour, 64, np.random.default_rng(seed))
+      explicit = trifeature.render(
+          shape, texture, colour, 64, np.random.default_rng(seed), max_texture_angle=360.0
+      )
+      np.testing.assert_array_equal(default, explicit)
+  kwargs = dict(image_size=16, num_images=20, seed=1, progress=False)
+  np.testing.assert_array_equal(
+      trifeature.generate("train", **kwargs).images,
+      trifeature.generate("train", max_texture_angle=360.0, **kwargs).images,
+  )
+
+  # The default cache name has no _tex part (caches written before the option stay valid).
+  load = dict(image_size=16, num_images=2, seed=4, cache_dir=str(tmp_path))
+  trifeature.load("test", **load)
+  trifeature.load("test", max_texture_angle=360.0, **load)
+  base = f"trifeature_v{trifeature.CACHE_VERSION}_test_seed4_16px_n2"
+  assert os.listdir(tmp_path) == [f"{base}.npz"]
+  trifeature.load("test", max_texture_angle=0.0, **load)
+  trifeature.load("test", max_shape_angle=0.0, max_texture_angle=90.0, **load)
+  assert sorted(os.listdir(tmp_path)) == sorted(
+      [f"{base}.npz", f"{base}_tex0.npz", f"{base}_angle0_tex90.npz"]
+  )
+
+
+def test_texture_angle_draws_the_same_numbers_and_keeps_the_placement():
+  square, stripes = EXPECTED_SHAPES.index("square"), EXPECTED_TEXTURES.index("stripes")
+  for seed in range(4):
+    rngs = [np.random.default_rng(seed) for _ in range(2)]
+    images = [
+        trifeature.render(square, stripes, 9, 64, rng, max_texture_angle=a)
+        for rng, a in zip(rngs, (0.0, 360.0))
+    ]
+    np.testing.assert_array_equal(_is_grey(images[0]), _is_grey(images[1]))  # same shape
+    assert rngs[0].random() == rngs[1].random()  # same draws, so the next image is the same
+
+
+def _rows_constant(on, fg):
+  """Whether in every row the texture is on at all or at none of the shape's pixels."""
+  return all(len(np.unique(on[r][fg[r]])) <= 1 for r in range(on.shape[0]))
+
+
+def test_texture_angle_zero_keeps_every_texture_in_one_orientation():
+  square = EXPECTED_SHAPES.index("square")
+  stripes = EXPECTED_TEXTURES.index("stripes")
+  white = list(EXPECTED_COLOURS).index("white")
+  aligned = {0.0: [], 360.0: []}
+  for angle in aligned:
+    for seed in range(6):
+      image = trifeature.render(
+          square, stripes, white, 64, np.random.default_rng(seed), max_texture_angle=angle
+      )
+      fg, on = ~_is_grey(image), np.all(image == 255, axis=-1)
+      assert 0.1 < on[fg].mean() < 0.6  # stripes, not a solid or empty shape
+      aligned[angle].append(_rows_constant(on, fg))
+      if angle == 0.0:
+        # Unrotated stripes run along x (each row all on or all off, rows differ); a quarter
+        # turn of the image makes them run along y, so the turn shows in the texture.
+        assert len(np.unique(on[fg])) == 2
+        assert not _rows_constant(np.rot90(on), np.rot90(fg))
+  assert all(aligned[0.0])
+  assert not all(aligned[360.0])

@@ -461,6 +461,31 @@ def markdown(study: Study, summary: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def claims_table(studies: Sequence[Study], summaries: Sequence[dict], seeds: int) -> str:
+  """One markdown row per claim: the paper's result, every decisive comparison's estimate
+  [95% interval] and verdict, the claim's verdict, the records it rests on (of arms x seeds)
+  and the command that reruns it."""
+  lines = [
+      "| claim | the paper | measured here: estimate [95% interval], verdict | verdict | "
+      "runs | command |",
+      "|---|---|---|---|---:|---|",
+  ]
+  for s, summary in zip(studies, summaries):
+    parts = []
+    for c in summary["comparisons"]:
+      if c["expect"] is None:
+        continue
+      est = _cell(c["interval"], 3 if c["kind"] == "slope" else _digits(c["metric"]))
+      parts.append(f"{c['label']} ({c['kind']}): {est}, {c['verdict']}")
+    done = sum(len(summary["arms"][a.name]["seeds"]) for a in s.arms)
+    lines.append(
+        f"| {s.paper}, {s.where}: {s.claim} | {s.paper_result} | {'; '.join(parts)} | "
+        f"**{summary['verdict']}** | {done} of {len(s.arms) * seeds} | "
+        f"`python -m cl_jax.study --study={s.name}` |"
+    )
+  return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------
 # The runner.
 

@@ -27,6 +27,7 @@ def open_source(data: ml_collections.ConfigDict, role: str):
         seed=data.trifeature_seed,
         cache_dir=data.cache_dir or None,
         max_shape_angle=data.get("trifeature_max_angle", trifeature.MAX_SHAPE_ANGLE_DEG),
+        max_texture_angle=data.get("trifeature_texture_angle", trifeature.MAX_TEXTURE_ANGLE_DEG),
     )
     return trifeature.TrifeatureSource(images)
   return tfds_source.open_source(data.name, role, data.data_dir)

@@ -21,6 +21,7 @@ from cl_jax.data.trifeature_render import (
     COLOUR_RGB,
     COLOURS,
     MAX_SHAPE_ANGLE_DEG,
+    MAX_TEXTURE_ANGLE_DEG,
     SHAPES,
     TEXTURES,
     render,
@@ -31,6 +32,7 @@ __all__ = [
     "COLOUR_RGB",
     "FACTORS",
     "MAX_SHAPE_ANGLE_DEG",
+    "MAX_TEXTURE_ANGLE_DEG",
     "NUM_COMBINATIONS",
     "NUM_TRAIN_COMBINATIONS",
     "SHAPES",
@@ -121,10 +123,12 @@ def generate(
     seed: int,
     progress: bool = True,
     max_shape_angle: float = MAX_SHAPE_ANGLE_DEG,
+    max_texture_angle: float = MAX_TEXTURE_ANGLE_DEG,
 ) -> TrifeatureData:
   """Renders ``num_images`` images of ``split``; deterministic in
-  (seed, split, image_size, num_images, max_shape_angle). Shapes are rotated by up to
-  ``max_shape_angle`` degrees (trifeature_render.render).
+  (seed, split, image_size, num_images, max_shape_angle, max_texture_angle). Shapes are
+  rotated by up to ``max_shape_angle`` degrees, textures by an angle in
+  [0, ``max_texture_angle``) degrees (trifeature_render.render).
 
   Image i shows combination ``split_combinations(split, seed)[i % C]``; the renders draw from a
   generator seeded by (seed, split), so the placements do not depend on image_size.
@@ -136,7 +140,7 @@ def generate(
   images = np.empty((num_images, image_size, image_size, 3), dtype=np.uint8)
   rows = tqdm.tqdm(factors, desc=f"trifeature {split} {image_size}px", disable=not progress)
   for i, (shape, texture, colour) in enumerate(rows):
-    images[i] = render(shape, texture, colour, image_size, rng, max_shape_angle)
+    images[i] = render(shape, texture, colour, image_size, rng, max_shape_angle, max_texture_angle)
   labels = {name: np.ascontiguousarray(factors[:, k]) for k, name in enumerate(FACTORS)}
   return TrifeatureData(images=images, labels=labels)
 
@@ -155,12 +159,14 @@ def load(
     seed: int,
     cache_dir: str | None = None,
     max_shape_angle: float = MAX_SHAPE_ANGLE_DEG,
+    max_texture_angle: float = MAX_TEXTURE_ANGLE_DEG,
 ) -> TrifeatureData:
   """Returns the split from the on-disk cache, generating and caching it on first use.
 
   The cache file
   ``<cache_dir>/trifeature_v{CACHE_VERSION}_{split}_seed{seed}_{image_size}px_n{num_images}.npz``
-  (with ``_angle{a}`` before ``.npz`` when max_shape_angle a is not the default 45)
+  (with ``_angle{a}`` before ``.npz`` when max_shape_angle a is not the default 45, then
+  ``_tex{b}`` when max_texture_angle b is not the default 360)
   is written to a temporary file in the same directory and moved into place with os.replace, so
   an interrupted run never leaves a partial file under the final name. ``cache_dir`` defaults
   to $CL_JAX_CACHE if set, else ~/.cache/cl_jax/trifeature.
@@ -168,6 +174,8 @@ def load(
   _check_args(split, image_size, num_images, seed)
   cache_dir = _default_cache_dir() if cache_dir is None else cache_dir
   angle = "" if max_shape_angle == MAX_SHAPE_ANGLE_DEG else f"_angle{max_shape_angle:g}"
+  if max_texture_angle != MAX_TEXTURE_ANGLE_DEG:
+    angle += f"_tex{max_texture_angle:g}"
   name = f"trifeature_v{CACHE_VERSION}_{split}_seed{seed}_{image_size}px_n{num_images}{angle}.npz"
   path = os.path.join(cache_dir, name)
   if os.path.exists(path):
@@ -180,6 +188,7 @@ def load(
       num_images=num_images,
       seed=seed,
       max_shape_angle=max_shape_angle,
+      max_texture_angle=max_texture_angle,
   )
   os.makedirs(cache_dir, exist_ok=True)
   fd, tmp_path = tempfile.mkstemp(prefix=name + ".", suffix=".tmp", dir=cache_dir)

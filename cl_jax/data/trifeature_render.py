@@ -9,12 +9,13 @@ The texture is binary, so inside the shape a pixel is either the colour (texture
 
 Geometry, in pixel units with the origin at the image centre (x to the right, y downwards):
   * the shape is defined in unit coordinates (every shape lies inside the unit disc), scaled to
-    a radius of ``SHAPE_RADIUS * image_size``, rotated by an angle drawn from U[-45, 45) degrees
-    and shifted by an offset drawn from U[-MAX_OFFSET, MAX_OFFSET] * image_size per axis, so the
-    whole shape stays inside the image;
+    a radius of ``SHAPE_RADIUS * image_size``, rotated by an angle drawn from U[-a, a) degrees
+    (a = ``max_shape_angle``, default 45) and shifted by an offset drawn from
+    U[-MAX_OFFSET, MAX_OFFSET] * image_size per axis, so the whole shape stays inside the image;
   * the texture is a pattern with period ``texture_period(image_size)`` pixels and line width
-    ``LINE_FRACTION`` of the period, rotated by an angle drawn from U[0, 360) degrees and shifted
-    by a random phase drawn from U[0, 1) periods per axis.
+    ``LINE_FRACTION`` of the period, rotated by an angle drawn from U[0, a) degrees
+    (a = ``max_texture_angle``, default 360; 0 keeps every texture in one orientation) and
+    shifted by a random phase drawn from U[0, 1) periods per axis.
 
 Hand-written in NumPy because no maintained library renders these factors; every mask is a
 vectorised predicate over the pixel-centre grid (no anti-aliasing, so each pixel takes exactly
@@ -92,6 +93,7 @@ BACKGROUND_UINT8 = 128
 SHAPE_RADIUS = 0.3
 MAX_OFFSET = 0.18
 MAX_SHAPE_ANGLE_DEG = 45.0
+MAX_TEXTURE_ANGLE_DEG = 360.0
 
 # Texture scale. Hermann & Lampinen use a period of about 10 px and line width 3 px; the IFM
 # paper renders at 128 px, so 128 px is the reference scale and the period scales with the
@@ -303,6 +305,7 @@ def render(
     image_size: int,
     rng: np.random.Generator,
     max_shape_angle: float = MAX_SHAPE_ANGLE_DEG,
+    max_texture_angle: float = MAX_TEXTURE_ANGLE_DEG,
 ) -> np.ndarray:
   """Renders one Trifeature image.
 
@@ -315,6 +318,10 @@ def render(
       every resolution.
     max_shape_angle: the shape's angle is drawn from U[-a, a) degrees (default 45; 0 renders
       every shape upright, so that a rotation of the image is visible in it).
+    max_texture_angle: the texture's angle is drawn from U[0, a) degrees (default 360; 0
+      renders every texture unrotated, stripes, zigzags and rain all in one orientation, so
+      that a quarter turn of the image changes its texture's orientation). The same random
+      numbers are drawn whatever a, and a = 360 gives exactly the images of earlier versions.
 
   Returns:
     (S, S, 3) uint8 image: COLOUR_UINT8[colour] where mask and texture are on, 0 where the mask
@@ -330,7 +337,7 @@ def render(
   draws = rng.random(6)
   shape_angle = np.deg2rad(max_shape_angle * (2 * draws[0] - 1))
   offset = MAX_OFFSET * size * (2 * draws[1:3] - 1)
-  texture_angle = 2 * np.pi * draws[3]
+  texture_angle = 2 * np.pi * draws[3] * (max_texture_angle / 360.0)
   period = texture_period(size)
   phase = period * draws[4:6]
   texture_seed = rng.integers(2**63)
