@@ -5,8 +5,9 @@ python -m cl_jax.study --study=NAME[,NAME...]|claims [--seeds=3] [--workdir=runs
 python -m cl_jax.study --list
 
 Run from anywhere (relative config paths resolve against the repository). Studies: the
-papers' claims (cl_jax/studies/, "claims" runs them all), "suppression" (Robinson et al.
-Figs. 3 and 6) and "recipe_check" (every quick default beside random init). Each run is
+papers' claims (cl_jax/studies/, "claims" runs them all), "looc_rotation_setting" (where
+Trifeature's rotation can be read, for LooC's claim), "suppression" (Robinson et al. Figs. 3
+and 6) and "recipe_check" (every quick default beside random init). Each run is
 cl_jax.main in <workdir>/<arm>/seed<s>; what it measured is kept in
 <results>/runs/<arm>/seed<s>.json, small files meant to be committed: a seed with a record is
 read, not retrained, an interrupted run resumes, and a record or run whose config differs from

@@ -1,5 +1,5 @@
-"""Test-wide settings: 8 simulated CPU devices, a private Trifeature cache, and the
-repository on sys.path.
+"""Test-wide settings: 8 simulated CPU devices, a private Trifeature cache, a compilation cache
+shared by the session and its subprocesses, and the repository on sys.path.
 
 Tests that are not about sharding build their mesh over one device; the
 8 devices serve the one-device-vs-many equivalence tests.
@@ -9,11 +9,19 @@ The device count is set through jax.config, not XLA_FLAGS, so subprocesses
 
 import os
 import sys
+import tempfile
 
 import jax
 import pytest
 
 jax.config.update("jax_num_cpu_devices", 8)
+# JAX's persistent compilation cache, one per test session: the many tests and subprocess runs
+# that compile the same tiny train step compile it once (cl_jax itself sets no cache).
+_COMPILATION_CACHE = tempfile.mkdtemp(prefix="cl_jax_test_xla_cache_")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILATION_CACHE
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:

@@ -278,3 +278,5 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
   assert cells[2] == "shape: ns - base (difference): 5.0 [2.5, 7.5], reproduced"
   assert cells[3:5] == ["**reproduced**", "6 of 8"]
   assert cells[5] == "`python -m cl_jax.study --study=pair`"
+  empty = study.claims_table([claim], [study.summarise(claim, {})], seeds=4).splitlines()[2]
+  assert "| not run yet | 0 of 8 |" in empty

@@ -24,7 +24,6 @@ The studies themselves live in cl_jax.studies; the command is cl_jax.study.
 
 import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
@@ -463,8 +462,8 @@ def markdown(study: Study, summary: dict) -> str:
 
 def claims_table(studies: Sequence[Study], summaries: Sequence[dict], seeds: int) -> str:
   """One markdown row per claim: the paper's result, every decisive comparison's estimate
-  [95% interval] and verdict, the claim's verdict, the records it rests on (of arms x seeds)
-  and the command that reruns it."""
+  [95% interval] and verdict, the claim's verdict ("not run yet" without a record), the
+  records it rests on (of arms x seeds) and the command that reruns it."""
   lines = [
       "| claim | the paper | measured here: estimate [95% interval], verdict | verdict | "
       "runs | command |",
@@ -478,9 +477,10 @@ def claims_table(studies: Sequence[Study], summaries: Sequence[dict], seeds: int
       est = _cell(c["interval"], 3 if c["kind"] == "slope" else _digits(c["metric"]))
       parts.append(f"{c['label']} ({c['kind']}): {est}, {c['verdict']}")
     done = sum(len(summary["arms"][a.name]["seeds"]) for a in s.arms)
+    verdict = f"**{summary['verdict']}**" if done else "not run yet"
     lines.append(
         f"| {s.paper}, {s.where}: {s.claim} | {s.paper_result} | {'; '.join(parts)} | "
-        f"**{summary['verdict']}** | {done} of {len(s.arms) * seeds} | "
+        f"{verdict} | {done} of {len(s.arms) * seeds} | "
         f"`python -m cl_jax.study --study={s.name}` |"
     )
   return "\n".join(lines) + "\n"
@@ -565,10 +565,3 @@ def run(
   records = read_records(study, seeds, results, extra)
   write_outputs(study, records, results)
   return summarise(study, records)
-
-
-def interval_or_nan(d: dict | None) -> tuple[float, float, float]:
-  """(mean, low, high) of an interval dict, NaNs for None."""
-  if d is None:
-    return math.nan, math.nan, math.nan
-  return d["mean"], d["low"], d["high"]

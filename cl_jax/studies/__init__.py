@@ -1,4 +1,5 @@
-"""The studies of cl_jax.study: the papers' claims, one file each, and the two grids.
+"""The studies of cl_jax.study: the papers' claims, one file each, the search for the setting
+of LooC's claim, and the two grids.
 
 A claim file states the paper, the figure or table, the claim in one sentence, the arms, the
 metric and the expected direction; cl_jax.analysis.study runs it and gives the verdict.
@@ -9,6 +10,7 @@ from cl_jax.studies import (
     ge_alpha,
     ge_nojitter,
     ge_queue,
+    looc_rotation_setting,
     recipe,
     robinson_difficulty,
     robinson_ifm,
@@ -28,4 +30,6 @@ CLAIMS = tuple(
         dicr_normstd,
     )
 )
-STUDIES = {s.name: s for s in (*CLAIMS, suppression.STUDY, recipe.STUDY)}
+STUDIES = {
+    s.name: s for s in (*CLAIMS, looc_rotation_setting.STUDY, suppression.STUDY, recipe.STUDY)
+}

@@ -1,0 +1,33 @@
+"""Where can rotation be read on Trifeature? The setting for Xiao et al. 2021's Table 1 claim.
+
+LooC's claim is about rotation information that a network keeps or loses, so it can only be
+tested where a network trained without rotation augmentation reads rotation well above chance
+(4 classes, 25%). On the default Trifeature images it does not: shapes are tilted by up to 45
+degrees and textures point anywhere, so a quarter turn leaves an image that the data could
+have shown anyway. This study measures, before the claim is tested, the rotation probe of
+plain MoCo-v2 (no rotation augmentation) and of the random-init network on four data settings:
+default, upright shapes (data.trifeature_max_angle 0), textures in one orientation
+(data.trifeature_texture_angle 0), and both. It has no expected direction: it chooses the
+setting in which the claim is then tested (README, "What the papers claim").
+"""
+
+from cl_jax.analysis.study import Study
+from cl_jax.studies.arms import MOCOV2, variant
+
+SETTINGS = {
+    "": {},
+    "_upright": {"data__trifeature_max_angle": 0.0},
+    "_texture0": {"data__trifeature_texture_angle": 0.0},
+    "_upright_texture0": {"data__trifeature_max_angle": 0.0, "data__trifeature_texture_angle": 0.0},
+}
+ARMS = tuple(
+    variant(MOCOV2, f"mocov2_rotprobe{suffix}", probe__rotation=True, **fields)
+    for suffix, fields in SETTINGS.items()
+)
+
+STUDY = Study(
+    name="looc_rotation_setting",
+    title="Rotation readout of MoCo-v2 without rotation augmentation, by Trifeature setting",
+    arms=ARMS,
+    metrics=("rotation", "random_init/rotation", "colour", "shape", "texture"),
+)
