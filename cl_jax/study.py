@@ -22,6 +22,7 @@ outputs from the records without training.
 """
 
 import ast
+import sys
 import time
 
 from absl import app, flags, logging
@@ -110,6 +111,12 @@ def main(argv):
       metrics.write_atomically(epath.Path(_RESULTS.value) / "claims.md", table)
     print("Verdicts:\n" + "\n".join("  " + verdict_line(m) for _, m in claims))
   print(f"study wall time {time.perf_counter() - start:.0f} s")
+  failed = [line for m in summaries for line in m.get("failed", ())]
+  if failed:
+    sys.exit(
+        "runs that failed (their logs are above; the rest of the study went on):\n  "
+        + "\n  ".join(failed)
+    )
 
 
 if __name__ == "__main__":

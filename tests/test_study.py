@@ -280,3 +280,20 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
   assert cells[5] == "`python -m cl_jax.study --study=pair`"
   empty = study.claims_table([claim], [study.summarise(claim, {})], seeds=4).splitlines()[2]
   assert "| not run yet | 0 of 8 |" in empty
+
+
+def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path):
+  calls, trainer = [], None
+
+  def train(arm_, seed, extra, directory, analyses):
+    if arm_.name == "base" and seed == 0:
+      raise study.RunFailed("arm base seed 0 failed: cl_jax.main ...")
+    return trainer(arm_, seed, extra, directory, analyses)
+
+  trainer = _fake_trainer(calls)
+  summary = study.run(
+      STUDY, 2, str(tmp_path / "runs"), str(tmp_path / "res"), study_fakes.TINY, train=train
+  )
+  assert summary["failed"] == ["arm base seed 0 failed: cl_jax.main ..."]
+  assert sorted(c[:2] for c in calls) == [("base", 1), ("ns", 0), ("ns", 1)]
+  assert summary["arms"]["base"]["seeds"] == [1] and summary["comparisons"][0]["seeds"] == [1]

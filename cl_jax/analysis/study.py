@@ -263,6 +263,10 @@ def collect(
 # Training.
 
 
+class RunFailed(UsageError):
+  """A run of the study (its training, probe or analysis) ended with an error."""
+
+
 def environment() -> dict:
   """What decides a run's arithmetic beside its config: the JAX version, XLA_FLAGS and the
   processor (its model and widest vector instructions): README "Reproducibility"."""
@@ -313,7 +317,7 @@ def train_subprocess(
   for cmd in commands:
     start = time.perf_counter()
     if subprocess.run(cmd).returncode != 0:
-      raise UsageError(f"arm {arm_.name} seed {seed} failed: {' '.join(cmd[1:])}")
+      raise RunFailed(f"arm {arm_.name} seed {seed} failed: {' '.join(cmd[1:])}")
     if cmd[:3] == main[:3]:
       wall_s = time.perf_counter() - start
   return wall_s
@@ -352,8 +356,10 @@ def ensure_record(
   wanted = sorted(set(analyses) | set(record["analyses"] if record else ()))
   log(f"{arm_.name} seed {seed}: {'analysing' if record else 'training'} in {directory}")
   wall_s = train(arm_, seed, extra, directory, wanted)
-  wall_s = record["wall_s"] if record else wall_s
+  previous = record
   record = collect(arm_, seed, config, directory, step, wall_s, wanted)
+  if previous is not None:  # an analysis added to a run recorded before
+    record.update(wall_s=previous["wall_s"], environment=previous["environment"])
   path.parent.mkdir(parents=True, exist_ok=True)
   metrics.write_atomically(path, json.dumps(record, indent=1))
   return record
@@ -542,18 +548,25 @@ def run(
     log: Callable[[str], None] = print,
 ) -> dict:
   """Records for every arm (or those in `only`) and seed 0 .. seeds - 1, trained where
-  missing, with the outputs rewritten after each new record; returns summarise()'s dict over
-  every record of the study's arms."""
+  missing, with the outputs rewritten after each new record. A run that fails (RunFailed) is
+  reported and the others go on. Returns summarise()'s dict over every record of the study's
+  arms, with "failed": one line per failed run."""
   names = [a.name for a in study.arms]
   unknown = [n for n in (only or ()) if n not in names]
   if unknown:
     raise UsageError(f"study {study.name} has no arm {unknown[0]}; its arms: {', '.join(names)}")
   chosen = [a for a in study.arms if only is None or a.name in only]
   read_records(study, seeds, results, extra)  # refuse a changed arm before any training
+  failed = []
   for a in chosen:
     for s in range(seeds):
       existed = record_path(results, a.name, s).exists()
-      record = ensure_record(a, s, workdir, results, extra, study.analyses, train, log)
+      try:
+        record = ensure_record(a, s, workdir, results, extra, study.analyses, train, log)
+      except RunFailed as e:
+        failed.append(str(e))
+        log(f"{study.name}: {e}")
+        continue
       if not existed:
         shown = ", ".join(
             f"{m} {record['metrics'][m]:.{_digits(m)}f}"
@@ -564,4 +577,4 @@ def run(
         write_outputs(study, read_records(study, seeds, results, extra), results)
   records = read_records(study, seeds, results, extra)
   write_outputs(study, records, results)
-  return summarise(study, records)
+  return {**summarise(study, records), "failed": failed}
