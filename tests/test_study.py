@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 
 from cl_jax import config_check
-from cl_jax.analysis import intervals, study
+from cl_jax.analysis import intervals, study, study_plot
 from cl_jax.analysis.intervals import NOT_RESOLVED, OPPOSITE, REPRODUCED, Interval
 from cl_jax.errors import UsageError
 from cl_jax.studies import CLAIMS, STUDIES
@@ -195,6 +195,14 @@ def test_slope_of_paired_gains_and_comparisons_without_records():
   out = study.compare(c, records)
   # Gains: seed 0: 1, 2 -> slope 1; seed 1: 2, 4 -> slope 2.
   assert out["seeds"] == [0, 1] and out["interval"]["mean"] == pytest.approx(1.5)
+  gains = study.Study(
+      "g", "g", tuple(study.arm(n, "configs/mocov2.py") for n in records), comparisons=(c,)
+  )
+  ax = study_plot.plot(gains, study.summarise(gains, records), records).axes[0]
+  dots = sorted(
+      float(y) for line in ax.lines for y in line.get_ydata() if len(line.get_ydata()) == 2
+  )
+  assert dots == [1.0, 2.0, 2.0, 4.0]  # each seed's gain over its baseline arm
   empty = study.compare(study.Comparison("d", "m", ("a1", "zz"), expect="decrease"), records)
   assert empty["interval"] is None and empty["verdict"] == NOT_RESOLVED
   with pytest.raises(ValueError, match="unknown arms"):

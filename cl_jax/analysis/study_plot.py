@@ -1,6 +1,7 @@
 """The PNG of a study (cl_jax.analysis.study): one panel per comparison, or per metric for a
 study without comparisons. A panel shows each arm's seeds as dots and their mean with its 95%
-t-interval as a bar; sweeps are drawn against the swept value, pairs side by side. The panel's
+t-interval as a bar (for a slope of gains, each seed's gain over its baseline arm); sweeps are
+drawn against the swept value, pairs side by side. The panel's
 title gives the comparison's estimate [interval] and verdict."""
 
 import math
@@ -14,16 +15,27 @@ from cl_jax.viz.png import save
 __all__ = ["plot", "save"]
 
 
-def _panel(ax, arms: list[str], xs: list[float], metric: str, records: dict) -> None:
-  for a, x in zip(arms, xs):
-    values = [r["metrics"][metric] for r in records.get(a, {}).values() if metric in r["metrics"]]
+def _values(records: dict, arm: str, metric: str, minus: str | None) -> list[float]:
+  """The arm's metric per seed, less the `minus` arm's at the same seed (a paired gain)."""
+  own = {s: r["metrics"][metric] for s, r in records.get(arm, {}).items() if metric in r["metrics"]}
+  if minus is None:
+    return list(own.values())
+  base = {
+      s: r["metrics"][metric] for s, r in records.get(minus, {}).items() if metric in r["metrics"]
+  }
+  return [v - base[s] for s, v in own.items() if s in base]
+
+
+def _panel(ax, arms, xs, metric: str, records: dict, minus=None) -> None:
+  for a, x, m in zip(arms, xs, minus or [None] * len(arms)):
+    values = _values(records, a, metric, m)
     if not values:
       continue
     ax.plot([x] * len(values), values, "o", color="0.6", markersize=3)
     i = intervals.t_interval(values)
     err = None if math.isnan(i.low) else [[i.mean - i.low], [i.high - i.mean]]
     ax.errorbar([x], [i.mean], yerr=err, fmt="s", color="C0", capsize=4)
-  ax.set_ylabel(metric)
+  ax.set_ylabel(f"{metric} gain" if minus else metric)
   ax.grid(alpha=0.3)
 
 
@@ -46,7 +58,7 @@ def plot(study, summary: dict, records: dict) -> Figure:
         xs = [0.0, 1.0]
         ax.set_xticks(xs, c["arms"], fontsize=7)
         ax.set_xlim(-0.5, 1.5)
-      _panel(ax, c["arms"], xs, c["metric"], records)
+      _panel(ax, c["arms"], xs, c["metric"], records, c["minus"])
       est = "-" if c["interval"] is None else intervals.Interval(**c["interval"]).text(3)
       ax.set_title(f"{c['label']}\n{c['kind']} {est} {c['verdict'] or ''}", fontsize=8)
   else:
