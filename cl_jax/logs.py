@@ -1,6 +1,7 @@
 """Quieting the libraries' absl warnings where cl_jax reports the condition itself."""
 
 import contextlib
+import logging as std_logging
 
 from absl import logging
 
@@ -15,3 +16,13 @@ def quiet():
     yield
   finally:
     logging.set_verbosity(level)
+
+
+def drop(phrase: str) -> None:
+  """Drop, from now on, the absl log records whose message contains `phrase` (a library's
+  note on a condition that cl_jax reports itself in its own words)."""
+
+  def keep(record) -> bool:
+    return phrase not in record.getMessage()
+
+  std_logging.getLogger("absl").addFilter(keep)

@@ -9,6 +9,12 @@ logging, checkpointing, probe, workers, length and learning rate). Ctrl-C lets
 a pending checkpoint save finish and prints how to resume. The probe runs once
 the run is finished (not after a --stop_at_step chunk).
 
+Stopping: Ctrl-C, SIGTERM (a scheduler's preemption, scancel or time limit) and
+the --stop_signal signal end the run at the end of its step with a checkpoint,
+print one line with the resume command, and exit with status 128 + the signal's
+number (130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1), what a shell or scheduler reads as
+"ended by that signal"; a requeued job resumes from that checkpoint.
+
 Multi-host: every process runs the same command with --multihost. The
 coordinator address, process count and process id are detected on Cloud TPU
 VMs, under SLURM and Open MPI, or from JAX_COORDINATOR_ADDRESS; elsewhere give
@@ -19,6 +25,7 @@ these implies --multihost). The workdir must then be storage every host sees.
 import multiprocessing
 import os
 import shlex
+import signal
 import sys
 
 import jax
@@ -26,6 +33,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from cl_jax import cli, startup, train
+from cl_jax.errors import UsageError
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -71,6 +79,13 @@ _STARTUP_TIMEOUT = flags.DEFINE_integer(
     "Seconds a multi-host process " "waits for all processes to join.",
     lower_bound=1,
 )
+_STOP_SIGNAL = flags.DEFINE_string(
+    "stop_signal",
+    None,
+    "A signal handled like SIGTERM besides it (e.g. USR1, for SLURM's "
+    "--signal=USR1@120): stop at the end of the step with a checkpoint and exit "
+    "with status 128 + its number.",
+)
 flags.mark_flag_as_required("config")
 
 
@@ -83,7 +98,25 @@ def default_workdir(config_arg: str) -> str:
 
 def _interrupted(e: train.Interrupted) -> str:
   command = shlex.join(["python", "-m", "cl_jax.main", *sys.argv[1:]])
-  return f"interrupted: saved a checkpoint at step {e.step}. Resume with: {command}"
+  what = (
+      "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
+  )
+  return f"{what}: saved a checkpoint at step {e.step}. Resume with: {command}"
+
+
+def _signal_number(name: str | None) -> int | None:
+  """The number of signal `name` (USR1, SIGUSR1 or 10), None for None; UsageError otherwise."""
+  if name is None:
+    return None
+  key = name.upper()
+  try:
+    if key.isdigit():
+      return int(signal.Signals(int(key)))
+    return int(signal.Signals[key if key.startswith("SIG") else "SIG" + key])
+  except (KeyError, ValueError):
+    raise UsageError(
+        f"--stop_signal={name} is not a signal name; give one such as USR1 or SIGUSR2"
+    ) from None
 
 
 def main(argv):
@@ -92,6 +125,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   with cli.report(train.TrainingDiverged):
+    stop_signal = _signal_number(_STOP_SIGNAL.value)
     if _MULTIHOST.value or any(v is not None for v in explicit):
       startup.initialize_distributed(*explicit, timeout_s=_STARTUP_TIMEOUT.value)
     config = _CONFIG.value
@@ -100,11 +134,15 @@ def main(argv):
     )
     try:
       last, total = train.pretrain(
-          config, workdir, stop_at_step=_STOP_AT.value, allow_config_change=_ALLOW_CHANGE.value
+          config,
+          workdir,
+          stop_at_step=_STOP_AT.value,
+          allow_config_change=_ALLOW_CHANGE.value,
+          stop_signal=stop_signal,
       )
     except train.Interrupted as e:
       print(_interrupted(e), file=sys.stderr, flush=True)
-      sys.exit(130)
+      sys.exit(128 + e.signum)
   lead = jax.process_index() == 0
   if last < total:
     if lead:

@@ -13,7 +13,8 @@ are stored in one of two layouts:
                                              zero-padded digits, so name order is step
                                              order; a write rewrites only the last one.
 
-read_metrics reads either (or both). A run resumed from the checkpoint at step S
+read_metrics reads either (or both), skipping with a warning a line that a crash
+or a full disk cut short (a resumed run removes it). A run resumed from the checkpoint at step S
 re-runs the steps after S, so the writer first drops the rows and TensorBoard
 events logged after S, and each step keeps exactly one training row.
 
@@ -28,6 +29,7 @@ keys).
 
 import json
 import os
+import sys
 
 import jax
 from etils import epath
@@ -159,9 +161,32 @@ def read_metrics(workdir: str) -> list[dict]:
   return list(merged.values())
 
 
+def _complete(line: str) -> bool:
+  """Whether `line` is a whole metrics row: a JSON object with a step."""
+  try:
+    row = json.loads(line)
+  except json.JSONDecodeError:
+    return False
+  return isinstance(row, dict) and isinstance(row.get("step"), int)
+
+
 def _lines(path: epath.Path) -> list[str]:
-  """The non-blank lines of `path`."""
-  return [line for line in path.read_text().splitlines() if line.strip()]
+  """The rows of `path` as lines. A line that is not a whole row (the last write of a run
+  that crashed or ran out of space mid-line) is left out with a warning on stderr naming
+  the file and line, so readers go on and a resumed run rewrites the file without it."""
+  lines = []
+  for number, line in enumerate(path.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    if _complete(line):
+      lines.append(line)
+    else:
+      print(
+          f"warning: {path}, line {number}: not a whole metrics row (a write cut short by a "
+          f"crash or a full disk): {line[:60]!r}; skipped",
+          file=sys.stderr,
+      )
+  return lines
 
 
 def _first_step(segment: epath.Path) -> int:
@@ -176,7 +201,7 @@ def _segment_paths(root: epath.Path) -> list[epath.Path]:
 
 
 def _drop_rows_after(root: epath.Path, step: int) -> None:
-  """Remove every row with a step > `step` from both layouts under `root`.
+  """Remove every row with a step > `step`, and any torn line, from both layouts under `root`.
 
   Later segments are deleted newest first and the straddling file is replaced
   atomically, so a crash at any point keeps every row up to `step`.
@@ -188,9 +213,8 @@ def _drop_rows_after(root: epath.Path, step: int) -> None:
   training = [s for s in kept if s.stem.isdigit()]  # append_row's one-row segments never straddle
   for path in [root / METRICS_FILE] + training[-1:]:
     if path.exists():
-      lines = _lines(path)
-      keep = [l for l in lines if json.loads(l)["step"] <= step]
-      if len(keep) < len(lines):
+      keep = [l for l in _lines(path) if json.loads(l)["step"] <= step]
+      if "".join(l + "\n" for l in keep) != path.read_text():  # later rows, or a torn one
         write_atomically(path, "".join(l + "\n" for l in keep))
 
 

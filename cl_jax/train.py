@@ -12,13 +12,18 @@ steps a lean variant of the step runs, without the statistics nobody reads
 (score statistics, health signals, gradient norms). At each logging
 step the embeddings' health signals (cl_jax.health) are checked against the
 `health` thresholds: a collapse is reported on the console and in
-workdir/warnings.log, and logged as the scalar health/collapsed. The first Ctrl-C
-stops the run at the end of its step with a checkpoint and raises Interrupted.
+workdir/warnings.log, and logged as the scalar health/collapsed. A stop request
+(the first Ctrl-C, SIGTERM, or a chosen extra signal such as SIGUSR1) stops the
+run at the end of its step with a checkpoint and raises Interrupted; in a
+multi-process run all processes stop at the same step (JAX's preemption sync
+point), whichever of them was signalled. The run holds the workdir's writer
+lock (cl_jax.workdir_lock) from before its first write to its end.
 """
 
 import contextlib
 import functools
 import math
+import os
 import signal
 import threading
 import time
@@ -37,10 +42,12 @@ from cl_jax import (
     health,
     knn_eval,
     linear_probe,
+    logs,
     optim,
     parallel,
     run_config,
     summary,
+    workdir_lock,
 )
 from cl_jax import queue as queue_lib
 from cl_jax import train_step as step_lib
@@ -57,35 +64,73 @@ class TrainingDiverged(RuntimeError):
 
 
 class Interrupted(KeyboardInterrupt):
-  """Ctrl-C stopped the run after step `step`, saved as a checkpoint (a KeyboardInterrupt,
-  so callers that do not report it still stop as on Ctrl-C)."""
+  """A stop request ended the run after step `step`, saved as a checkpoint; `signum` is the
+  signal that asked for it (SIGINT for Ctrl-C, SIGTERM or the extra preemption signal).
+  A KeyboardInterrupt, so callers that do not report it still stop as on Ctrl-C."""
 
-  def __init__(self, step: int):
+  def __init__(self, step: int, signum: int = signal.SIGINT):
     super().__init__(step)
     self.step = step
+    self.signum = signum
+
+
+def _multiprocess() -> bool:
+  """Whether this process is one of several joined by jax.distributed."""
+  return jax.process_count() > 1
 
 
 @contextlib.contextmanager
-def _interruptible():
-  """Inside, the first Ctrl-C only sets the yielded flag (the loop then stops at the end
-  of its step and saves); a second one raises KeyboardInterrupt. Outside the main
-  thread, where signal handlers cannot be set, Ctrl-C is left alone."""
+def _stop_requests(extra_signal: int | None = None):
+  """Inside, a stop request only records its signal in the yielded list; the loop then
+  stops at the end of its step with a checkpoint (see _stop_due).
+
+  SIGINT (Ctrl-C): the first is recorded, a second raises KeyboardInterrupt. SIGTERM
+  (what schedulers send first on preemption, scancel, a time limit) and
+  `extra_signal` (e.g. SIGUSR1 for SLURM's --signal): recorded, repeats ignored.
+  In a multi-process run SIGTERM belongs to JAX's preemption service, which agrees
+  on one step for all processes whichever was signalled; SIGINT and `extra_signal`
+  are handed to it as SIGTERM. Outside the main thread, where handlers cannot be
+  set, signals are left alone.
+  """
   requested = []
   if threading.current_thread() is not threading.main_thread():
     yield requested
     return
 
   def handler(signum, frame):
-    del signum, frame
-    if requested:
+    del frame
+    if signum == signal.SIGINT and signal.SIGINT in requested:
       raise KeyboardInterrupt
-    requested.append(True)
+    if signum not in requested:
+      requested.append(signum)
+      if _multiprocess():
+        os.kill(os.getpid(), signal.SIGTERM)  # to JAX's preemption notifier
 
-  previous = signal.signal(signal.SIGINT, handler)
+  if _multiprocess():
+    logs.drop("Reached preemption sync point")  # orbax's note; the stop line says it
+  handled = [signal.SIGINT] + ([] if _multiprocess() else [signal.SIGTERM])
+  if extra_signal is not None and extra_signal not in handled:
+    handled.append(extra_signal)
+  previous = {s: signal.signal(s, handler) for s in handled}
   try:
     yield requested
   finally:
-    signal.signal(signal.SIGINT, previous)
+    for s, h in previous.items():
+      signal.signal(s, h)
+
+
+def _stop_due(requested: list[int], step: int) -> int | None:
+  """The signal to stop for after `step`, or None to go on. One process stops at its next
+  step end; in a multi-process run every process stops at the step JAX's preemption
+  service agreed on (it must be asked at every step), answering SIGTERM for the
+  processes that were not signalled themselves."""
+  if not _multiprocess():
+    return requested[0] if requested else None
+  from jax.experimental import multihost_utils
+
+  if multihost_utils.reached_preemption_sync_point(step):
+    return requested[0] if requested else signal.SIGTERM
+  return None
 
 
 def steps_per_epoch(num_records: int, batch_size: int) -> int:
@@ -197,15 +242,27 @@ def pretrain(
     workdir: str,
     stop_at_step: int | None = None,
     allow_config_change: bool = False,
+    stop_signal: int | None = None,
 ) -> tuple[int, int]:
   """Pretrain (or resume) in `workdir`; returns (last step taken, total steps).
 
   With `stop_at_step`, this call stops (with a checkpoint) once the run has
-  reached that step; calling again continues the same run. A resume with a
-  changed config is refused unless every change is in run_config.CHANGEABLE and
-  `allow_config_change` is set.
+  reached that step; calling again continues the same run (a step the run has
+  already reached is a UsageError). A resume with a changed config is refused
+  unless every change is in run_config.CHANGEABLE and `allow_config_change` is
+  set. The run holds the workdir's writer lock (cl_jax.workdir_lock) throughout.
+  A stop request (Ctrl-C, SIGTERM, `stop_signal`) ends it at the end of its step
+  with a checkpoint and raises Interrupted.
   """
   check_workdir(workdir)
+  taken_over = []
+  with workdir_lock.hold(workdir, warn=taken_over.append):
+    return _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, taken_over)
+
+
+def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, lock_notes):
+  """pretrain's body, run while holding the writer lock; `lock_notes` are the lock's
+  warnings, reported once the run's log is open."""
   mesh = parallel.make_mesh()
   config_check.validate(config, num_devices=mesh.devices.size)
   changes = resume_changes(config, workdir, allow_config_change)
@@ -234,7 +291,15 @@ def pretrain(
   make_iterator = functools.partial(pipeline.make_iterator, data, config.data.workers)
   state, it, norm0, damaged = _restore_or_init(workdir, make_state, make_iterator, mesh, keys)
   start = int(state.step)
+  if stop_at_step is not None and stop_at_step <= start:
+    it.close()
+    raise UsageError(
+        f"--stop_at_step={stop_at_step} is at or below the step this run has reached "
+        f"({start} of {total}): nothing to do; give a later step to continue"
+    )
   progress = Progress(total, start, enabled=lead)
+  for line in lock_notes:
+    report_warning(line, workdir, progress)
   for step, reason, path in damaged:
     report_warning(
         f"checkpoint {step} in {workdir} cannot be read ({reason}); moved to {path} "
@@ -280,7 +345,8 @@ def pretrain(
         f"{len(knn_ctx.train_src)} images (the probe's train split)"
     )
   done = start
-  with _interruptible() as interrupted:
+  stop = None
+  with _stop_requests(stop_signal) as requested:
     try:
       t_last = time.perf_counter()
       step_last, collapsed_logs = start, 0
@@ -304,7 +370,8 @@ def pretrain(
             t_last, step_last = now, done
           else:
             t_last += now - t_compile
-        saved = done % config.train.checkpoint_every == 0 or done == end or bool(interrupted)
+        stop = _stop_due(requested, done)
+        saved = done % config.train.checkpoint_every == 0 or done == end or stop is not None
         if not (logged or saved):
           continue
         finite, norm = (float(x) for x in jax.device_get(_state_check(metrics["loss"], state)))
@@ -340,15 +407,15 @@ def pretrain(
           checkpoint.save(
               manager, state, it, {**meta, "param_norm": norm, "loss": float(metrics["loss"])}
           )
-        if interrupted:
+        if stop is not None:
           break
     finally:
       progress.close()
       writer.close()
       manager.wait_until_finished()
       it.close()  # stops the input workers and frees their shared memory
-  if interrupted:
-    raise Interrupted(done)
+  if stop is not None:
+    raise Interrupted(done, stop)
   return max(start, end), total
 
 

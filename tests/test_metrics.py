@@ -191,3 +191,36 @@ def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
   assert os.listdir(tmp_path) == ["backbone.safetensors"]
   with open(path, "rb") as f:
     assert f.read() == b"old"
+
+
+@pytest.mark.parametrize("appendable", [True, False])
+def test_torn_last_line_is_skipped_by_readers_and_dropped_on_resume(
+    tmp_path, monkeypatch, capsys, appendable
+):
+  """A crash or a full disk in the middle of a write leaves a partial last line: every reader
+  skips it with a warning naming the file and line, and the resumed writer removes it."""
+  monkeypatch.setattr(metrics, "SEGMENT_ROWS", 100)
+  writer = metrics.MetricWriter(str(tmp_path), start_step=0, appendable=appendable)
+  for step in (1, 2, 3):
+    writer.write(step, {"loss": float(step)})
+  writer.close()
+  path = (
+      tmp_path / metrics.METRICS_FILE
+      if appendable
+      else tmp_path / metrics.SEGMENTS_DIR / "0000000001.jsonl"
+  )
+  with open(path, "a") as f:
+    f.write('{"step": 4, "loss": 4.')  # cut off mid-number, no newline
+  assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1, 2, 3]
+  err = capsys.readouterr().err
+  assert f"warning: {path}, line 4: not a whole metrics row" in err and "skipped" in err
+  # The resume from the checkpoint at step 2 cuts the later row and the torn line.
+  writer = metrics.MetricWriter(str(tmp_path), start_step=2, appendable=appendable)
+  writer.write(3, {"loss": 30.0})
+  writer.write(4, {"loss": 40.0})
+  writer.close()
+  capsys.readouterr()
+  rows = metrics.read_metrics(str(tmp_path))
+  assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+  assert capsys.readouterr().err == ""  # nothing torn is left
+  assert path.read_text().endswith("\n")
