@@ -14,6 +14,7 @@ falls back to the newest one that restores, and `set_aside` moves the damaged
 ones out of the way (never deleting them).
 """
 
+import contextlib
 import dataclasses
 import logging as std_logging
 import os
@@ -25,13 +26,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from cl_jax import logs
+from cl_jax import logs, workdir_lock, write_faults
 from cl_jax.errors import UsageError
 
 DAMAGED_DIR = "checkpoints_damaged"
 
 
-def _directory(workdir: str) -> epath.Path:
+def directory(workdir: str) -> epath.Path:
+  """The checkpoints folder of `workdir` (absolute, or a URL)."""
   root = str(workdir)
   return epath.Path(root if "://" in root else os.path.abspath(root)) / "checkpoints"
 
@@ -55,16 +57,16 @@ def make_manager(workdir: str, keep: int = 2, *, read_only: bool = False) -> ocp
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True)
   with logs.quiet():
     return ocp.CheckpointManager(
-        _directory(workdir), options=options, item_names=("state", "data", "meta")
+        directory(workdir), options=options, item_names=("state", "data", "meta")
     )
 
 
 def steps_on_disk(workdir: str) -> list[int]:
   """Steps of the finished checkpoint folders in `workdir`/checkpoints (read without orbax)."""
-  directory = _directory(workdir)
-  if not directory.exists():
+  folder = directory(workdir)
+  if not folder.exists():
     return []
-  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
 def save(manager: ocp.CheckpointManager, state, data_iterator, meta: dict) -> None:
@@ -135,6 +137,7 @@ def restore_encoder(workdir: str, init_variables, step: int | None = None) -> tu
   """(step, {"params", "batch_stats"}) of the online encoder in checkpoint `step` (default: the
   latest) of the run in `workdir`, laid out as `init_variables()` returns them (only its
   jax.eval_shape is taken); UsageError when the run has no checkpoint."""
+  workdir_lock.note_if_training(workdir, step)
   manager = make_manager(workdir, read_only=True)
   restored = restore_variables(manager, jax.eval_shape(init_variables), step)
   if restored is None:
@@ -195,6 +198,33 @@ def _drop_aborted_read_logs(record) -> bool:
 _ABORTED_READ_LOGGERS = ("absl", "asyncio")
 
 
+@contextlib.contextmanager
+def quiet_failed_saves():
+  """Inside, the error logs and unraisable-exception reports that a failed asynchronous
+  save leaves behind (orbax's writer threads, their asyncio tasks) are dropped: the
+  failure itself reaches the caller from save() or wait_until_finished(), which
+  report it once. When the block raises, the filters stay for the rest of the process
+  (the failed writes' tasks report when they are collected, up to exit)."""
+  hook = sys.unraisablehook
+  loggers = [std_logging.getLogger(name) for name in _ABORTED_READ_LOGGERS]
+  for logger in loggers:
+    logger.addFilter(_drop_failed_save_logs)
+  sys.unraisablehook = _quiet_aborted_reads
+  yield  # on an exception, the filters stay: the failed writes report on until exit
+  sys.unraisablehook = hook
+  for logger in loggers:
+    logger.removeFilter(_drop_failed_save_logs)
+
+
+def _drop_failed_save_logs(record) -> bool:
+  """Log filter: False (drop) for orbax's error logs and for the error logs that word a
+  write fault (asyncio's "Future exception was never retrieved" of a failed write)."""
+  return _drop_aborted_read_logs(record) and not (
+      record.levelno >= std_logging.ERROR
+      and write_faults.reason_in_text(record.getMessage()) is not None
+  )
+
+
 def restore_intact(
     manager: ocp.CheckpointManager, template, make_iterator
 ) -> tuple[Restored | None, list[tuple[int, str]]]:
@@ -231,11 +261,25 @@ def restore_intact(
   return None, damaged
 
 
+def remove_unfinished(workdir: str) -> list[str]:
+  """Delete the temporary folders of saves that never finished (orbax's
+  <step>.orbax-checkpoint-tmp*) from `workdir`/checkpoints; their paths."""
+  folder = directory(workdir)
+  if not folder.exists():
+    return []
+  removed = []
+  for path in folder.iterdir():
+    if ".orbax-checkpoint-tmp" in path.name:
+      path.rmtree()
+      removed.append(str(path))
+  return removed
+
+
 def set_aside(workdir: str, step: int) -> str:
   """Move the checkpoint folder of `step` to `workdir`/checkpoints_damaged/<step>[.n]
   (kept for inspection, out of the way of the steps the run saves next); its new path."""
-  source = _directory(workdir) / str(step)
-  target_dir = _directory(workdir).parent / DAMAGED_DIR
+  source = directory(workdir) / str(step)
+  target_dir = directory(workdir).parent / DAMAGED_DIR
   target_dir.mkdir(parents=True, exist_ok=True)
   target, n = target_dir / str(step), 1
   while target.exists():

@@ -5,7 +5,8 @@
 directory has no such file (so the commands work from any directory), and turns
 every flag error (a missing config file, an unknown config field, a value of the
 wrong type) into one line on stderr, with a "did you mean" hint for misspelt
-fields. `report` turns the exceptions of bad input into one line each.
+fields. `report` turns the exceptions of bad input, and write faults, into one line
+each.
 """
 
 import contextlib
@@ -15,7 +16,7 @@ import sys
 
 from absl import flags
 
-from cl_jax import run_config
+from cl_jax import run_config, write_faults
 from cl_jax.errors import UsageError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,8 +105,10 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def report(*expected: type[BaseException]):
-  """Turn UsageError (and the `expected` exception types) into one error line and exit 1."""
+  """Turn UsageError, a write fault (no space, read-only, no permission: cl_jax.write_faults)
+  and the `expected` exception types into one error line and exit 1."""
   try:
-    yield
+    with write_faults.guard("an output file", "its folder"):
+      yield
   except (UsageError, *expected) as e:
     sys.exit(f"error: {e}")

@@ -29,7 +29,7 @@ import jax
 import ml_collections
 from etils import epath
 
-from cl_jax import checkpoint, linear_probe, metrics, run_config
+from cl_jax import checkpoint, linear_probe, metrics, run_config, write_faults
 from cl_jax.errors import UsageError
 
 SUITES = ("robustness", "transfer", "fewshot")
@@ -88,6 +88,7 @@ def run(workdir: str, suite: str, step: int | None = None, data_dir: str | None 
   module = _suite(suite)
   config = run_config.read(workdir)
   data_dir = data_dir or config.data.get("data_dir", "")
+  write_faults.check_writable(workdir, f"the {suite} report")
   probe = linear_probe.setup(config)
   step, variables = checkpoint.restore_encoder(workdir, probe.init_variables, step)
   where = workdir if "://" in workdir else os.path.abspath(workdir)

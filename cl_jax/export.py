@@ -31,7 +31,7 @@ import safetensors.numpy
 from absl import app, flags, logging
 from etils import epath
 
-from cl_jax import checkpoint, cli, parallel, run_config
+from cl_jax import checkpoint, cli, parallel, run_config, write_faults
 from cl_jax.data import photometric
 from cl_jax.errors import UsageError
 from cl_jax.export_torchvision import arch_name, torchvision_state_dict
@@ -120,6 +120,9 @@ def export(workdir: str, fmt: str, step: int | None = None, out: str | None = No
         "safetensors state dict for torchvision's ResNet, flax a msgpack of the Flax variables"
     )
   config = run_config.read(workdir)
+  write_faults.check_writable(
+      os.path.dirname(os.path.abspath(out)) if out else f"{workdir}/export", "the export"
+  )
   encoder = encoder_for(config)
   if fmt == "torchvision" and encoder.backbone.stages != 4:
     raise UsageError(

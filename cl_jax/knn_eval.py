@@ -9,7 +9,15 @@ import os
 import jax
 from etils import epath
 
-from cl_jax import checkpoint, knn_classifier, linear_probe, metrics, parallel, run_config
+from cl_jax import (
+    checkpoint,
+    knn_classifier,
+    linear_probe,
+    metrics,
+    parallel,
+    run_config,
+    write_faults,
+)
 from cl_jax.errors import UsageError
 
 
@@ -52,6 +60,7 @@ def run(workdir: str, step=None, k: int = 200, temperature: float = 0.1, baselin
   if temperature <= 0:
     raise UsageError(f"--temperature must be positive, got {temperature}")
   config = run_config.read(workdir)
+  write_faults.check_writable(workdir, "the kNN report")
   ctx = linear_probe.setup(config)
   if k > len(ctx.train_src):
     raise UsageError(f"--k={k} exceeds the memory bank's {len(ctx.train_src)} images")

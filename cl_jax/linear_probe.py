@@ -39,7 +39,7 @@ import optax
 import tqdm
 from etils import epath
 
-from cl_jax import checkpoint, config_check, metrics, parallel, run_config
+from cl_jax import checkpoint, config_check, metrics, parallel, run_config, write_faults
 from cl_jax.data import photometric, pipeline, sources
 from cl_jax.data.rotated_source import RotatedSource
 from cl_jax.errors import UsageError
@@ -461,6 +461,7 @@ def run(
     raise UsageError(
         f"probe protocol must be one of {config_check.PROBE_PROTOCOLS}, " f"got {protocol!r}"
     )
+  write_faults.check_writable(workdir, "the probe report")
   ctx = setup(config)
   step, variables = checkpoint.restore_encoder(workdir, ctx.init_variables, step)
   size = config.data.image_size

@@ -52,17 +52,20 @@ class MetricWriter:
 
   def __init__(self, workdir: str, start_step: int = 0, appendable: bool | None = None):
     self._active = jax.process_index() == 0
+    self._root = epath.Path(workdir)
+    self._appendable = "://" not in str(workdir) if appendable is None else appendable
     if not self._active:
       return
     from tensorboardX import SummaryWriter
 
-    root = epath.Path(workdir)
+    root = self._root
     root.mkdir(parents=True, exist_ok=True)
     _drop_rows_after(root, start_step)
     # A SessionLog.START event at purge_step: TensorBoard drops the events of the earlier
     # event files at steps >= purge_step (on a fresh start, all of them).
-    self._tb = SummaryWriter(str(root / "tb"), purge_step=start_step + 1)
-    self._appendable = "://" not in str(workdir) if appendable is None else appendable
+    # A queue that never fills: if the writer thread dies (a full disk), add_scalar must
+    # not block; the trainer reports the thread's fault at its next logging step.
+    self._tb = SummaryWriter(str(root / "tb"), purge_step=start_step + 1, max_queue=1 << 30)
     if self._appendable:
       self._jsonl = (root / METRICS_FILE).open("a", encoding="utf-8")
     else:
@@ -71,6 +74,11 @@ class MetricWriter:
       segments = [s for s in _segment_paths(root) if s.stem.isdigit()]  # not append_row's
       self._segment = segments[-1] if segments else None
       self._lines = _lines(self._segment) if self._segment else []
+
+  @property
+  def path(self) -> str:
+    """Where the rows go: metrics.jsonl, or the segments folder."""
+    return str(self._root / (METRICS_FILE if self._appendable else SEGMENTS_DIR))
 
   def write(self, step: int, scalars: dict[str, float]) -> None:
     """Record `scalars` (name -> float) at `step`."""

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -48,6 +49,7 @@ from cl_jax import (
     run_config,
     summary,
     workdir_lock,
+    write_faults,
 )
 from cl_jax import queue as queue_lib
 from cl_jax import train_step as step_lib
@@ -256,8 +258,52 @@ def pretrain(
   """
   check_workdir(workdir)
   taken_over = []
-  with workdir_lock.hold(workdir, warn=taken_over.append):
-    return _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, taken_over)
+  with write_faults.guard("the writer lock", workdir):  # e.g. a read-only workdir
+    with workdir_lock.hold(workdir, warn=taken_over.append):
+      with write_faults.guard("the run's files", workdir, lambda: after_write_fault(workdir)):
+        return _pretrain(
+            config, workdir, stop_at_step, allow_config_change, stop_signal, taken_over
+        )
+
+
+def after_write_fault(workdir: str) -> str:
+  """Remove the unfinished save a write fault left and say what the run can resume from."""
+  checkpoint.remove_unfinished(workdir)
+  steps = checkpoint.steps_on_disk(workdir)
+  kept = (
+      f"The last intact checkpoint is step {steps[-1]}; it and the logs are as they were"
+      if steps
+      else "No checkpoint was saved"
+  )
+  return f"{kept}: free space or fix the permissions, then run the same command to resume"
+
+
+def _checkpoint_named(e: BaseException) -> str:
+  """'checkpoint N' for the save whose folder an orbax error names, else 'a checkpoint'."""
+  found = re.search(r"checkpoints/(\d+)\.orbax-checkpoint-tmp", str(e))
+  return f"checkpoint {found.group(1)}" if found else "a checkpoint"
+
+
+def _raise_thread_fault(faults: list, workdir: str) -> None:
+  """Raise the first write fault that ended a background writer thread (TensorBoard's
+  event writer is the only one the loop does not wait on) as a WriteFault."""
+  if faults:
+    with write_faults.guard("the TensorBoard events", f"{workdir}/tb"):
+      raise faults[0]
+
+
+def _close_all(closers, failing: bool) -> None:
+  """Call every closer in order. When the run is already failing, their own errors are
+  dropped (the first failure is the one to report); otherwise the first is raised once
+  all have run."""
+  first = None
+  for close in closers:
+    try:
+      close()
+    except Exception as e:
+      first = first or e
+  if first is not None and not failing:
+    raise first
 
 
 def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, lock_notes):
@@ -346,7 +392,13 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
     )
   done = start
   stop = None
-  with _stop_requests(stop_signal) as requested:
+  # it.close() stops the input workers and frees their shared memory.
+  closers = (progress.close, writer.close, manager.wait_until_finished, it.close)
+  with (
+      _stop_requests(stop_signal) as requested,
+      checkpoint.quiet_failed_saves(),
+      write_faults.in_threads() as thread_faults,
+  ):
     try:
       t_last = time.perf_counter()
       step_last, collapsed_logs = start, 0
@@ -398,22 +450,27 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
               scalars, config.health.min_std_sqrt_d, config.health.min_rank
           )
           scalars["health/collapsed"] = float(warning is not None)
-          writer.write(done, scalars)
+          _raise_thread_fault(thread_faults, workdir)
+          with write_faults.guard("the metrics log", writer.path):
+            writer.write(done, scalars)
           notice, collapsed_logs = collapse_notice(warning, collapsed_logs, scalars)
           if lead and notice is not None:
             report_warning(f"step {done}: {notice}", workdir, progress)
           progress.log(done, scalars)
         if saved:
-          checkpoint.save(
-              manager, state, it, {**meta, "param_norm": norm, "loss": float(metrics["loss"])}
-          )
+          with write_faults.guard(_checkpoint_named, checkpoint.directory(workdir)):
+            checkpoint.save(
+                manager, state, it, {**meta, "param_norm": norm, "loss": float(metrics["loss"])}
+            )
         if stop is not None:
           break
-    finally:
-      progress.close()
-      writer.close()
-      manager.wait_until_finished()
-      it.close()  # stops the input workers and frees their shared memory
+    except BaseException:
+      _close_all(closers, failing=True)
+      raise
+    else:
+      with write_faults.guard(_checkpoint_named, checkpoint.directory(workdir)):
+        _close_all(closers, failing=False)
+      _raise_thread_fault(thread_faults, workdir)
   if stop is not None:
     raise Interrupted(done, stop)
   return max(start, end), total

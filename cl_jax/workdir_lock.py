@@ -170,13 +170,13 @@ def hold(workdir: str, warn=lambda line: print(line, file=sys.stderr)):
       _release(fd)
 
 
-def note_if_training(workdir: str, what: str) -> None:
-  """Print one line when a trainer still holds `workdir` (a read-only job `what` then reads
-  its newest finished checkpoint); nothing otherwise."""
+def note_if_training(workdir: str, step: int | None = None) -> None:
+  """Print one line on stderr when a trainer still holds `workdir`: a read-only job then
+  reads checkpoint `step`, or the newest finished one (None); nothing otherwise."""
   who = holder(workdir)
   if who is not None and jax.process_index() == 0:
+    which = "its newest finished checkpoint" if step is None else f"its checkpoint {step}"
     print(
-        f"{what}: the run in {workdir} is still training ({who}); reading its newest "
-        "finished checkpoint",
+        f"note: the run in {workdir} is still training ({who}); reading {which}",
         file=sys.stderr,
     )

@@ -72,13 +72,17 @@ def test_url_workdir_is_not_locked_and_says_so(tmp_path):
 
 
 def test_read_only_jobs_are_told_the_run_is_training(tmp_path, capsys):
-  workdir_lock.note_if_training(str(tmp_path), "probe")
+  workdir_lock.note_if_training(str(tmp_path))
   assert capsys.readouterr().err == ""
   with workdir_lock.hold(str(tmp_path)):
-    workdir_lock.note_if_training(str(tmp_path), "probe")
-  err = capsys.readouterr().err.strip()
-  assert err.startswith(f"probe: the run in {tmp_path} is still training (pid {os.getpid()} ")
-  assert err.endswith("reading its newest finished checkpoint") and "\n" not in err
+    workdir_lock.note_if_training(str(tmp_path))
+    workdir_lock.note_if_training(str(tmp_path), step=12)
+  newest, given = capsys.readouterr().err.strip().splitlines()
+  assert newest.startswith(f"note: the run in {tmp_path} is still training (pid {os.getpid()} ")
+  assert newest.endswith("reading its newest finished checkpoint")
+  assert given.endswith("reading its checkpoint 12")
+  workdir_lock.note_if_training(str(tmp_path))  # released: silent again
+  assert capsys.readouterr().err == ""
 
 
 def test_lock_is_held_until_the_block_ends_even_on_error(tmp_path):

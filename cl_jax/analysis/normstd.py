@@ -24,7 +24,7 @@ from absl import app, flags, logging
 from etils import epath
 from matplotlib.figure import Figure
 
-from cl_jax import checkpoint, cli, run_config
+from cl_jax import checkpoint, cli, run_config, write_faults
 from cl_jax.analysis import dispersion, one_vs_rest
 from cl_jax.data import sources
 from cl_jax.errors import UsageError
@@ -202,6 +202,7 @@ def run(
   """Analyse the checkpoint `step` (default: the latest) of the run in `workdir` and the same
   network at random initialisation; write and print the outputs; return the report."""
   config = run_config.read(workdir)
+  write_faults.check_writable(out or f"{workdir}/normstd", "the NormStd report")
   scale = tuple(config.data.crop_scale) if crop_scale is None else tuple(crop_scale)
   if len(scale) != 2 or not 0.0 < scale[0] <= scale[1] <= 1.0:
     raise UsageError(f"crop_scale must be two areas 0 < a <= b <= 1, got {crop_scale}")

@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 from matplotlib.figure import Figure
 
-from cl_jax import checkpoint, parallel, run_config, train
+from cl_jax import checkpoint, parallel, run_config, train, workdir_lock
 from cl_jax import train_step as step_lib
 from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric, pipeline, sources
@@ -138,6 +138,7 @@ def collect(
         f"need at least one batch and one bin; got batches={batches}, " f"num_bins={num_bins}"
     )
   config = run_config.read(workdir)
+  workdir_lock.note_if_training(workdir, step)
   manager = checkpoint.make_manager(workdir, read_only=True)
   if not manager.all_steps():
     raise NoCheckpoint(f"{workdir} holds no checkpoint")

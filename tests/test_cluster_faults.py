@@ -1,0 +1,230 @@
+"""Runs that survive a cluster, in subprocesses of the tiny run: SIGTERM and a chosen extra
+signal stop at a step end with a checkpoint and resume bit for bit, a second trainer on the
+workdir is refused while the first finishes unharmed, a chunk that is already reached says
+so, a torn metrics line neither stops a resume nor the viz command, and a write fault (a
+full disk, a file size limit, a read-only file system) stops in one line with nothing lost
+and resumes exactly once it is gone."""
+
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from cl_jax import metrics
+from tests import preemption_trials as trials
+from tests import tiny_run
+
+pytestmark = pytest.mark.slow  # subprocess runs: minutes
+
+ROOT = trials.ROOT
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """(final train state, seconds) of the tiny run never stopped."""
+  workdir = tmp_path_factory.mktemp("straight")
+  started = time.time()
+  done = trials.run(workdir)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return trials.final_state(workdir), time.time() - started
+
+
+@pytest.mark.parametrize(
+    "sig,fraction",
+    [(signal.SIGTERM, 0.1), (signal.SIGTERM, 0.45), (signal.SIGUSR1, 0.3)],
+    ids=["term-early", "term-mid", "usr1"],
+)
+def test_stop_signal_saves_and_resumes_bit_for_bit(tmp_path, reference, sig, fraction):
+  state, seconds = reference
+  extra = () if sig == signal.SIGTERM else ("--stop_signal=USR1",)
+  got = trials.trial(tmp_path / "run", fraction * seconds, sig, state, *extra)
+  assert all(got["checks"].values()), (got, got["resume_stderr"])
+  if got["status"] != 0:  # it was stopped before its end
+    name = signal.Signals(sig).name
+    assert got["line"].startswith(f"stopped by {name}: saved a checkpoint at step ")
+    assert "Resume with: python -m cl_jax.main --workdir=" in got["line"]
+
+
+def test_second_writer_is_refused_and_the_first_finishes(tmp_path, reference):
+  state, _ = reference
+  workdir = tmp_path / "run"
+  first = subprocess.Popen(
+      trials.command(workdir),
+      cwd=ROOT,
+      env=tiny_run.env(),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
+  deadline = time.time() + 600
+  while time.time() < deadline and not trials.steps(workdir):
+    time.sleep(0.02)
+  second = trials.run(workdir)
+  assert second.returncode == 1
+  assert second.stderr.strip().count("\n") == 0 and "Traceback" not in second.stderr
+  assert f"is in use by another training run (pid {first.pid} on host " in second.stderr
+  _, err = first.communicate(timeout=600)
+  assert first.returncode == 0, err[-3000:]
+  rows = [r["step"] for r in metrics.read_jsonl(workdir / "metrics.jsonl")]
+  assert rows == list(range(1, trials.TOTAL + 1))
+  assert trials.same_state(trials.final_state(workdir), state)
+
+
+def test_stop_at_a_reached_step_says_so_and_fails(tmp_path):
+  workdir = tmp_path / "run"
+  chunk = trials.run(workdir, "--stop_at_step=8")
+  assert chunk.returncode == 0, chunk.stderr[-3000:]
+  again = trials.run(workdir, "--stop_at_step=8")
+  assert again.returncode == 1
+  assert again.stderr.strip() == (
+      "error: --stop_at_step=8 is at or below the step this run has reached (8 of 48): "
+      "nothing to do; give a later step to continue"
+  )
+  assert trials.steps(workdir)[-1] == 8
+
+
+def test_torn_metrics_line_resumes_and_viz_reads(tmp_path, reference):
+  state, _ = reference
+  workdir = tmp_path / "run"
+  chunk = trials.run(workdir, "--stop_at_step=8")
+  assert chunk.returncode == 0, chunk.stderr[-3000:]
+  with open(workdir / "metrics.jsonl", "a") as f:
+    f.write('{"step": 9, "loss": 7.')  # a write cut short
+  viz = subprocess.run(
+      [sys.executable, "-m", "cl_jax.viz", str(workdir)],
+      cwd=ROOT,
+      env=tiny_run.env(),
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+  assert viz.returncode == 0, viz.stderr[-3000:]
+  assert "line 9: not a whole metrics row" in viz.stderr and "Traceback" not in viz.stderr
+  resumed = trials.run(workdir)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "line 9: not a whole metrics row" in resumed.stderr
+  rows = [r["step"] for r in metrics.read_jsonl(workdir / "metrics.jsonl")]
+  assert rows == list(range(1, trials.TOTAL + 1))
+  assert trials.same_state(trials.final_state(workdir), state)
+  assert not os.path.exists(workdir / "metrics.jsonl.tmp")
+
+
+def _limited_file_size(limit: int):
+  """preexec_fn: files of at most `limit` bytes (a larger write fails with EFBIG)."""
+
+  def apply():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+  return apply
+
+
+def test_file_size_limit_stops_in_one_line_and_resumes_exactly(tmp_path, reference):
+  """A write fault every machine can make: files larger than the process's file size limit.
+  A save fails: one line, no tmp folder, and the same command without the limit runs to
+  the state of the run that never failed."""
+  state, _ = reference
+  workdir = tmp_path / "run"
+  failed = subprocess.run(
+      trials.command(workdir),
+      cwd=ROOT,
+      env=tiny_run.env(),
+      capture_output=True,
+      text=True,
+      timeout=600,
+      preexec_fn=_limited_file_size(400_000),
+  )
+  assert failed.returncode == 1
+  assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr, failed.stderr[-3000:]
+  line = failed.stderr.strip()
+  assert line.startswith("error: could not write ") and "the file is too large" in line, line
+  saved = trials.steps(workdir)
+  kept = (
+      f"The last intact checkpoint is step {saved[-1]}; it and the logs are as they were"
+      if saved
+      else "No checkpoint was saved"
+  )
+  assert line.endswith(
+      f"{kept}: free space or fix the permissions, then run the same command to resume"
+  )
+  assert not trials.tmp_folders(workdir)
+  resumed = trials.run(workdir)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  rows = [r["step"] for r in metrics.read_jsonl(workdir / "metrics.jsonl")]
+  assert rows == list(range(1, trials.TOTAL + 1))
+  assert trials.same_state(trials.final_state(workdir), state)
+
+
+@contextlib.contextmanager
+def _tmpfs(path, size: str):
+  """A tmpfs of `size` mounted at `path` (skips the test where mounting is not allowed)."""
+  os.makedirs(path, exist_ok=True)
+  mounted = subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", f"size={size}", f"cl_jax_{uuid.uuid4().hex[:8]}", path],
+      capture_output=True,
+      text=True,
+  )
+  if mounted.returncode != 0:
+    pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()[:100]})")
+  try:
+    yield path
+  finally:
+    subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+def _remount(path, options: str) -> None:
+  subprocess.run(["mount", "-o", f"remount,{options}", path], check=True)
+
+
+def test_full_disk_then_read_only_then_freed(tmp_path, reference):
+  """On a 3 MB file system the run fills the disk at a save: one line naming the last
+  intact checkpoint, nothing lost. Read-only, the trainer and the probe stop in one line
+  before any work. With space, the same command resumes to the uninterrupted state."""
+  state, _ = reference
+  with _tmpfs(str(tmp_path / "disk"), "3m") as disk:
+    workdir = os.path.join(disk, "run")
+    full = trials.run(workdir)
+    assert full.returncode == 1
+    assert full.stderr.count("\n") == 1 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    line = full.stderr.strip()
+    assert "no space left on the device (" in line and " free of 3." in line
+    last = trials.steps(workdir)[-1]
+    assert line.endswith(
+        f"The last intact checkpoint is step {last}; it and the logs are as they were: free "
+        "space or fix the permissions, then run the same command to resume"
+    )
+    assert not trials.tmp_folders(workdir)
+
+    _remount(disk, "ro")
+    refused = trials.run(workdir)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr[-3000:]
+    assert refused.stderr.startswith(
+        f"error: could not write the writer lock to {workdir}/writer.lock: the file system is "
+        "read-only"
+    )
+    probe = subprocess.run(
+        [sys.executable, "-m", "cl_jax.probe", f"--workdir={workdir}", "--baseline=false"],
+        cwd=ROOT,
+        env=tiny_run.env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert probe.returncode == 1 and probe.stderr.count("\n") == 1, probe.stderr[-3000:]
+    assert probe.stderr.startswith(
+        f"error: could not write the probe report to {workdir}: the file system is read-only ("
+    )
+
+    _remount(disk, "rw,size=60m")
+    resumed = trials.run(workdir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from the checkpoint at step {last} of 48" in resumed.stdout
+    rows = [r["step"] for r in metrics.read_metrics(workdir)]
+    assert rows == list(range(1, trials.TOTAL + 1))
+    assert trials.same_state(trials.final_state(workdir), state)

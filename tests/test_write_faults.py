@@ -1,0 +1,78 @@
+"""Write faults become one line naming what, where, why and the free space; others pass."""
+
+import errno
+import os
+import threading
+
+import pytest
+
+from cl_jax import write_faults
+
+
+def test_reason_reads_errno_and_the_systems_words():
+  assert write_faults.reason(OSError(errno.ENOSPC, "No space")) == "no space left on the device"
+  assert write_faults.reason(OSError(errno.EROFS, "x")) == "the file system is read-only"
+  tensorstore = ValueError(
+      'RESOURCE_EXHAUSTED: Error writing "params/0": Failed to write 501907 bytes to file 9: '
+      "No space left on device [os_error_code='28']"
+  )
+  assert write_faults.reason(tensorstore) == "no space left on the device"
+  try:  # a fault raised from inside another exception's handling
+    try:
+      raise OSError(errno.EACCES, "Permission denied")
+    except OSError:
+      raise RuntimeError("the save failed")
+  except RuntimeError as wrapped:
+    assert write_faults.reason(wrapped) == "permission denied"
+  assert write_faults.reason(ValueError("shapes (3,) and (4,) differ")) is None
+  assert write_faults.reason(OSError(errno.ENOENT, "No such file")) is None
+
+
+def test_guard_names_what_where_why_and_the_free_space(tmp_path):
+  target = tmp_path / "metrics.jsonl"
+  with pytest.raises(write_faults.WriteFault) as caught:
+    with write_faults.guard("the metrics log", str(tmp_path), lambda: "Resume later"):
+      raise OSError(errno.ENOSPC, "No space left on device", str(target))
+  line = str(caught.value)
+  assert line.startswith(f"could not write the metrics log to {target}: no space left on the")
+  assert " free of " in line and line.endswith(". Resume later") and "\n" not in line
+
+
+def test_guard_lets_other_errors_through_and_adds_advice_to_an_inner_fault(tmp_path):
+  with pytest.raises(KeyError):
+    with write_faults.guard("x", str(tmp_path)):
+      raise KeyError("a defect keeps its traceback")
+  called = []
+  with pytest.raises(write_faults.WriteFault, match=r"checkpoint 8 .*\. The last is 4$"):
+    with write_faults.guard("the run", str(tmp_path), lambda: called.append(1) or "The last is 4"):
+      with write_faults.guard(lambda e: "checkpoint 8", str(tmp_path)):
+        raise ValueError("Failed writing: No space left on device")
+  assert called == [1]
+
+
+def test_check_writable_fails_before_any_work(tmp_path, monkeypatch):
+  write_faults.check_writable(str(tmp_path / "new"), "the report")  # creates it, leaves no file
+  assert os.listdir(tmp_path / "new") == []
+
+  def read_only(*args, **kwargs):
+    raise OSError(errno.EROFS, "Read-only file system", args[0])
+
+  monkeypatch.setattr("builtins.open", read_only)
+  with pytest.raises(write_faults.WriteFault, match="could not write the report to .*read-only"):
+    write_faults.check_writable(str(tmp_path), "the report")
+
+
+def test_thread_write_faults_are_kept_and_others_passed_on(monkeypatch):
+  passed_on = []
+  monkeypatch.setattr(threading, "excepthook", lambda args: passed_on.append(args.exc_value))
+
+  def fail(error):
+    raise error
+
+  with write_faults.in_threads() as faults:
+    for error in (OSError(errno.ENOSPC, "No space left on device"), ValueError("a defect")):
+      thread = threading.Thread(target=fail, args=(error,))
+      thread.start()
+      thread.join()
+  assert len(faults) == 1 and faults[0].errno == errno.ENOSPC
+  assert [str(e) for e in passed_on] == ["a defect"]  # printed by the usual hook
