@@ -228,3 +228,60 @@ def test_full_disk_then_read_only_then_freed(tmp_path, reference):
     rows = [r["step"] for r in metrics.read_metrics(workdir)]
     assert rows == list(range(1, trials.TOTAL + 1))
     assert trials.same_state(trials.final_state(workdir), state)
+
+
+def _descendants(pid: int) -> set[int]:
+  """The live processes below `pid` (from /proc; zombies count as ended)."""
+  parents = {}
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat") as f:
+          fields = f.read().rsplit(")", 1)[1].split()
+      except OSError:
+        continue
+      if fields[0] != "Z":
+        parents.setdefault(int(fields[1]), []).append(int(entry))
+  found, todo = set(), [pid]
+  while todo:
+    for child in parents.get(todo.pop(), []):
+      found.add(child)
+      todo.append(child)
+  return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+  alive = set()
+  for pid in pids:
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+          alive.add(pid)
+    except OSError:
+      pass
+  return alive
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
+def test_input_workers_die_with_the_trainer(tmp_path, sig):
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen(
+      trials.command(workdir, "--config.data.workers=2"),
+      cwd=ROOT,
+      env=tiny_run.env(),
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
+  deadline = time.time() + 600
+  while time.time() < deadline and not trials.steps(workdir):
+    time.sleep(0.02)
+  children = _descendants(proc.pid)
+  assert len(children) >= 2, "the run has no input workers"  # 2 workers (+ resource tracker)
+  proc.send_signal(sig)  # to the trainer alone, as the OOM killer or a bare kill does
+  _, err = proc.communicate(timeout=600)
+  assert proc.returncode == (-9 if sig == signal.SIGKILL else 143), err[-2000:]
+  deadline = time.time() + 30
+  while _alive(children) and time.time() < deadline:
+    time.sleep(0.1)
+  assert not _alive(children), f"orphaned processes: {_alive(children)}"

@@ -35,7 +35,7 @@ import numpy as np
 import tqdm
 from absl import app, flags
 
-from cl_jax import cli
+from cl_jax import child_processes, cli
 from cl_jax.data import quilting, sources, tfds_source
 from cl_jax.data import texture_source as ts
 from cl_jax.errors import UsageError
@@ -216,8 +216,10 @@ def _write_shard(source, out_dir: str, meta: dict, j: int, on_image=None) -> Non
 _WORKER = {}  # in a worker process: its source and the queue of image counts
 
 
-def _init_worker(source, progress) -> None:
-  """Worker process start-up: keeps the (pickled) source and the progress queue."""
+def _init_worker(source, progress, parent_pid: int) -> None:
+  """Worker process start-up: keeps the (pickled) source and the progress queue, and dies
+  with the parent whatever kills it (cl_jax.child_processes)."""
+  child_processes.die_with_parent(parent_pid)
   _WORKER.update(source=source, progress=progress)
 
 
@@ -244,7 +246,7 @@ def _run_pool(source, out_dir: str, meta: dict, todo: list[int], workers: int, b
       min(workers, len(todo)),
       mp_context=context,
       initializer=_init_worker,
-      initargs=(source, progress),
+      initargs=(source, progress, os.getpid()),
   )
   try:
     pending = {pool.submit(_worker_shard, out_dir, meta, j) for j in todo}

@@ -13,11 +13,14 @@ random choice is a function of (seed, epoch, position in the stream), so the
 iterator state saved in a checkpoint resumes the exact same stream.
 """
 
+import functools
+import os
 import signal
 
 import grain
 import numpy as np
 
+from cl_jax import child_processes
 from cl_jax.data import geometric, texture_source
 
 
@@ -94,10 +97,15 @@ def pretrain_dataset(
   return ds[process_index::process_count]
 
 
-def _ignore_ctrl_c(worker_index: int, worker_count: int) -> None:
-  """Input workers leave Ctrl-C to the main process, which stops the run cleanly."""
+def _init_worker(parent_pid: int, worker_index: int, worker_count: int) -> None:
+  """Input workers leave Ctrl-C to the main process, which stops the run cleanly, and die
+  with it whatever kills it (cl_jax.child_processes)."""
   del worker_index, worker_count
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  # A scheduler signals every process of the job: the trainer saves, and the workers must
+  # keep feeding it until it closes them (or dies, which kills them).
+  for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(stop, signal.SIG_IGN)
+  child_processes.die_with_parent(parent_pid)
 
 
 def make_iterator(ds: grain.MapDataset, workers: int):
@@ -105,7 +113,8 @@ def make_iterator(ds: grain.MapDataset, workers: int):
   it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=max(1, workers), prefetch_buffer_size=2))
   if workers > 0:
     it_ds = it_ds.mp_prefetch(
-        grain.MultiprocessingOptions(num_workers=workers), worker_init_fn=_ignore_ctrl_c
+        grain.MultiprocessingOptions(num_workers=workers),
+        worker_init_fn=functools.partial(_init_worker, os.getpid()),
     )
   return iter(it_ds)
 
