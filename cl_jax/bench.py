@@ -30,7 +30,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from cl_jax import config_check, device_peaks, parallel, step_profile, train
+from cl_jax import cli, config_check, device_peaks, parallel, step_profile, train
 from cl_jax import train_step as step_lib
 from cl_jax.data import geometric
 
@@ -367,6 +367,9 @@ def main(argv):
     _compare_torch(config)
     return
   counts = [int(n) for n in _DEVICES.value]
+  with cli.report():  # bad input in one line here, before any child process starts
+    for n in counts:
+      config_check.validate(config, num_devices=n, reads_data=False)
   backend = jax.default_backend()
   available = jax.device_count()
   rows = []
@@ -432,4 +435,4 @@ def _main_with_input(argv):
 
 
 if __name__ == "__main__":
-  app.run(_main_with_input)
+  app.run(_main_with_input, flags_parser=cli.parse_flags)

@@ -18,6 +18,7 @@ import numpy as np
 from absl import app, flags
 from PIL import Image, ImageEnhance, ImageFilter
 
+from cl_jax import cli
 from cl_jax.data import geometric, photometric
 
 _SIZE = flags.DEFINE_integer("size", 224, "View size in pixels.")
@@ -64,4 +65,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

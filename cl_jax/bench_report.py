@@ -25,7 +25,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from cl_jax import bench_input
+from cl_jax import bench_input, cli
 
 PARTS = ("step", "torch", "jpeg")
 # MoCo-v2 ResNet-50 224 px bf16 on one H100: the speed target in img/s, and the factor over
@@ -231,4 +231,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -53,7 +53,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from cl_jax import config_check
+from cl_jax import cli, config_check
 from cl_jax.data import photometric
 from cl_jax.models.resnet import base_width
 
@@ -429,4 +429,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import os
 import sys
+import traceback
 
 from absl import flags
 
@@ -97,10 +98,31 @@ def parse_flags(argv: list[str]) -> list[str]:
   except UsageError as e:
     sys.exit(f"error: {e}")
   except Exception as e:  # absl and ml_collections raise several types for bad flags
+    if found is not None:
+      broken = _broken_config_file(_config_arg(argv)[1])
+      if broken is not None:
+        sys.exit(f"error: {broken}")
     hint = _unknown_field(argv, _config_arg(argv)[1]) if found is not None else None
     if hint is None and not isinstance(e, flags.Error):
       raise
     sys.exit(f"error: {hint or _one_line(e)}")
+
+
+def _broken_config_file(value: str) -> str | None:
+  """A one-line error if the config file of --config=PATH[:preset] itself fails to load (a
+  syntax error, a failing import, an unknown preset, an exception in get_config), with the
+  file's line; None if it loads."""
+  path = value.partition(":")[0]
+  try:
+    _load_config(value)
+  except SyntaxError as e:
+    return f"config file {path} has a syntax error at line {e.lineno}: {e.msg}"
+  except Exception as e:
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
+    where = f" at line {frames[-1].lineno}" if frames else ""
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"config file {path} fails to load{where}: {type(e).__name__}: {first}"
+  return None
 
 
 @contextlib.contextmanager

@@ -221,7 +221,14 @@ def validate(
 
   _choice(c, "model.depth", (18, 50))
   _choice(c, "model.stem", ("imagenet", "cifar"))
-  _float(c, "model.width_multiplier", 0.0, 16.0, lo_open=True)
+  width = _float(c, "model.width_multiplier", 0.0, 16.0, lo_open=True)
+  if (64 * width) != int(64 * width) or 64 * width < 1:
+    _fail(
+        "model.width_multiplier",
+        width,
+        f"64 x width_multiplier (the stem's channels) must be a positive integer, not "
+        f"{64 * width:g}; use e.g. 0.125, 0.25, 0.5, 1, 2",
+    )
   _int(c, "model.head_hidden_dim", 1)
   _int(c, "model.head_out_dim", 1)
   _int(c, "model.head_layers", 1, 3)

@@ -2,8 +2,8 @@
 
 python -m cl_jax.evaluate --workdir=W --suite=robustness|transfer|fewshot [--step=N]
     [--data_dir=D] [--datasets=a,b] [--protocol=P] [--image_folders=name=path,...]
-    [--corruptions=c,...] [--severities=1,...] [--shots=5,10] [--ways=0] [--episodes=10]
-    [--baseline=true]
+    [--bad_images=stop|skip] [--corruptions=c,...] [--severities=1,...] [--shots=5,10]
+    [--ways=0] [--episodes=10] [--baseline=true]
 
   robustness  the run's linear-probe classifier (python -m cl_jax.probe first) on shifted test
               sets: ImageNet-C (mCE normalised by AlexNet, Hendrycks & Dietterich 2019),
@@ -16,9 +16,11 @@ python -m cl_jax.evaluate --workdir=W --suite=robustness|transfer|fewshot [--ste
 
 Datasets are read from a prepared TFDS data_dir (default: the run config's data.data_dir) or,
 for those TFDS lacks, from an image folder; nothing is downloaded, and a missing dataset stops
-with the command that prepares it. The report is written to W/eval_<suite>_step<N>.json, its
-numbers join the run's metrics.jsonl and TensorBoard at step N (metrics.append_row), and the
-table is printed.
+with the command that prepares it. An unreadable image in a folder stops the command with a line
+naming it (--bad_images=stop, default), or is left out with a warning and listed in the report
+(--bad_images=skip, at the cost of one extra decode of every image at start). The report is
+written to W/eval_<suite>_step<N>.json, its numbers join the run's metrics.jsonl and TensorBoard
+at step N (metrics.append_row), and the table is printed.
 """
 
 import json
@@ -46,8 +48,8 @@ class EvalContext(NamedTuple):
       the features are computed on, the initial variables (random-init baseline).
     variables: the checkpoint's encoder variables {"params", "batch_stats"}.
     data_dir: the TFDS data directory the suite's datasets are read from.
-    options: the command's suite options (datasets, protocol, image_folders, shots, ways,
-      episodes, baseline), see `run`.
+    options: the command's suite options (datasets, protocol, image_folders, bad_images,
+      shots, ways, episodes, baseline), see `run`.
   """
 
   workdir: str
@@ -133,7 +135,7 @@ def options_from_flags(values: dict) -> dict:
         options[name] = tuple(int(s) for s in values[name].split(","))
       except ValueError:
         raise UsageError(f"--{name} takes integers such as 1,2, got {values[name]!r}") from None
-  for name in ("protocol", "ways", "episodes", "baseline"):
+  for name in ("protocol", "ways", "episodes", "baseline", "bad_images"):
     if values.get(name) is not None:
       options[name] = values[name]
   return options
@@ -165,6 +167,7 @@ def main(argv):
         "ways",
         "episodes",
         "baseline",
+        "bad_images",
     )
     options = options_from_flags({name: f[name].value for name in names})
     report = run(f.workdir, f.suite, f.step, f.data_dir, **options)
@@ -184,6 +187,14 @@ def _define_flags():
   flags.DEFINE_string("datasets", None, "Comma-separated datasets of the suite (default: all).")
   flags.DEFINE_string(
       "image_folders", None, "name=path,...: datasets read from image folders instead of TFDS."
+  )
+  flags.DEFINE_enum(
+      "bad_images",
+      "stop",
+      ["stop", "skip"],
+      "robustness, image folders: what an unreadable image (truncated, empty) does. stop: the "
+      "command stops with a line naming the file. skip: every image is decoded once at start "
+      "and the unreadable ones are left out, each named in a warning and listed in the report.",
   )
   flags.DEFINE_string("protocol", None, "Probe protocol (robustness: whose classifier; transfer).")
   flags.DEFINE_string("corruptions", None, "robustness: ImageNet-C corruptions (default all 15).")

@@ -92,9 +92,17 @@ def save_start(config: ml_collections.ConfigDict, workdir: str, step: int) -> No
 def read(workdir: str) -> ml_collections.ConfigDict:
   """The config of the latest start of the run in `workdir`."""
   path = epath.Path(workdir) / "config.json"
+  if not epath.Path(workdir).exists():
+    raise UsageError(f"workdir {workdir} does not exist: give the folder of a pretraining run")
   if not path.exists():
     raise UsageError(f"{path} not found: {workdir} holds no cl_jax pretraining run")
-  raw = json.loads(path.read_text())
+  try:
+    raw = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise UsageError(
+        f"{path} is not valid JSON ({e.msg} at line {e.lineno}): the run's config is damaged; "
+        f"restore it from a config.step<N>.json beside it"
+    ) from None
   for block, field in _TUPLES:
     if field in raw.get(block, {}):
       raw[block][field] = tuple(raw[block][field])

@@ -44,8 +44,14 @@ Options (OPTION VALUE or OPTION=VALUE):
 
 Arguments after -- go to python -m cl_jax.main unchanged, e.g. -- --config.optim.epochs=100
 
-The job is requeueable (--requeue); a requeued job, or sbatch <workdir>/$JOB_FILE submitted
-again, resumes from the workdir's latest checkpoint.
+The job is requeueable (--requeue). SIGUSR1, sent 120 s before the time limit
+(--signal=USR1@120), and SIGTERM, sent on preemption or scancel, make every process save a
+checkpoint at one step and exit 138 (SIGUSR1) or 143 (SIGTERM). On 138 the batch script
+requeues the job (scontrol requeue), which resumes from that checkpoint; a preempted job is
+requeued by SLURM itself (--requeue); scancel ends the job with its checkpoint saved. A finished
+run (0) or a failed one (any other status) is not requeued; sbatch <workdir>/$JOB_FILE submitted
+again resumes the same way. A second job on the same workdir is refused by the workdir's lock,
+and jobs of one name run one at a time (--dependency=singleton).
 EOF
 }
 
@@ -121,6 +127,9 @@ check_options() {
       --config | --config=* | --workdir | --workdir=* | --multihost | --nomultihost)
         die "'$arg' after -- is set by this script: use its --config / --workdir options"
         ;;
+      --stop_signal | --stop_signal=*)
+        die "'$arg' after -- is set by this script: the job stops on SIGUSR1 (#SBATCH --signal)"
+        ;;
     esac
   done
 }
@@ -150,6 +159,7 @@ EOF
 #SBATCH --output=$WORKDIR/slurm-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
+#SBATCH --signal=USR1@120
 #SBATCH --dependency=singleton
 # Written by launch/$PROG. A requeued or resubmitted job resumes from the newest checkpoint
 # in the workdir.
@@ -158,8 +168,26 @@ set -eo pipefail
 source $(quote_words "$VENV/bin/activate")
 set -u
 export JAX_LOCAL_DEVICE_IDS=$device_ids
+# SIGUSR1 (sent to the tasks 120 s before the time limit) and SIGTERM (preemption, scancel) make
+# every task save a checkpoint at one step and exit 138 or 143. This shell outlives both signals
+# while the tasks save. After the time-limit warning (138) it requeues the job, which resumes
+# from that checkpoint; SLURM requeues a preempted job itself, and scancel (143) ends the job.
+trap '' USR1
+trap 'echo "$JOB_FILE: SIGTERM: waiting for the tasks to save a checkpoint"' TERM
 srun --ntasks-per-node=1 --cpus-per-task="\$SLURM_CPUS_ON_NODE" --kill-on-bad-exit=1 \\
-  python -m cl_jax.main $(quote_words --multihost --config="$CONFIG" --workdir="$WORKDIR" "${EXTRA_ARGS[@]}")
+  python -m cl_jax.main $(quote_words --multihost --stop_signal=USR1 --config="$CONFIG" --workdir="$WORKDIR" "${EXTRA_ARGS[@]}") &
+srun_pid=\$!
+status=0
+wait "\$srun_pid" || status=\$?
+while kill -0 "\$srun_pid" 2>/dev/null; do  # a trapped signal ended wait early: wait again
+  status=0
+  wait "\$srun_pid" || status=\$?
+done
+if ((status == 138)); then
+  echo "$JOB_FILE: stopped with a checkpoint before the time limit: requeueing job \$SLURM_JOB_ID"
+  scontrol requeue "\$SLURM_JOB_ID" || true
+fi
+exit "\$status"
 EOF
 }
 

@@ -63,6 +63,15 @@ Options (OPTION VALUE or OPTION=VALUE):
 Arguments after -- go to python -m cl_jax.main unchanged, e.g. -- --config.optim.epochs=100
 
 Starting run again with the same --workdir resumes from the workdir's latest checkpoint.
+
+Preemption (--spot, --preemptible, or a Spot queued resource): the workers get SIGTERM when the
+VM is preempted, with a short grace period (about 30 s on Spot VMs). Every process stops at one
+step and saves a checkpoint to the gs:// workdir if the save fits in the grace period; otherwise
+the previous periodic checkpoint is the one kept (a half-written save never replaces it). The
+slice is gone (state PREEMPTED): delete it (all deletes it itself), then create, install and run,
+or all, with the same --workdir; the run resumes from its newest checkpoint. A preempted queued
+resource is not provisioned again: delete it and request a new one. A workdir on the VM's own
+disk goes with the VM: use gs:// on Spot and preemptible VMs.
 EOF
 }
 

@@ -24,6 +24,7 @@ def test_flag_values_become_suite_options():
           "episodes": None,
           "baseline": False,
           "protocol": None,
+          "bad_images": "skip",
       }
   )
   assert options == {
@@ -34,8 +35,10 @@ def test_flag_values_become_suite_options():
       "shots": (5, 10),
       "ways": 0,
       "baseline": False,
+      "bad_images": "skip",
   }
   assert evaluate.options_from_flags({}) == {}
+  assert evaluate.options_from_flags({"bad_images": "stop"}) == {"bad_images": "stop"}
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,10 @@ levels of quoting. Worker counts per accelerator type are Cloud TPU's published 
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -500,7 +502,10 @@ def split_dry_run(stdout):
 
 
 def parse_batch_script(script):
-  """(#SBATCH options, source tokens, exported variables, srun tokens) of a batch script."""
+  """(#SBATCH options, source tokens, exported variables, srun tokens) of a batch script.
+
+  The srun tokens leave out a trailing `&` (srun runs in the background).
+  """
   directives, exports, source, srun = {}, {}, None, None
   for line in script.replace("\\\n", " ").splitlines():
     if line.startswith("#SBATCH "):
@@ -513,6 +518,8 @@ def parse_batch_script(script):
       exports[name] = value
     elif line.startswith("srun "):
       srun = shlex.split(line)
+      if srun[-1] == "&":
+        srun.pop()
   return directives, source, exports, srun
 
 
@@ -540,6 +547,7 @@ def test_slurm_dry_run_prints_script_and_sbatch(bare_path, tmp_path):
       "--output": "/shared/runs/in100/slurm-%j.out",
       "--open-mode": "append",
       "--requeue": True,
+      "--signal": "USR1@120",
       "--dependency": "singleton",
   }
   assert source == ["source", "/shared/venvs/cl_jax/bin/activate"]
@@ -556,10 +564,13 @@ def test_slurm_dry_run_prints_script_and_sbatch(bare_path, tmp_path):
       "-m",
       "cl_jax.main",
       "--multihost",
+      "--stop_signal=USR1",
       "--config=configs/mocov2_patchns.py:imagenet100",
       "--workdir=/shared/runs/in100",
       *SLURM_EXTRA,
   ]
+  joined = script.replace("\\\n", " ").splitlines()
+  assert [line.endswith(" &") for line in joined if line.startswith("srun ")] == [True]
 
   job = tmp_path / "job.sh"
   job.write_text(script)
@@ -614,6 +625,104 @@ def test_slurm_submits_the_printed_script(tmp_path, bare_path):
   assert job_file.read_text() == split_dry_run(dry.stdout)[2]
 
 
+def batch_job(tmp_path, bare_path):
+  """(batch script path, env) to run the dry run's batch script in bash under tmp_path.
+
+  Stand-ins first on PATH: `srun` writes its arguments to srun_args, one per line, and exits
+  with $FAKE_SRUN_STATUS (after `release` appears when $FAKE_SRUN_WAIT is set, having written
+  `started`); `scontrol` appends its arguments to scontrol_calls.
+  """
+  fake_bin = tmp_path / "bin"
+  fake_bin.mkdir()
+  (fake_bin / "srun").write_text(
+      '#!/bin/sh\nprintf "%s\\n" "$@" > srun_args\n'
+      'if [ -n "$FAKE_SRUN_WAIT" ]; then\n'
+      "  : > started\n"
+      "  while [ ! -e release ]; do sleep 0.05; done\n"
+      "fi\n"
+      'exit "$FAKE_SRUN_STATUS"\n'
+  )
+  (fake_bin / "scontrol").write_text('#!/bin/sh\necho "$*" >> scontrol_calls\n')
+  for tool in ("srun", "scontrol"):
+    (fake_bin / tool).chmod(0o755)
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True)
+  (venv / "bin" / "activate").write_text("")
+  args = slurm_args(workdir=str(tmp_path / "run"), venv=str(venv))
+  dry = run_script(SLURM_SCRIPT, ["--dry-run", *args], bare_path, cwd=str(tmp_path))
+  assert dry.returncode == 0, dry.stderr
+  job = tmp_path / "slurm_job.sh"
+  job.write_text(split_dry_run(dry.stdout)[2])
+  env = {
+      "PATH": f"{fake_bin}{os.pathsep}{bare_path}",
+      "HOME": str(tmp_path),
+      "LANG": "C.UTF-8",
+      "SLURM_JOB_ID": "4242",
+      "SLURM_CPUS_ON_NODE": "16",
+  }
+  return job, env
+
+
+@pytest.mark.parametrize(
+    "srun_status,requeued", [(138, True), (143, False), (0, False), (1, False), (137, False)]
+)
+def test_slurm_batch_script_requeues_a_run_stopped_with_a_checkpoint(
+    tmp_path, bare_path, srun_status, requeued
+):
+  """The batch script, run by bash: srun's status 138 (stopped before the time limit) requeues
+  the job; 143 (scancel; SLURM requeues a preempted job itself), success and failures do not;
+  the script exits with srun's status either way. (#SBATCH --chdir is a comment to bash.)"""
+  job, env = batch_job(tmp_path, bare_path)
+  proc = subprocess.run(
+      ["bash", str(job)],
+      capture_output=True,
+      text=True,
+      env={**env, "FAKE_SRUN_STATUS": str(srun_status)},
+      cwd=str(tmp_path),
+      timeout=60,
+      check=False,
+  )
+  assert proc.returncode == srun_status, proc.stdout + proc.stderr
+  calls = tmp_path / "scontrol_calls"
+  assert (calls.read_text() if calls.exists() else "") == ("requeue 4242\n" if requeued else "")
+  _, _, _, srun = parse_batch_script(job.read_text())
+  srun_args = (tmp_path / "srun_args").read_text().splitlines()
+  assert srun_args == [a.replace("$SLURM_CPUS_ON_NODE", "16") for a in srun[1:]]
+
+
+def test_slurm_batch_script_outlives_sigterm_and_sigusr1_while_srun_runs(tmp_path, bare_path):
+  """SIGUSR1 and SIGTERM to the batch shell while srun runs: it keeps waiting for srun, then
+  requeues the job on srun's 138 and exits with it."""
+  job, env = batch_job(tmp_path, bare_path)
+  proc = subprocess.Popen(
+      ["bash", str(job)],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env={**env, "FAKE_SRUN_STATUS": "138", "FAKE_SRUN_WAIT": "1"},
+      cwd=str(tmp_path),
+  )
+  try:
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists():
+      assert proc.poll() is None and time.monotonic() < deadline, "srun did not start"
+      time.sleep(0.05)
+    for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGTERM):
+      proc.send_signal(signum)
+      time.sleep(0.2)
+      assert proc.poll() is None, f"the batch shell died of {signum.name}"
+    (tmp_path / "release").touch()
+    stdout, stderr = proc.communicate(timeout=30)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+  assert proc.returncode == 138, stdout + stderr
+  assert (tmp_path / "scontrol_calls").read_text() == "requeue 4242\n"
+  assert stdout.count("SIGTERM: waiting for the tasks to save a checkpoint") == 2
+  assert "requeueing job 4242" in stdout
+
+
 @pytest.mark.parametrize("missing", sorted(SLURM_OPTIONS))
 def test_slurm_missing_required_option_is_named(bare_path, missing):
   proc = run_script(SLURM_SCRIPT, ["--dry-run", *slurm_args(**{missing[2:]: None})], bare_path)
@@ -631,6 +740,7 @@ def test_slurm_missing_required_option_is_named(bare_path, missing):
         ({"config": "configs/missing.py"}, "configs/missing.py"),
         ({"repo": "/nonexistent/dir"}, "--repo"),
         ({"extra": ("--multihost",)}, "--multihost"),
+        ({"extra": ("--stop_signal=USR2",)}, "--stop_signal=USR2"),
     ],
 )
 def test_slurm_bad_value_is_named(bare_path, change, named):

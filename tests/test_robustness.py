@@ -367,6 +367,8 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
     for j, (image, wnid) in enumerate(zip(images, wnids)):
       _write_image(folder / wnid / f"{j}.png", image)
     _write_image(folder / "not_a_class" / "0.png", images[0])
+    empty = folder / wnids[0] / "empty.jpg"  # an unreadable image, left out with a warning
+    empty.write_bytes(b"")
     corruptions = ("gaussian_noise", "fog")
     want_errors = {}
     for c in corruptions:
@@ -382,6 +384,7 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
         "robustness",
         image_folders={"stylized_imagenet": str(folder)},
         corruptions=corruptions,
+        bad_images="skip",
     )
 
   assert any(matters)  # the unrestricted argmax would have scored differently
@@ -402,8 +405,11 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
   assert c["top1"] == pytest.approx(1 - np.mean([list(e.values()) for e in want_errors.values()]))
 
   assert report["step"] == STEP and report["protocol"] == "fast"
+  assert report["bad_images"] == "skip"
+  assert report["skipped_images"] == {"stylized_imagenet": [str(empty)]}  # TFDS sets: none
   saved = json.loads((workdir / f"eval_robustness_step{STEP}.json").read_text())
   assert saved["datasets"] == json.loads(json.dumps(datasets))
+  assert saved["skipped_images"] == {"stylized_imagenet": [str(empty)]}
   row = metrics.read_metrics(str(workdir))[-1]
   assert row["step"] == STEP
   assert row["robustness/imagenet_r/top1"] == pytest.approx(want["imagenet_r"])
@@ -411,6 +417,7 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
   assert "robustness/imagenet_c/mCE" not in row
   text = evaluate.table(report)
   assert "ImageNet-R" in text and "Stylized-ImageNet" in text and "gaussian_noise" in text
+  assert "Stylized-ImageNet: 1 unreadable image skipped" in text
 
 
 # Messages.
@@ -502,6 +509,8 @@ def test_unknown_options_are_refused(tmp_path):
     robustness.run(_context(tmp_path, tmp_path, datasets=("imagenet_v2",)))
   with pytest.raises(UsageError, match="--image_folders names"):
     robustness.run(_context(tmp_path, tmp_path, image_folders={"imagenet": "/x"}))
+  with pytest.raises(UsageError, match="bad_images must be one of stop, skip"):
+    robustness.run(_context(tmp_path, tmp_path, bad_images="ignore"))
 
 
 def test_no_data_dir_or_no_image_of_the_model_classes(tmp_path, imagenet):

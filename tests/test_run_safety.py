@@ -14,7 +14,7 @@ import jax
 import ml_collections
 import pytest
 
-from cl_jax import cli, linear_probe, metrics, run_config, train
+from cl_jax import cli, linear_probe, metrics, run_config, train, workdir_lock
 from cl_jax.data import tfds_source
 from cl_jax.errors import UsageError
 from configs import looc as looc_config
@@ -45,10 +45,11 @@ def _error_line(proc) -> str:
 
 
 def _snapshot(workdir) -> dict[str, bytes]:
-  """Every file of a run directory (path -> bytes)."""
+  """Every file of a run directory (path -> bytes) but the writer lock, which every start
+  takes (an empty file once released)."""
   out = {}
   for path in glob.glob(os.path.join(workdir, "**", "*"), recursive=True):
-    if os.path.isfile(path):
+    if os.path.isfile(path) and os.path.basename(path) != workdir_lock.LOCK_FILE:
       with open(path, "rb") as f:
         out[os.path.relpath(path, workdir)] = f.read()
   return out
@@ -284,7 +285,7 @@ def test_only_bad_input_becomes_one_line():
     with cli.report():
       raise ValueError("an internal bug")
   assert issubclass(tfds_source.DatasetNotFoundError, UsageError)
-  with pytest.raises(UsageError, match="holds no cl_jax pretraining run"):
+  with pytest.raises(UsageError, match="workdir /nonexistent/run does not exist"):
     linear_probe.run("/nonexistent/run")
 
 

@@ -6,17 +6,45 @@ one folder per corruption and severity, ImageNet-C): a picklable random-access s
 `tfds_source.TfdsSource`, whose label is the position of the image's class in `class_names`.
 Class folders not in `class_names` are skipped, which is how a dataset is restricted to the
 classes a model knows. Images are decoded with PIL (no TensorFlow).
+
+Unreadable images (a truncated JPEG, a zero-byte file, a file that is no image) are handled as
+`bad_images` says: "stop" (default) raises BadImageError, naming the file, when it is read;
+"skip" decodes every image once at construction and leaves the unreadable ones out, each named
+in a warning on stderr and listed in `skipped`. Nothing is ever silently replaced: PIL's
+LOAD_TRUNCATED_IMAGES stays off.
 """
 
+import concurrent.futures
 import os
+import sys
 from typing import Any
 
 import numpy as np
 import PIL.Image
 
 from cl_jax.data.tfds_source import DatasetNotFoundError
+from cl_jax.errors import UsageError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+BAD_IMAGES = ("stop", "skip")
+# What PIL raises for a file it cannot decode: UnidentifiedImageError (an OSError) for a file
+# it cannot identify (zero bytes, no image header), OSError for a truncated image ("image file
+# is truncated"), SyntaxError and ValueError for some broken headers, DecompressionBombError
+# for an image over twice Image.MAX_IMAGE_PIXELS.
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, PIL.Image.DecompressionBombError)
+CHECK_THREADS = 4  # threads of the "skip" check (PIL releases the GIL while it decodes)
+
+
+class BadImageError(UsageError):
+  """An image of an ImageFolderSource cannot be decoded; the message names the file, the
+  reason and the way on (remove or replace it, or --bad_images=skip)."""
+
+
+def check_bad_images(value: str) -> str:
+  """`value` if it is one of BAD_IMAGES, else UsageError naming them."""
+  if value not in BAD_IMAGES:
+    raise UsageError(f"bad_images must be one of {', '.join(BAD_IMAGES)}; got {value!r}")
+  return value
 
 
 def _class_files(root: str, class_name: str) -> list[str]:
@@ -28,21 +56,60 @@ def _class_files(root: str, class_name: str) -> list[str]:
   return [os.path.join(folder, n) for n in names if n.lower().endswith(IMAGE_EXTENSIONS)]
 
 
+def decode(path: str) -> np.ndarray:
+  """The image file `path` fully decoded, (H, W, 3) uint8 RGB (convert forces the load, so a
+  truncated file fails here); raises one of DECODE_ERRORS for an unreadable file."""
+  with PIL.Image.open(path) as image:
+    return np.asarray(image.convert("RGB"), np.uint8)
+
+
+def _reason(path: str, error: BaseException) -> str:
+  """Why `path` could not be decoded, in one line without the path."""
+  try:
+    empty = os.path.getsize(path) == 0
+  except OSError:
+    empty = False
+  if empty:
+    return "the file is empty (0 bytes)"
+  if isinstance(error, PIL.UnidentifiedImageError):
+    return "PIL cannot identify it as an image (not a JPEG or PNG, or cut short in its header)"
+  text = " ".join(str(error).split())
+  return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def unreadable(path: str) -> str | None:
+  """The reason `path` cannot be decoded (one line), or None if it decodes."""
+  try:
+    decode(path)
+  except DECODE_ERRORS as error:
+    return _reason(path, error)
+  return None
+
+
 class ImageFolderSource:
   """Random-access source over the images `<root>/<class>/*.{jpg,jpeg,png}` (any case).
 
   `source[i]` is {"image": (H, W, 3) uint8 RGB, "label": int}, the label being the position
   of the image's class folder in `class_names`; images are ordered by class, then file name.
+  `files` (N,) are the image paths and `labels` (N,) int64 their labels; `skipped` the
+  (path, reason) of the unreadable images left out (bad_images "skip"; empty with "stop").
   Pickling carries the file list, not the images.
   """
 
-  def __init__(self, root: str, class_names: list[str]):
+  def __init__(self, root: str, class_names: list[str], bad_images: str = "stop"):
     """Args: `root` the folder of class folders; `class_names` the C classes kept, in label
-    order (folders of other classes are skipped).
+    order (folders of other classes are skipped); `bad_images` what an unreadable image does:
+    "stop", `source[i]` of it raises BadImageError naming the file; "skip", every image is
+    decoded once here (the cost: one extra decode of every image at start, on CHECK_THREADS
+    threads) and the unreadable ones are left out of the source, each named in a line
+    `warning: skipped unreadable image <path>: <reason>` on stderr and kept in `skipped`.
 
     Raises:
-      DatasetNotFoundError: `root` is not a folder, or holds no image of `class_names`.
+      UsageError: `bad_images` is neither "stop" nor "skip".
+      DatasetNotFoundError: `root` is not a folder, or holds no image of `class_names`, or
+        (with "skip") no readable one.
     """
+    self.bad_images = check_bad_images(bad_images)
     if not os.path.isdir(root):
       raise DatasetNotFoundError(
           f"image folder {root!r} does not exist: expected <root>/<class>/<image>.jpg"
@@ -54,7 +121,6 @@ class ImageFolderSource:
       files = _class_files(root, name)
       self.files.extend(files)
       labels.extend([label] * len(files))
-    self.labels = np.asarray(labels, np.int64)
     if not self.files:
       found = sorted(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n)))
       raise DatasetNotFoundError(
@@ -63,6 +129,23 @@ class ImageFolderSource:
           f"<root>/<class>/<image> with extensions {', '.join(IMAGE_EXTENSIONS)} (any case); "
           f"found the folders {found[:5]}{' ...' if len(found) > 5 else ''}"
       )
+    self.skipped: list[tuple[str, str]] = []
+    if self.bad_images == "skip":
+      with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS) as pool:
+        reasons = list(pool.map(unreadable, self.files))
+      self.skipped = [(f, r) for f, r in zip(self.files, reasons) if r is not None]
+      for path, reason in self.skipped:
+        print(f"warning: skipped unreadable image {path}: {reason}", file=sys.stderr)
+      if len(self.skipped) == len(self.files):
+        path, reason = self.skipped[0]
+        raise DatasetNotFoundError(
+            f"none of the {len(self.files)} images of the {len(self.class_names)} classes in "
+            f"{root!r} can be read (the first, {path}: {reason})"
+        )
+      kept = [i for i, r in enumerate(reasons) if r is None]
+      self.files = [self.files[i] for i in kept]
+      labels = [labels[i] for i in kept]
+    self.labels = np.asarray(labels, np.int64)
 
   @property
   def num_classes(self) -> dict[str, int]:
@@ -74,8 +157,15 @@ class ImageFolderSource:
   def __getitem__(self, i: int) -> dict[str, Any]:
     if not 0 <= i < len(self):
       raise IndexError(f"index {i} out of range for a source of {len(self)} images")
-    with PIL.Image.open(self.files[i]) as image:
-      pixels = np.asarray(image.convert("RGB"), np.uint8)
+    path = self.files[i]
+    try:
+      pixels = decode(path)
+    except DECODE_ERRORS as error:
+      raise BadImageError(
+          f"cannot read image {path}: {_reason(path, error)}. Remove or replace the file, or "
+          "pass --bad_images=skip to leave unreadable images out (each is then named in a "
+          "warning and counted in the report)"
+      ) from error
     return {"image": pixels, "label": int(self.labels[i])}
 
   def __repr__(self) -> str:

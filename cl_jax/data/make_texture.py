@@ -165,6 +165,8 @@ def prepare_dir(out_dir: str, meta: dict) -> None:
   Raises:
     TextureDirMismatchError: out_dir holds meta.json of other arguments, or other files.
   """
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise UsageError(f"--out={out_dir} is a file; give a directory (new, or holding textures)")
   os.makedirs(out_dir, exist_ok=True)
   for name in os.listdir(out_dir):
     if name.startswith(".") and name.endswith(_TEMP_SUFFIX):

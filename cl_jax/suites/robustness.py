@@ -2,7 +2,7 @@
 
 python -m cl_jax.evaluate --workdir=W --suite=robustness [--step=N] [--protocol=P]
     [--datasets=imagenet_c,imagenet_r,imagenet_sketch,imagenet_a,stylized_imagenet]
-    [--data_dir=D] [--image_folders=imagenet_c=/path/to/ImageNet-C,...]
+    [--data_dir=D] [--image_folders=imagenet_c=/path/to/ImageNet-C,...] [--bad_images=skip]
 
 The model is the run's backbone at step N and the linear classifier its probe job trained on
 the pretraining classes (python -m cl_jax.probe --protocol=P first): ImageNet-100 (the sorted
@@ -19,6 +19,16 @@ It is evaluated on
                      folder <root>/<wnid>/<image> (github.com/rgeirhos/Stylized-ImageNet).
 Any of them can be read from the released image folders instead of TFDS (--image_folders;
 ImageNet-C as <root>/<corruption>/<severity>/<wnid>/*.JPEG, the others <root>/<wnid>/*).
+
+Unreadable images in a folder (a truncated JPEG, a zero-byte file). --bad_images=stop (default)
+stops the command at the first one with a line naming the file and the reason;
+--bad_images=skip decodes every image of the folders once before any feature is computed (one
+extra decode of every image) and leaves the unreadable ones out, each named in a warning on
+stderr. The report holds "bad_images" (the mode) and "skipped_images": {dataset: [paths left
+out]}, with an entry for every dataset read from an image folder (ImageNet-C's folders of all
+corruptions and severities together), an empty list when none was left out (always so under
+stop); the table names the datasets that lost images, and num_images counts the images
+scored. TFDS records are never skipped.
 
 Classes. A test set keeps the images whose WordNet id is among the model's classes (for -R and
 -A also among their 200 published ids), and an image is classified by the argmax of the logits
@@ -57,7 +67,7 @@ from etils import epath
 
 from cl_jax import linear_probe, logs
 from cl_jax.data import tfds_source
-from cl_jax.data.image_folder import ImageFolderSource
+from cl_jax.data.image_folder import ImageFolderSource, check_bad_images
 from cl_jax.errors import UsageError
 
 DATASETS = ("imagenet_c", "imagenet_r", "imagenet_sketch", "imagenet_a", "stylized_imagenet")
@@ -287,10 +297,13 @@ def _tfds_source(tfds_name: str, name: str, data_dir: str, kept: list[str], what
   )
 
 
-def _folder_source(root: str, kept: list[str], name: str, what: str) -> ImageFolderSource:
-  """The ImageFolderSource of `root` restricted to `kept`; its errors name `what`."""
+def _folder_source(
+    root: str, kept: list[str], name: str, what: str, bad_images: str = "stop"
+) -> ImageFolderSource:
+  """The ImageFolderSource of `root` restricted to `kept`, reading unreadable images as
+  `bad_images` says (image_folder.BAD_IMAGES); its errors name `what`."""
   try:
-    return ImageFolderSource(root, kept)
+    return ImageFolderSource(root, kept, bad_images)
   except tfds_source.DatasetNotFoundError as error:
     raise tfds_source.DatasetNotFoundError(
         f"{what} (--image_folders={name}=...): {error}. {TITLES[name]}'s layout is "
@@ -310,10 +323,13 @@ class _TestSet(NamedTuple):
   columns: np.ndarray
 
 
-def _open(ctx, names, corruptions, severities, model: list[str], imagenet: list[str]) -> list:
+def _open(
+    ctx, names, corruptions, severities, model: list[str], imagenet: list[str], bad_images: str
+) -> list:
   """Every test set of the requested datasets, opened (nothing computed yet), so that a
   missing or empty dataset stops the command at once; the missing ImageNet-C configs are
-  named together."""
+  named together. Image folders read unreadable images as `bad_images` says ("skip": they
+  are decoded here, once)."""
   folders = dict(ctx.options.get("image_folders") or {})
   unknown = sorted(set(folders) - set(DATASETS))
   if unknown:
@@ -337,7 +353,8 @@ def _open(ctx, names, corruptions, severities, model: list[str], imagenet: list[
         for s in severities:
           what = f"{TITLES[name]} {c} severity {s}"
           if name in folders:
-            source = _folder_source(os.path.join(folders[name], c, str(s)), kept, name, what)
+            root = os.path.join(folders[name], c, str(s))
+            source = _folder_source(root, kept, name, what, bad_images)
           else:
             try:
               tfds_name = f"imagenet2012_corrupted/{c}_{s}"
@@ -356,7 +373,7 @@ def _open(ctx, names, corruptions, severities, model: list[str], imagenet: list[
             f"{preparation_instructions(name, ctx.data_dir)}"
         )
     elif name in folders:
-      source = _folder_source(folders[name], kept, name, TITLES[name])
+      source = _folder_source(folders[name], kept, name, TITLES[name], bad_images)
       add(_TestSet(name, None, None, source, kept, columns), TITLES[name])
     elif name in TFDS_SPLITS:
       source = _tfds_source(TFDS_SPLITS[name][0], name, ctx.data_dir, kept, TITLES[name])
@@ -392,23 +409,27 @@ def _classifier(ctx, protocol: str, num_classes: int) -> tuple[linear_probe.Line
 
 def run(ctx) -> dict:
   """The suite on ctx (cl_jax.evaluate.EvalContext); options: protocol, datasets,
-  image_folders, corruptions and severities (ImageNet-C subsets; default all 15 x 5)."""
+  image_folders, bad_images ("stop" or "skip", default stop: module docstring), corruptions
+  and severities (ImageNet-C subsets; default all 15 x 5)."""
   opts = ctx.options
   protocol = opts.get("protocol") or ctx.config.probe.protocol
   names = _names(opts.get("datasets"), DATASETS, "--datasets")
   corruptions = _names(opts.get("corruptions"), CORRUPTIONS, "ImageNet-C corruptions")
   severities = _names(opts.get("severities"), SEVERITIES, "ImageNet-C severities")
+  bad_images = check_bad_images(opts.get("bad_images") or "stop")
   imagenet = imagenet_wnids(ctx.data_dir)
   model = model_wnids(ctx.config.data.name, imagenet)
   classifier, path = _classifier(ctx, protocol, len(model))
-  test_sets = _open(ctx, names, corruptions, severities, model, imagenet)
+  test_sets = _open(ctx, names, corruptions, severities, model, imagenet, bad_images)
 
   # ImageNet-C images are stored centre-cropped: resized to the model's size, not cropped again.
   uncropped = copy.deepcopy(ctx.probe.config)
   uncropped.data.eval_crop_fraction = 1.0
   uncropped_probe = ctx.probe._replace(config=uncropped)
-  datasets, errors = {}, {}
+  datasets, errors, skipped = {}, {}, {}
   for t in test_sets:
+    if isinstance(t.source, ImageFolderSource):
+      skipped.setdefault(t.name, []).extend(file for file, _ in t.source.skipped)
     desc = TITLES[t.name] + (f" {t.corruption} {t.severity}" if t.corruption else "")
     probe = uncropped_probe if t.name == "imagenet_c" else ctx.probe
     x, y = linear_probe.eval_features(probe, ctx.variables, t.source, desc, labels=("label",))
@@ -427,6 +448,8 @@ def run(ctx) -> dict:
       "pretraining_dataset": ctx.config.data.name,
       "model_classes": len(model),
       "datasets": datasets,
+      "bad_images": bad_images,
+      "skipped_images": skipped,
   }
 
 
@@ -466,6 +489,12 @@ def table(report: dict) -> str:
         f"  {TITLES[name]:<18} {_percent(entry['top1'], 8)} {entry['num_images']:>8} "
         f"{entry['num_classes']:>8}"
     )
+  for name, paths in report.get("skipped_images", {}).items():
+    if paths:
+      lines.append(
+          f"  {TITLES[name]}: {len(paths)} unreadable image{'s' if len(paths) > 1 else ''} "
+          "skipped (--bad_images=skip; listed in the report under skipped_images)"
+      )
   c = report["datasets"].get("imagenet_c")
   if c is not None:
     if c["mCE"] is None:
