@@ -26,10 +26,11 @@ from tests import tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 48 steps, a checkpoint every 4, the kNN monitor every 8 (so a signal can land in it).
+KNN_EVERY = 8
 EXTRA = (
     "--config.optim.epochs=6",
     "--config.train.checkpoint_every=4",
-    "--config.eval.knn_every=8",
+    f"--config.eval.knn_every={KNN_EVERY}",
     "--config.eval.knn_k=20",
     "--probe=false",
 )
@@ -114,11 +115,40 @@ def _phase(signalled_at: float, lines: list, workdir) -> str:
   return "step"
 
 
-def stop_once(workdir, delay_s: float, sig: int, *extra: str) -> dict:
-  """Start the run, send `sig` to its process `delay_s` seconds after its first checkpoint,
-  and wait for it to end: {status, stderr, phase (what the run was doing when signalled:
-  'knn' inside the kNN monitor, 'save' while an orbax tmp folder existed, else 'step'),
-  saved (the checkpoint step its line names, or None)}."""
+def _wait_for(moment: tuple, workdir, lines: list, proc) -> None:
+  """Return at `moment` of the run: ("delay", s) s seconds after its first checkpoint;
+  ("save", n) as soon as its n-th save is under way (an orbax tmp folder exists);
+  ("knn", k) just after the step before its k-th kNN evaluation was logged (the kNN
+  monitor runs at the end of every KNN_EVERY-th step)."""
+  kind, value = moment
+  deadline = time.time() + 600
+
+  def running() -> bool:
+    return time.time() < deadline and proc.poll() is None
+
+  if kind == "delay":
+    while running() and not steps(workdir):
+      time.sleep(0.01)
+    time.sleep(value)
+  elif kind == "save":
+    seen = set()
+    while running() and len(seen) < value:
+      seen.update(tmp_folders(workdir))
+      time.sleep(0.001)
+  elif kind == "knn":
+    before = f"step {KNN_EVERY * value - 1}/"
+    while running() and not any(line.startswith(before) for _, line in lines):
+      time.sleep(0.001)
+    time.sleep(0.1)  # into the next step (about 30 ms here), whose end runs the kNN (0.2-0.4 s)
+  else:
+    raise ValueError(f"unknown moment {moment}")
+
+
+def stop_once(workdir, moment: tuple, sig: int, *extra: str) -> dict:
+  """Start the run, send `sig` to its process at `moment` (_wait_for), and wait for it to
+  end: {status, stderr, phase (what the run was doing when signalled: 'knn' inside the kNN
+  monitor, 'save' while an orbax tmp folder existed, else 'step'), saved (the checkpoint
+  step its line names, or None)}."""
   proc = subprocess.Popen(
       command(workdir, *extra),
       cwd=ROOT,
@@ -130,10 +160,7 @@ def stop_once(workdir, delay_s: float, sig: int, *extra: str) -> dict:
   lines = []
   reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
   reader.start()
-  deadline = time.time() + 600
-  while time.time() < deadline and not steps(workdir) and proc.poll() is None:
-    time.sleep(0.01)
-  time.sleep(delay_s)
+  _wait_for(moment, workdir, lines, proc)
   saving = bool(tmp_folders(workdir))
   signalled_at = time.monotonic()
   proc.send_signal(sig)
@@ -149,10 +176,10 @@ def stop_once(workdir, delay_s: float, sig: int, *extra: str) -> dict:
   return {"status": proc.returncode, "stderr": err, "phase": phase, "saved": saved}
 
 
-def trial(workdir, delay_s: float, sig: int, reference: dict, *extra: str) -> dict:
-  """stop_once (with the `extra` flags), then the run's command again to the end; the
-  checks as booleans."""
-  stopped = stop_once(workdir, delay_s, sig, *extra)
+def trial(workdir, moment: tuple, sig: int, reference: dict, *extra: str) -> dict:
+  """stop_once at `moment` (with the `extra` flags), then the run's command again to the
+  end; the checks as booleans (a signal that came after the last step ends nothing)."""
+  stopped = stop_once(workdir, moment, sig, *extra)
   lines = stopped["stderr"].strip().splitlines()
   finished_early = stopped["status"] == 0  # the signal came after the last step
   after_stop = {
@@ -200,18 +227,26 @@ def main() -> None:
   run_s = time.time() - started
   reference = final_state(straight)
   rng = random.Random(args.seed)
-  print(f"reference run: {run_s:.0f} s; {args.trials} trials of {sig.name}, delays U[0, 0.8 x run]")
-  print("| trial | delay s | phase | exit | saved at | checks failed | stderr line |")
+  print(
+      f"reference run: {run_s:.0f} s; {args.trials} trials of {sig.name}, in turn at a "
+      "random moment of training (0-8 s after the first checkpoint), during the n-th save "
+      "(n in 1..10), and during the k-th kNN evaluation (k in 1..5)"
+  )
+  print("| trial | moment | phase | exit | saved at | checks failed | stderr line |")
   print("|---|---|---|---|---|---|---|")
   failed = 0
   for i in range(args.trials):
-    delay = rng.uniform(0, 0.8 * run_s)
+    moment = (
+        ("delay", round(rng.uniform(0, 8), 2)),
+        ("save", rng.randint(1, 10)),
+        ("knn", rng.randint(1, 5)),
+    )[i % 3]
     extra = () if sig == signal.SIGTERM else (f"--stop_signal={sig.name}",)
-    got = trial(os.path.join(root, f"trial{i}"), delay, sig, reference, *extra)
+    got = trial(os.path.join(root, f"trial{i}"), moment, sig, reference, *extra)
     bad = [k for k, ok in got["checks"].items() if not ok]
     failed += bool(bad)
     print(
-        f"| {i} | {delay:.1f} | {got['phase']} | {got['status']} | {got['saved']} | "
+        f"| {i} | {moment[0]} {moment[1]} | {got['phase']} | {got['status']} | {got['saved']} | "
         f"{', '.join(bad) or 'none'} | {got['line'][:90]} |",
         flush=True,
     )

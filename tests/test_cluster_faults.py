@@ -36,19 +36,24 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "sig,fraction",
-    [(signal.SIGTERM, 0.1), (signal.SIGTERM, 0.45), (signal.SIGUSR1, 0.3)],
-    ids=["term-early", "term-mid", "usr1"],
+    "sig,moment,phases",
+    [  # the kNN moment is aimed at by timing: a slower machine may land in the step before
+        (signal.SIGTERM, ("delay", 2.0), ("step", "save", "knn")),
+        (signal.SIGTERM, ("save", 3), ("save", "knn")),
+        (signal.SIGTERM, ("knn", 2), ("knn", "step", "save")),
+        (signal.SIGUSR1, ("delay", 1.0), ("step", "save", "knn")),
+    ],
+    ids=["term-step", "term-save", "term-knn", "usr1"],
 )
-def test_stop_signal_saves_and_resumes_bit_for_bit(tmp_path, reference, sig, fraction):
-  state, seconds = reference
+def test_stop_signal_saves_and_resumes_bit_for_bit(tmp_path, reference, sig, moment, phases):
+  state, _ = reference
   extra = () if sig == signal.SIGTERM else ("--stop_signal=USR1",)
-  got = trials.trial(tmp_path / "run", fraction * seconds, sig, state, *extra)
+  got = trials.trial(tmp_path / "run", moment, sig, state, *extra)
   assert all(got["checks"].values()), (got, got["resume_stderr"])
-  if got["status"] != 0:  # it was stopped before its end
-    name = signal.Signals(sig).name
-    assert got["line"].startswith(f"stopped by {name}: saved a checkpoint at step ")
-    assert "Resume with: python -m cl_jax.main --workdir=" in got["line"]
+  assert got["status"] == 128 + sig and got["phase"] in phases, got
+  name = signal.Signals(sig).name
+  assert got["line"].startswith(f"stopped by {name}: saved a checkpoint at step ")
+  assert "Resume with: python -m cl_jax.main --workdir=" in got["line"]
 
 
 def test_second_writer_is_refused_and_the_first_finishes(tmp_path, reference):
