@@ -158,6 +158,12 @@ def _write_atomically(path: str, write) -> None:
       os.remove(temp)
 
 
+def _check_out_dir(out_dir: str) -> None:
+  """UsageError if `out_dir` names an existing file (it must be a directory or not exist)."""
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise UsageError(f"--out={out_dir} is a file; give a directory (new, or holding textures)")
+
+
 def prepare_dir(out_dir: str, meta: dict) -> None:
   """Makes out_dir hold `meta`: writes meta.json into a new or empty directory, or checks the
   one there; removes temporary files that an interrupted job left behind.
@@ -165,8 +171,7 @@ def prepare_dir(out_dir: str, meta: dict) -> None:
   Raises:
     TextureDirMismatchError: out_dir holds meta.json of other arguments, or other files.
   """
-  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    raise UsageError(f"--out={out_dir} is a file; give a directory (new, or holding textures)")
+  _check_out_dir(out_dir)
   os.makedirs(out_dir, exist_ok=True)
   for name in os.listdir(out_dir):
     if name.startswith(".") and name.endswith(_TEMP_SUFFIX):
@@ -326,6 +331,7 @@ def make(
       raise UsageError(f"--{name} must be a positive integer, got {value}")
   if seed < 0:
     raise UsageError(f"--seed must be a non-negative integer, got {seed}")
+  _check_out_dir(out_dir)  # before the source is opened (rendering Trifeature takes a while)
   source = open_source(data, split)
   meta = texture_meta(data, split, source, size=size, shard_size=shard_size, seed=seed)
   prepare_dir(out_dir, meta)
