@@ -3,7 +3,8 @@
 A failed write raises in many shapes: an OSError from Python's own file calls, a
 ValueError or RuntimeError from orbax's writer threads carrying TensorStore's
 "RESOURCE_EXHAUSTED ... No space left on device", an object-store client's
-exception. `reason` recognises them by errno or by the system's own phrase, and
+exception (Forbidden, TooManyRequests, ...). `reason` recognises them by errno,
+by the client's exception class or by the system's own phrase, and
 `guard` turns them into a WriteFault (a UsageError, so the entry points print it
 as one line) that says what could not be written, where, the free space there
 when it is known, and what to do next. Any other exception passes unchanged.
@@ -40,6 +41,17 @@ _PHRASES = {
 }
 
 
+# Object-store client errors (google.api_core.exceptions, as gcsfs and google-cloud-storage
+# raise them), recognised by class name so that no client library need be imported.
+_STORE_ERRORS = {
+    "Forbidden": "the object store refused the write (403 Forbidden: check the permissions)",
+    "Unauthorized": "the object store refused the write (401 Unauthorized: check credentials)",
+    "TooManyRequests": "the object store throttled the writes (429 Too Many Requests)",
+    "ServiceUnavailable": "the object store was unavailable (503)",
+    "InsufficientStorage": "the object store has no space (507)",
+}
+
+
 class WriteFault(UsageError):
   """A write failed because of where it went (space, permissions, the store), not a defect."""
 
@@ -59,6 +71,8 @@ def reason(e: BaseException) -> str | None:
   for link in _chain(e):
     if isinstance(link, OSError) and link.errno in FAULT_ERRNOS:
       return FAULT_ERRNOS[link.errno]
+    if type(link).__name__ in _STORE_ERRORS:
+      return _STORE_ERRORS[type(link).__name__]
     words = reason_in_text(str(link))
     if words is not None:
       return words

@@ -24,6 +24,8 @@ def test_reason_reads_errno_and_the_systems_words():
       raise RuntimeError("the save failed")
   except RuntimeError as wrapped:
     assert write_faults.reason(wrapped) == "permission denied"
+  forbidden = type("Forbidden", (Exception,), {})  # google.api_core.exceptions.Forbidden's name
+  assert "403 Forbidden" in write_faults.reason(forbidden("POST https://storage...: 403"))
   assert write_faults.reason(ValueError("shapes (3,) and (4,) differ")) is None
   assert write_faults.reason(OSError(errno.ENOENT, "No such file")) is None
 
