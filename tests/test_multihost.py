@@ -45,29 +45,8 @@ def _free_port() -> int:
 
 def _two_processes(workdir, *extra) -> list[str]:
   """Runs both processes to completion; returns their combined outputs."""
-  port = _free_port()
-  procs = [
-      subprocess.Popen(
-          [
-              sys.executable,
-              "-m",
-              "cl_jax.main",
-              f"--workdir={workdir}",
-              *TINY,
-              *extra,
-              f"--coordinator_address=localhost:{port}",
-              "--num_processes=2",
-              f"--process_id={i}",
-          ],
-          cwd=ROOT,
-          env=_env(2),
-          stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT,
-          text=True,
-      )
-      for i in range(2)
-  ]
-  outs = [p.communicate(timeout=600)[0] for p in procs]
+  procs = _start_two(workdir, *extra)
+  outs = ["".join(p.communicate(timeout=600)) for p in procs]
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
   return outs
