@@ -21,8 +21,8 @@ from PIL import Image, ImageEnhance, ImageFilter
 from cl_jax import cli
 from cl_jax.data import geometric, photometric
 
-_SIZE = flags.DEFINE_integer("size", 224, "View size in pixels.")
-_BATCH = flags.DEFINE_integer("batch", 128, "Views per device batch.")
+_SIZE = flags.DEFINE_integer("size", 224, "View size in pixels.", lower_bound=1)
+_BATCH = flags.DEFINE_integer("batch", 128, "Views per device batch.", lower_bound=1)
 
 
 def _rate(fn, n: int) -> float:

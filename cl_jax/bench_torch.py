@@ -48,6 +48,7 @@ batch norm, so eager is a lower bound for torch there; the compiled step fuses t
 
 import copy
 import json
+import sys
 import time
 
 from absl import app, flags
@@ -63,11 +64,14 @@ try:
   from torch import nn
   from torchvision.models import resnet
 except ImportError as error:
-  raise ImportError(
+  _NEEDS_TORCH = (
       "cl_jax.bench_torch needs PyTorch and torchvision, which cl_jax does not install: "
       "pip install torch torchvision (on CPU-only machines add "
       "--index-url https://download.pytorch.org/whl/cpu)"
-  ) from error
+  )
+  if __name__ == "__main__":  # the command: one line, not a traceback
+    sys.exit(f"error: {_NEEDS_TORCH}")
+  raise ImportError(_NEEDS_TORCH) from error
 
 COMPILE_MODE = "default"
 # The add-ons of the MoCo step that this reference leaves out (cl_jax.bench --compare=torch

@@ -95,9 +95,17 @@ def main(argv):
       return
     extra = parse_set(_SET.value)
     studies, summaries = chosen(_STUDY.value), []
-    for s in studies:
+    if _REPORT_ONLY.value:
+      found = [study_lib.read_records(s, _SEEDS.value, _RESULTS.value, extra) for s in studies]
+      if not any(found):
+        raise UsageError(
+            f"--report_only: no records of {','.join(_STUDY.value)} under {_RESULTS.value}/runs; "
+            "train the study first (without --report_only), or give the --results that "
+            "holds its records"
+        )
+    for i, s in enumerate(studies):
       if _REPORT_ONLY.value:
-        records = study_lib.read_records(s, _SEEDS.value, _RESULTS.value, extra)
+        records = found[i]
         study_lib.write_outputs(s, records, _RESULTS.value)
         summary = study_lib.summarise(s, records)
       else:

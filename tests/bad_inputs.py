@@ -11,6 +11,7 @@ and a finished tiny run (made once, for the cases that need a good run).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -163,7 +164,50 @@ def cases(root: str) -> list[tuple[str, list[str], str]]:
           ],
           "must be divisible by the number of devices (4)",
       ),
+      (
+          "bench_report: no timed steps",
+          ["cl_jax.bench_report", "--config=configs/mocov2.py", "--steps=0", f"--out={root}/b"],
+          "--steps=0: 0 is not a positive integer",
+      ),
+      (
+          "bench_augment: view size 0",
+          ["cl_jax.bench_augment", "--size=0"],
+          "--size=0: 0 is not a positive integer",
+      ),
+      (
+          "study: unknown study",
+          ["cl_jax.study", "--study=nosuch", f"--results={root}/r"],
+          "no study 'nosuch'",
+      ),
+      (
+          "study: --report_only on a folder without records",
+          ["cl_jax.study", "--study=ge_alpha", "--report_only", f"--results={root}/r"],
+          "no records of ge_alpha",
+      ),
+      (
+          "study: --set of an unknown field",
+          ["cl_jax.study", "--study=ge_alpha", "--set=model.nope=3", f"--results={root}/r"],
+          "unknown config field model.nope",
+      ),
+      (
+          "evaluate: unknown suite",
+          ["cl_jax.evaluate", f"--workdir={paths['good']}", "--suite=nosuch"],
+          "value should be one of",
+      ),
+      (
+          "tiny_imagenet: a missing zip",
+          ["cl_jax.data.tiny_imagenet", f"--zip={root}/none.zip", f"--data_dir={root}/d"],
+          "--zip must be the official tiny-imagenet-200.zip",
+      ),
   ]
+  if importlib.util.find_spec("torch") is None:
+    out.append(
+        (
+            "bench_torch: PyTorch not installed",
+            ["cl_jax.bench_torch", "--config=configs/mocov2.py"],
+            "needs PyTorch and torchvision",
+        )
+    )
   return out
 
 

@@ -2,9 +2,13 @@
 was never stopped: the exit status, the one stderr line, no orbax tmp folder left, one metrics
 row per step, and a final train state equal bit for bit.
 
-Used by tests/test_preemption.py; as a script it runs N trials and prints one row per trial:
+Used by tests/test_cluster_faults.py and tests/test_multihost.py; as a script it runs N trials
+and prints one row per trial:
 
-  python -m tests.preemption_trials --trials=10 [--signal=TERM] [--seed=0]
+  python -m tests.preemption_trials --trials=10 [--signal=TERM] [--seed=0] [--processes=2]
+
+With --processes=2 the run is 2 processes x 2 CPU devices joined on localhost, and each trial
+signals one of them, chosen at random.
 """
 
 import argparse
@@ -38,25 +42,20 @@ TOTAL = 48
 
 
 def command(workdir, *extra) -> list[str]:
-  return [
-      sys.executable,
-      "-m",
-      "cl_jax.main",
-      f"--workdir={workdir}",
-      *tiny_run.FLAGS,
-      *EXTRA,
-      *extra,
-  ]
+  """The tiny run's command line (one process) with the `extra` flags."""
+  return tiny_run.command(workdir, [*tiny_run.FLAGS, *EXTRA, *extra])
 
 
-def run(workdir, *extra, timeout=900) -> subprocess.CompletedProcess:
-  return subprocess.run(
-      command(workdir, *extra),
-      cwd=ROOT,
-      env=tiny_run.env(),
-      capture_output=True,
-      text=True,
-      timeout=timeout,
+def run(workdir, *extra, processes: int = 1, timeout=900) -> subprocess.CompletedProcess:
+  """The tiny run to its end, as `processes` processes (tiny_run.start); the exit status is
+  the first non-zero one, stdout and stderr those of all processes in turn."""
+  procs = tiny_run.start(workdir, [*tiny_run.FLAGS, *EXTRA, *extra], processes)
+  outs = [p.communicate(timeout=timeout) for p in procs]
+  return subprocess.CompletedProcess(
+      procs[0].args,
+      next((p.returncode for p in procs if p.returncode), 0),
+      "".join(o for o, _ in outs),
+      "".join(e for _, e in outs),
   )
 
 
@@ -98,6 +97,12 @@ def _read_lines(stream, into: list) -> None:
   """Append (arrival time, line) for every line of `stream` until it closes."""
   for line in stream:
     into.append((time.monotonic(), line))
+
+
+def own_lines(stderr: str) -> list[str]:
+  """cl_jax's lines of a stopped process's stderr: without the C++ note that JAX's
+  preemption notifier prints in a signalled process of a multi-process run."""
+  return [l for l in stderr.strip().splitlines() if "preemption_notifier.cc" not in l]
 
 
 def _phase(signalled_at: float, lines: list, workdir) -> str:
@@ -144,51 +149,66 @@ def _wait_for(moment: tuple, workdir, lines: list, proc) -> None:
     raise ValueError(f"unknown moment {moment}")
 
 
-def stop_once(workdir, moment: tuple, sig: int, *extra: str) -> dict:
-  """Start the run, send `sig` to its process at `moment` (_wait_for), and wait for it to
-  end: {status, stderr, phase (what the run was doing when signalled: 'knn' inside the kNN
-  monitor, 'save' while an orbax tmp folder existed, else 'step'), saved (the checkpoint
-  step its line names, or None)}."""
-  proc = subprocess.Popen(
-      command(workdir, *extra),
-      cwd=ROOT,
-      env=tiny_run.env(),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-  )
-  lines = []
-  reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
-  reader.start()
-  _wait_for(moment, workdir, lines, proc)
+def stop_once(workdir, moment: tuple, sig: int, *extra: str, processes=1, target=0) -> dict:
+  """Start the run as `processes` processes, send `sig` to process `target` at `moment`
+  (_wait_for, timed on process 0's output), and wait for all to end: {status, stderr (one
+  per process), phase (what the run was doing when signalled: 'knn' inside the kNN
+  monitor, 'save' while an orbax tmp folder existed, else 'step'), saved (per process,
+  the checkpoint step its line names, or None)}."""
+  procs = tiny_run.start(workdir, [*tiny_run.FLAGS, *EXTRA, *extra], processes)
+  lines, errs = [], [[] for _ in procs]
+  readers = [
+      threading.Thread(target=_read_lines, args=(p.stdout, lines if i == 0 else []), daemon=True)
+      for i, p in enumerate(procs)
+  ] + [
+      threading.Thread(target=_read_lines, args=(p.stderr, err), daemon=True)
+      for p, err in zip(procs, errs)
+  ]
+  for r in readers:
+    r.start()
+  _wait_for(moment, workdir, lines, procs[0])
   saving = bool(tmp_folders(workdir))
   signalled_at = time.monotonic()
-  proc.send_signal(sig)
-  err = proc.stderr.read()
-  proc.wait(timeout=600)
-  reader.join(timeout=60)
+  procs[target].send_signal(sig)
+  for p in procs:
+    p.wait(timeout=600)
+  for r in readers:
+    r.join(timeout=60)
   phase = _phase(signalled_at, lines, workdir)
   if phase == "step" and saving:
     phase = "save"
-  saved = None
-  if "saved a checkpoint at step " in err:
-    saved = int(err.split("saved a checkpoint at step ")[1].split(".")[0])
-  return {"status": proc.returncode, "stderr": err, "phase": phase, "saved": saved}
+  stderrs = ["".join(line for _, line in err) for err in errs]
+  saved = [
+      int(e.split("saved a checkpoint at step ")[1].split(".")[0])
+      if "saved a checkpoint at step " in e
+      else None
+      for e in stderrs
+  ]
+  return {
+      "status": [p.returncode for p in procs],
+      "stderr": stderrs,
+      "phase": phase,
+      "saved": saved,
+  }
 
 
-def trial(workdir, moment: tuple, sig: int, reference: dict, *extra: str) -> dict:
+def trial(workdir, moment: tuple, sig: int, reference: dict, *extra, processes=1, target=0):
   """stop_once at `moment` (with the `extra` flags), then the run's command again to the
-  end; the checks as booleans (a signal that came after the last step ends nothing)."""
-  stopped = stop_once(workdir, moment, sig, *extra)
-  lines = stopped["stderr"].strip().splitlines()
-  finished_early = stopped["status"] == 0  # the signal came after the last step
+  end; the checks as booleans (a signal that came after the last step ends nothing). The
+  signalled process exits with 128 + `sig`; in a multi-process run the others stop at
+  the same step for JAX's preemption service's SIGTERM (143)."""
+  stopped = stop_once(workdir, moment, sig, *extra, processes=processes, target=target)
+  finished_early = stopped["status"] == [0] * processes  # the signal came after the last step
+  want_status = [128 + (sig if i == target else signal.SIGTERM) for i in range(processes)]
+  lines = [own_lines(e) for e in stopped["stderr"]]
   after_stop = {
-      "one_line": finished_early or (len(lines) == 1 and "Traceback" not in stopped["stderr"]),
-      "status_ok": finished_early or stopped["status"] == 128 + sig,
-      "saved_is_latest": finished_early or stopped["saved"] == steps(workdir)[-1],
+      "one_line": finished_early
+      or all(len(l) == 1 and "Traceback" not in e for l, e in zip(lines, stopped["stderr"])),
+      "status_ok": finished_early or stopped["status"] == want_status,
+      "saved_is_latest": finished_early or stopped["saved"] == [steps(workdir)[-1]] * processes,
       "no_tmp_after_stop": not tmp_folders(workdir),
   }
-  resumed = run(workdir)
+  resumed = run(workdir, *extra, processes=processes)
   rows = [r["step"] for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
   checks = {
       **after_stop,
@@ -199,9 +219,9 @@ def trial(workdir, moment: tuple, sig: int, reference: dict, *extra: str) -> dic
   }
   return {
       "phase": stopped["phase"],
-      "saved": stopped["saved"],
+      "saved": stopped["saved"][target],
       "status": stopped["status"],
-      "line": lines[0] if lines else "",
+      "line": lines[target][0] if lines[target] else "",
       "checks": checks,
       "resume_stderr": resumed.stderr[-2000:],
   }
@@ -214,6 +234,9 @@ def main() -> None:
       "--signal", default="TERM", help="TERM, or another name given to --stop_signal"
   )
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument(
+      "--processes", type=int, default=1, help="1, or 2 (x 2 devices, one signalled)"
+  )
   parser.add_argument("--root", default=None, help="folder for the runs (default: a tmp dir)")
   args = parser.parse_args()
   import tempfile
@@ -222,18 +245,19 @@ def main() -> None:
   sig = signal.Signals["SIG" + args.signal.upper().removeprefix("SIG")]
   straight = os.path.join(root, "straight")
   started = time.time()
-  done = run(straight)
+  done = run(straight, processes=args.processes)
   assert done.returncode == 0, done.stderr[-3000:]
   run_s = time.time() - started
   reference = final_state(straight)
   rng = random.Random(args.seed)
   print(
-      f"reference run: {run_s:.0f} s; {args.trials} trials of {sig.name}, in turn at a "
+      f"reference run ({args.processes} process(es)): {run_s:.0f} s; "
+      f"{args.trials} trials of {sig.name}, in turn at a "
       "random moment of training (0-8 s after the first checkpoint), during the n-th save "
       "(n in 1..10), and during the k-th kNN evaluation (k in 1..5)"
   )
-  print("| trial | moment | phase | exit | saved at | checks failed | stderr line |")
-  print("|---|---|---|---|---|---|---|")
+  print("| trial | moment | signalled | phase | exit | saved at | checks failed | stderr line |")
+  print("|---|---|---|---|---|---|---|---|")
   failed = 0
   for i in range(args.trials):
     moment = (
@@ -242,11 +266,22 @@ def main() -> None:
         ("knn", rng.randint(1, 5)),
     )[i % 3]
     extra = () if sig == signal.SIGTERM else (f"--stop_signal={sig.name}",)
-    got = trial(os.path.join(root, f"trial{i}"), moment, sig, reference, *extra)
+    target = rng.randrange(args.processes)
+    got = trial(
+        os.path.join(root, f"trial{i}"),
+        moment,
+        sig,
+        reference,
+        *extra,
+        processes=args.processes,
+        target=target,
+    )
     bad = [k for k, ok in got["checks"].items() if not ok]
     failed += bool(bad)
+    status = ", ".join(map(str, got["status"]))
     print(
-        f"| {i} | {moment[0]} {moment[1]} | {got['phase']} | {got['status']} | {got['saved']} | "
+        f"| {i} | {moment[0]} {moment[1]} | {target} | {got['phase']} | {status} | "
+        f"{got['saved']} | "
         f"{', '.join(bad) or 'none'} | {got['line'][:90]} |",
         flush=True,
     )

@@ -50,7 +50,7 @@ def test_stop_signal_saves_and_resumes_bit_for_bit(tmp_path, reference, sig, mom
   extra = () if sig == signal.SIGTERM else ("--stop_signal=USR1",)
   got = trials.trial(tmp_path / "run", moment, sig, state, *extra)
   assert all(got["checks"].values()), (got, got["resume_stderr"])
-  assert got["status"] == 128 + sig and got["phase"] in phases, got
+  assert got["status"] == [128 + sig] and got["phase"] in phases, got
   name = signal.Signals(sig).name
   assert got["line"].startswith(f"stopped by {name}: saved a checkpoint at step ")
   assert "Resume with: python -m cl_jax.main --workdir=" in got["line"]

@@ -2,16 +2,15 @@
 
 The 2-process run stops at step 4 with a checkpoint, is started again and resumes;
 its per-step losses must equal those of an uninterrupted 1-process, 1-device run
-on the same global batches.
+on the same global batches. A SIGTERM to one of the two processes stops both at one
+step, and the resumed run ends bit for bit where a run never stopped ends.
 """
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -33,19 +32,9 @@ TINY = [
 ]
 
 
-def _env(devices: int) -> dict:
-  return tiny_run.env(devices)
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def _two_processes(workdir, *extra) -> list[str]:
   """Runs both processes to completion; returns their combined outputs."""
-  procs = _start_two(workdir, *extra)
+  procs = tiny_run.start(workdir, [*TINY, *extra], processes=2)
   outs = ["".join(p.communicate(timeout=600)) for p in procs]
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
@@ -70,7 +59,7 @@ def test_two_processes_resume_and_match_one_process(tmp_path):
   one = subprocess.run(
       [sys.executable, "-m", "cl_jax.main", f"--workdir={single}", *TINY],
       cwd=ROOT,
-      env=_env(1),
+      env=tiny_run.env(1),
       capture_output=True,
       text=True,
       timeout=600,
@@ -88,60 +77,16 @@ def test_two_processes_resume_and_match_one_process(tmp_path):
     )
 
 
-def _start_two(workdir, *extra) -> list[subprocess.Popen]:
-  port = _free_port()
-  return [
-      subprocess.Popen(
-          [
-              sys.executable,
-              "-m",
-              "cl_jax.main",
-              f"--workdir={workdir}",
-              *TINY,
-              *extra,
-              f"--coordinator_address=localhost:{port}",
-              "--num_processes=2",
-              f"--process_id={i}",
-          ],
-          cwd=ROOT,
-          env=_env(2),
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-      )
-      for i in range(2)
-  ]
-
-
 def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_bit_for_bit(tmp_path):
-  """SIGTERM reaches process 1 only; JAX's preemption service makes both processes stop
-  after the same step with one checkpoint, and the resumed run ends in the state of a
-  run that was never stopped."""
-  longer = ("--config.optim.epochs=6", "--config.train.checkpoint_every=4")
-  straight = _two_processes(tmp_path / "straight", *longer)
-  del straight
-  workdir = tmp_path / "stopped"
-  procs = _start_two(workdir, *longer)
-  deadline = time.time() + 600
-  while time.time() < deadline and not preemption_trials.steps(workdir):
-    time.sleep(0.02)
-  time.sleep(1.0)
-  procs[1].send_signal(signal.SIGTERM)
-  errs = [p.communicate(timeout=600)[1] for p in procs]
-  assert [p.returncode for p in procs] == [143, 143], errs
-  saved = []
-  for err in errs:
-    # One line of cl_jax's; the signalled process also shows JAX's notifier's own C++ note.
-    lines = [l for l in err.strip().splitlines() if "preemption_notifier.cc" not in l]
-    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
-    assert lines[0].startswith("stopped by SIGTERM: saved a checkpoint at step ")
-    saved.append(int(lines[0].split("at step ")[1].split(".")[0]))
-  assert saved[0] == saved[1] == preemption_trials.steps(workdir)[-1] < 48
-  assert not preemption_trials.tmp_folders(workdir)
-  _two_processes(workdir, *longer)
-  rows = [r["step"] for r in metrics.read_jsonl(str(workdir / "metrics.jsonl"))]
-  assert rows == list(range(1, 49))
-  assert preemption_trials.same_state(
-      preemption_trials.final_state(workdir),
-      preemption_trials.final_state(tmp_path / "straight"),
+  """SIGTERM reaches process 1 only, 1 s after the first checkpoint; JAX's preemption
+  service makes both processes stop after the same step with one checkpoint (each exits
+  143 with one line), and the resumed run ends in the state of a run never stopped."""
+  straight = preemption_trials.run(tmp_path / "straight", processes=2)
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  reference = preemption_trials.final_state(tmp_path / "straight")
+  got = preemption_trials.trial(
+      tmp_path / "stopped", ("delay", 1.0), signal.SIGTERM, reference, processes=2, target=1
   )
+  assert all(got["checks"].values()), (got, got["resume_stderr"])
+  assert got["status"] == [143, 143]
+  assert got["line"].startswith("stopped by SIGTERM: saved a checkpoint at step ")

@@ -6,12 +6,13 @@ hang fails the test.
 """
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+from tests import tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLUSTER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "TPU_", "MEGASCALE_", "KUBERNETES_", "JAX_")
@@ -39,12 +40,6 @@ def _env() -> dict:
   }
   out["JAX_PLATFORMS"] = "cpu"
   return out
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
 
 
 def _start(args: str, forbid_jax: bool = False) -> tuple[str, float]:
@@ -75,7 +70,7 @@ def test_no_coordinator_names_the_flags():
 
 @pytest.mark.slow
 def test_missing_peer_is_named_after_the_timeout():
-  port = _free_port()
+  port = tiny_run.free_port()
   line, seconds = _start(f"'localhost:{port}', 2, 0, timeout_s=5")
   assert 5 <= seconds < 5 + 60
   assert "process 1 did not join" in line
@@ -84,12 +79,12 @@ def test_missing_peer_is_named_after_the_timeout():
 
 @pytest.mark.slow
 def test_unreachable_coordinator_is_named():
-  port = _free_port()
+  port = tiny_run.free_port()
   line, seconds = _start(f"'localhost:{port}', 2, 1, timeout_s=3")
   assert seconds < 3 + 60
   assert f"the coordinator (process 0) at localhost:{port} did not answer" in line
 
 
 def test_process_id_out_of_range_is_rejected_before_jax():
-  line, _ = _start(f"'localhost:{_free_port()}', 2, 2", forbid_jax=True)
+  line, _ = _start(f"'localhost:{tiny_run.free_port()}', 2, 2", forbid_jax=True)
   assert "--process_id=2 is not in [0, 2)" in line

@@ -1,6 +1,12 @@
-"""The tiny pretraining run shared by the subprocess tests: its flags and environment."""
+"""The tiny pretraining run shared by the subprocess tests: its flags, its environment, and
+its processes (one, or several joined on localhost)."""
 
 import os
+import socket
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # MoCo-v2 + patch negatives on 16 px Trifeature, ResNet-18 x0.125, batch 32 (8 steps/epoch).
 FLAGS = [
@@ -25,3 +31,47 @@ def env(devices: int = 1) -> dict:
   out["JAX_NUM_CPU_DEVICES"] = str(devices)
   out["JAX_PLATFORMS"] = "cpu"
   return out
+
+
+def free_port() -> int:
+  """A TCP port on localhost that nothing listens on now."""
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def command(workdir, flags) -> list[str]:
+  """`python -m cl_jax.main --workdir=workdir *flags` as an argument list."""
+  return [sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}", *flags]
+
+
+def start(workdir, flags, processes: int = 1) -> list[subprocess.Popen]:
+  """`python -m cl_jax.main --workdir=workdir *flags` as `processes` processes (stdout and
+  stderr piped, text): one on one CPU device, or several with 2 CPU devices each, joined
+  by jax.distributed through a coordinator on localhost."""
+  one = command(workdir, flags)
+  if processes == 1:
+    commands, devices = [one], 1
+  else:
+    port = free_port()
+    commands = [
+        one
+        + [
+            f"--coordinator_address=localhost:{port}",
+            f"--num_processes={processes}",
+            f"--process_id={i}",
+        ]
+        for i in range(processes)
+    ]
+    devices = 2
+  return [
+      subprocess.Popen(
+          c,
+          cwd=ROOT,
+          env=env(devices),
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for c in commands
+  ]
