@@ -1,10 +1,10 @@
 """Shared defaults of every cl_jax config and the dataset presets.
 
 `base_config()` holds the shared fields at the size of the quick MoCo-v2 run on
-the built-in Trifeature dataset, with the papers' augmentation and heads;
-`apply_quick` (the default preset) adds the quick run's departures from the
-papers, and the other preset functions overwrite the fields that the papers'
-settings fix.
+the built-in Trifeature dataset, with the papers' augmentation and heads; the
+presets (`PRESETS`, written over it by `with_preset`) are tables of overrides:
+`QUICK` (the default, "trifeature") the quick run's departures from the papers,
+the others the fields that the papers' settings fix.
 """
 
 import ml_collections
@@ -203,126 +203,115 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def apply_quick(c: ml_collections.ConfigDict) -> None:
-  """The quick Trifeature recipe's departures from the papers, chosen so that a 312-step
-  run on 2 CPU cores learns on every seed instead of collapsing (README, "The quick
-  recipe"):
+# The quick Trifeature recipe's departures from the papers, chosen so that a 312-step run on
+# 2 CPU cores learns on every seed instead of collapsing (README, "The quick recipe"):
+# - batch norm after the projection head's hidden layer (model.head_bn), as in the SimCLR and
+#   BYOL heads: MoCo-v2's plain MLP head collapsed at this size (every image mapped near one
+#   point, the loss back at log(K + 1));
+# - no Gaussian blur: at 32 px the blur of aug-plus (sigma up to 2 px) wipes out Trifeature's
+#   textures, whose period is 5 px;
+# - random resized crops of 50-100% of the image instead of 20-100%, so that a view keeps
+#   enough of the shape and texture at 32 px;
+# - 16 epochs (624 steps of batch 128, about 5 minutes): at 8 the MoCo runs gain only a few
+#   points on texture over a random network.
+# It also switches on the kNN monitor (eval.knn_every), which is not a departure.
+QUICK = {
+    "optim": {"epochs": 16},
+    "eval": {"knn_every": 156},  # the kNN monitor 4 times in 624 steps (2 in 312), and at the end
+    "model": {"head_bn": True},
+    "aug": {"blur_prob": 0.0},
+    "data": {"crop_scale": (0.5, 1.0)},
+}
 
-  - batch norm after the projection head's hidden layer (model.head_bn), as in the
-    SimCLR and BYOL heads: MoCo-v2's plain MLP head collapsed at this size (every
-    image mapped near one point, the loss back at log(K + 1));
-  - no Gaussian blur: at 32 px the blur of aug-plus (sigma up to 2 px) wipes out
-    Trifeature's textures, whose period is 5 px;
-  - random resized crops of 50-100% of the image instead of 20-100%, so that a
-    view keeps enough of the shape and texture at 32 px;
-  - 16 epochs (624 steps of batch 128, about 5 minutes): at 8 the MoCo runs
-    gain only a few points on texture over a random network.
+# The papers' full-size settings shared by the ImageNet-100 and STL-10 presets (Ge et al. 2021,
+# App. C.1): ResNet-50 in bfloat16, MoCo-v2's head, queue and lr, and the papers' linear probe
+# (SGD lr 10, batch 128, 60 epochs, x0.1 at 30/40/50).
+_RESNET50 = {
+    "depth": 50,
+    "stem": "imagenet",
+    "width_multiplier": 1,
+    "head_hidden_dim": 2048,
+    "head_out_dim": 128,
+    "dtype": "bfloat16",
+    "bn_groups": 8,
+}
+_PAPER_MOCO = {
+    "moco": {"queue_size": 16384, "temperature": 0.2, "momentum": 0.999},
+    "optim": {
+        "lr_recipe": "moco_0.03_b128",
+        "lr": 0.03,
+        "batch_size": 128,
+        "weight_decay": 1e-4,
+        "epochs": 200,
+    },
+    "train": {"log_every": 50, "checkpoint_every": 2000, "keep_checkpoints": 3},
+    "probe": {
+        "protocol": "paper",
+        "batch_size": 128,
+        "epochs": 60,
+        "lr": 10.0,
+        "weight_decay": 0.0,
+        "decay_epochs": (30, 40, 50),
+    },
+}
 
-  It also switches on the kNN monitor (eval.knn_every), which is not a departure.
-  """
-  c.optim.epochs = 16
-  c.eval.knn_every = 156  # the kNN monitor 4 times in 624 steps (2 in 312), and at the end
-  c.model.head_bn = True
-  c.aug.blur_prob = 0.0
-  c.data.crop_scale = (0.5, 1.0)
-
-
-def apply_imagenet100(c: ml_collections.ConfigDict) -> None:
-  """ImageNet-100 MoCo-v2 (Ge et al. 2021, Table 1 and App. C.1)."""
-  c.preset = "imagenet100"
-  c.data.name = "imagenet100"
-  c.data.image_size = 224
-  c.data.eval_crop_fraction = 0.875
-  c.data.workers = 16
-  c.model.update(
-      depth=50,
-      stem="imagenet",
-      width_multiplier=1,
-      head_hidden_dim=2048,
-      head_out_dim=128,
-      dtype="bfloat16",
-      bn_groups=8,
-  )
-  c.moco.update(queue_size=16384, temperature=0.2, momentum=0.999)
-  c.nonsemantic.update(alpha=2.0, patch_min=16, patch_max=72)
-  c.optim.update(lr_recipe="moco_0.03_b128", lr=0.03, batch_size=128, weight_decay=1e-4, epochs=200)
-  c.train.update(log_every=50, checkpoint_every=2000, keep_checkpoints=3)
-  _paper_probe(c)
-
-
-def apply_cifar10(c: ml_collections.ConfigDict) -> None:
-  """CIFAR-10: ResNet-18 with the CIFAR stem, 32 px."""
-  c.preset = "cifar10"
-  c.data.name = "cifar10"
-  c.data.image_size = 32
-  c.data.workers = 8
-  c.model.update(
-      depth=18,
-      stem="cifar",
-      width_multiplier=1,
-      head_hidden_dim=512,
-      head_out_dim=128,
-      dtype="bfloat16",
-      bn_groups=8,
-  )
-  c.moco.update(queue_size=4096, temperature=0.2, momentum=0.99)
-  c.nonsemantic.update(alpha=2.0, patch_min=3, patch_max=10)
-  c.optim.update(lr_recipe="custom", lr=0.06, batch_size=512, weight_decay=5e-4, epochs=200)
-  c.train.update(log_every=50, checkpoint_every=1000, keep_checkpoints=3)
-  c.probe.update(protocol="fast", epochs=100)
-
-
-def apply_stl10(c: ml_collections.ConfigDict) -> None:
-  """STL-10 (unlabelled split for pretraining), ResNet-50 at 96 px, K 16384 (App. C.1)."""
-  c.preset = "stl10"
-  c.data.name = "stl10"
-  c.data.image_size = 96
-  c.data.workers = 8
-  c.model.update(
-      depth=50,
-      stem="imagenet",
-      width_multiplier=1,
-      head_hidden_dim=2048,
-      head_out_dim=128,
-      dtype="bfloat16",
-      bn_groups=8,
-  )
-  c.moco.update(queue_size=16384, temperature=0.2, momentum=0.999)
-  c.nonsemantic.update(alpha=2.0, patch_min=7, patch_max=31)
-  c.optim.update(lr_recipe="moco_0.03_b128", lr=0.03, batch_size=128, weight_decay=1e-4, epochs=200)
-  c.train.update(log_every=50, checkpoint_every=2000, keep_checkpoints=3)
-  _paper_probe(c)
-
-
-def _paper_probe(c: ml_collections.ConfigDict) -> None:
-  """The papers' linear probe: SGD lr 10, batch 128, 60 epochs, x0.1 at 30/40/50."""
-  c.probe.update(
-      protocol="paper",
-      batch_size=128,
-      epochs=60,
-      lr=10.0,
-      weight_decay=0.0,
-      decay_epochs=(30, 40, 50),
-  )
-
-
+# Each preset: {block: {field: value}} written over base_config(); a top-level field is
+# {field: value}. The non-semantic patch sizes scale with the image (Ge et al. 2021, App. C.1).
 PRESETS = {
-    "": apply_quick,
-    "trifeature": apply_quick,
-    "imagenet100": apply_imagenet100,
-    "cifar10": apply_cifar10,
-    "stl10": apply_stl10,
+    "trifeature": QUICK,
+    # ImageNet-100 MoCo-v2 (Ge et al. 2021, Table 1 and App. C.1).
+    "imagenet100": {
+        **_PAPER_MOCO,
+        "preset": "imagenet100",
+        "data": {
+            "name": "imagenet100",
+            "image_size": 224,
+            "eval_crop_fraction": 0.875,
+            "workers": 16,
+        },
+        "model": _RESNET50,
+        "nonsemantic": {"alpha": 2.0, "patch_min": 16, "patch_max": 72},
+    },
+    # STL-10 (unlabelled split for pretraining), ResNet-50 at 96 px, K 16384 (App. C.1).
+    "stl10": {
+        **_PAPER_MOCO,
+        "preset": "stl10",
+        "data": {"name": "stl10", "image_size": 96, "workers": 8},
+        "model": _RESNET50,
+        "nonsemantic": {"alpha": 2.0, "patch_min": 7, "patch_max": 31},
+    },
+    # CIFAR-10: ResNet-18 with the CIFAR stem, 32 px.
+    "cifar10": {
+        "preset": "cifar10",
+        "data": {"name": "cifar10", "image_size": 32, "workers": 8},
+        "model": {**_RESNET50, "depth": 18, "stem": "cifar", "head_hidden_dim": 512},
+        "moco": {"queue_size": 4096, "temperature": 0.2, "momentum": 0.99},
+        "nonsemantic": {"alpha": 2.0, "patch_min": 3, "patch_max": 10},
+        "optim": {
+            "lr_recipe": "custom",
+            "lr": 0.06,
+            "batch_size": 512,
+            "weight_decay": 5e-4,
+            "epochs": 200,
+        },
+        "train": {"log_every": 50, "checkpoint_every": 1000, "keep_checkpoints": 3},
+        "probe": {"protocol": "fast", "epochs": 100},
+    },
 }
 
 
 def with_preset(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-  """Apply the named preset ("" or None: the quick Trifeature run)."""
-  name = arg or ""
+  """Write the named preset's table (PRESETS) over `c` ("" or None: the quick Trifeature
+  run, "trifeature")."""
+  name = arg or "trifeature"
   if name not in PRESETS:
-    allowed = ", ".join(sorted(k for k in PRESETS if k))
     raise ValueError(
-        f"unknown preset {name!r}: allowed presets are {allowed} "
+        f"unknown preset {name!r}: allowed presets are {', '.join(sorted(PRESETS))} "
         f"(or none for the quick Trifeature run)"
     )
-  PRESETS[name](c)
+  for key, value in PRESETS[name].items():
+    if isinstance(value, dict):
+      c[key].update(value)
+    else:
+      c[key] = value
   return c
