@@ -134,7 +134,9 @@ def measure(
   batch = config.optim.batch_size
   encoder, tx, schedule, make_state, _ = train.build(config, batch, mesh)
   state = make_state()
-  step = step_lib.jit_on_mesh(config, encoder, tx, schedule, mesh, 1, state, statistics)
+  step = step_lib.jit_on_mesh(
+      step_lib.make_train_step(config, encoder, tx, schedule, mesh, 1, statistics), state, mesh
+  )
   host = synthetic_batch(config, batch, np.random.default_rng(0))
   data = jax.device_put(host, parallel.batch_sharding(mesh))
 
@@ -424,14 +426,15 @@ def _main_with_input(argv):
     return main(argv)
   from cl_jax import bench_input  # only this mode needs it
 
-  bench_input.run(
-      _CONFIG.value,
-      jpeg_dir=_JPEG_DIR.value,
-      jpeg_images=_JPEG_IMAGES.value,
-      steps=_STEPS.value,
-      warmup=_WARMUP.value,
-      as_json=_JSON.value,
-  )
+  with cli.report():
+    bench_input.run(
+        _CONFIG.value,
+        jpeg_dir=_JPEG_DIR.value,
+        jpeg_images=_JPEG_IMAGES.value,
+        steps=_STEPS.value,
+        warmup=_WARMUP.value,
+        as_json=_JSON.value,
+    )
 
 
 if __name__ == "__main__":

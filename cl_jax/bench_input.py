@@ -47,6 +47,7 @@ from PIL import ImageDraw, ImageFilter
 from cl_jax import config_check, parallel, train
 from cl_jax import train_step as step_lib
 from cl_jax.data import geometric, image_folder, pipeline
+from cl_jax.errors import UsageError
 
 NUM_CLASSES = 10
 FOLDER_VERSION = 1
@@ -166,14 +167,16 @@ def make_jpeg_folder(root: str, num_images: int, seed: int, workers: int | None 
   written by `workers` processes (default: one per CPU; 0 or 1: in this process). Returns root.
 
   Raises:
-    ValueError: `root` exists and is neither empty nor this folder.
+    UsageError: `root` is a file, or a folder neither empty nor this one.
   """
   if num_images < 1:
     raise ValueError(f"num_images must be >= 1, got {num_images}")
+  if os.path.exists(root) and not os.path.isdir(root):
+    raise UsageError(f"{root!r} is a file; give a folder (new, or holding the generated images)")
   if _is_complete(root, num_images, seed):
     return root
   if os.path.isdir(root) and os.listdir(root):
-    raise ValueError(
+    raise UsageError(
         f"{root!r} exists and does not hold the generated folder of {num_images} images of "
         f"seed {seed}: remove it or choose another folder"
     )
@@ -383,18 +386,6 @@ def decode_ms(files: list[str], factors=(1, 2, 4, 8)) -> dict[int, float]:
   return out
 
 
-def _dataset(source, config):
-  """pipeline.pretrain_dataset of `source` with `config`'s views (one process)."""
-  return pipeline.pretrain_dataset(
-      source,
-      batch_size=config.optim.batch_size,
-      image_size=config.data.image_size,
-      crop_scale=tuple(config.data.crop_scale),
-      seed=config.seed,
-      num_views=step_lib.num_views(config),
-  )
-
-
 def pipeline_rate(source, config, workers: int, batches: int) -> dict:
   """img/s of the pretraining pipeline alone over `source` with `workers` grain workers.
 
@@ -405,7 +396,7 @@ def pipeline_rate(source, config, workers: int, batches: int) -> dict:
   """
   batch = config.optim.batch_size
   start = time.perf_counter()
-  it = pipeline.make_iterator(_dataset(source, config), workers)
+  it = pipeline.make_iterator(train.pretrain_data(config, source), workers)
   try:
     next(it)
     startup = time.perf_counter() - start
@@ -442,7 +433,11 @@ def make_loop(config, num_records: int, mesh) -> Loop:
   spe = train.steps_per_epoch(num_records, config.optim.batch_size)
   encoder, tx, schedule, make_state, _ = train.build(config, num_records, mesh)
   state = make_state()
-  step = step_lib.jit_on_mesh(config, encoder, tx, schedule, mesh, spe, state, statistics=False)
+  step = step_lib.jit_on_mesh(
+      step_lib.make_train_step(config, encoder, tx, schedule, mesh, spe, statistics=False),
+      state,
+      mesh,
+  )
   return Loop(config, mesh, step, state)
 
 
@@ -549,7 +544,7 @@ def measure(
 
   mesh = parallel.make_mesh() if mesh is None else mesh
   loop = make_loop(config, len(files), mesh)
-  it = pipeline.make_iterator(_dataset(modes["exact"], config), 0)
+  it = pipeline.make_iterator(train.pretrain_data(config, modes["exact"]), 0)
   try:
     held = [next(it), next(it)]
   finally:
@@ -567,7 +562,7 @@ def measure(
   out["loop"] = []
   for mode, source in timed.items():
     for w in sorted({0, cpus}) if loop_workers is None else loop_workers:
-      it = pipeline.make_iterator(_dataset(source, config), w)
+      it = pipeline.make_iterator(train.pretrain_data(config, source), w)
       try:
         row = {"decode": mode, "workers": w, **loop_rate(loop, it, steps, max(warmup, w + 1))}
       finally:

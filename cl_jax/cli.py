@@ -125,6 +125,21 @@ def _broken_config_file(value: str) -> str | None:
   return None
 
 
+def start_reader(argv: list[str], workdir: str | None, purpose: str) -> None:
+  """The start of a command that reads a run (probe, kNN, evaluate, export, NormStd): no
+  positional arguments, --workdir given (absl's one-line usage error otherwise, naming
+  `purpose`), and absl's log at WARNING unless --verbosity was given (orbax logs every
+  restore at INFO)."""
+  from absl import app, logging
+
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}; give the run as --workdir=W")
+  if not workdir:
+    raise app.UsageError(f"--workdir is required: the run directory to {purpose}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+
+
 @contextlib.contextmanager
 def report(*expected: type[BaseException]):
   """Turn UsageError, a write fault (no space, read-only, no permission: cl_jax.write_faults)

@@ -143,18 +143,14 @@ def options_from_flags(values: dict) -> dict:
 
 def main(argv):
   """The command line (module docstring)."""
-  from absl import app, flags, logging
+  from absl import app, flags
 
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}; give the run as --workdir=W")
+  from cl_jax import cli
+
   f = flags.FLAGS
-  if not f.workdir:
-    raise app.UsageError("--workdir is required: the run directory to evaluate")
+  cli.start_reader(argv, f.workdir, "evaluate")
   if not f.suite:
     raise app.UsageError(f"--suite is required: one of {', '.join(SUITES)}")
-  if not f["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
-  from cl_jax import cli
 
   with cli.report():
     names = (

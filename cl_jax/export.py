@@ -28,7 +28,7 @@ import jax
 import ml_collections
 import numpy as np
 import safetensors.numpy
-from absl import app, flags, logging
+from absl import app, flags
 from etils import epath
 
 from cl_jax import checkpoint, cli, parallel, run_config, write_faults
@@ -172,13 +172,8 @@ def _define_flags():
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}; give the run as --workdir=W")
   f = flags.FLAGS
-  if not f.workdir:
-    raise app.UsageError("--workdir is required: the run directory to export from")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+  cli.start_reader(argv, f.workdir, "export from")
   with cli.report():
     if f.format is None:
       raise UsageError(f"--format is required: one of {', '.join(FORMATS)}")

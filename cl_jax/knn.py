@@ -8,7 +8,7 @@ python -m cl_jax.knn --workdir=W [--step=N] [--k=200] [--temperature=0.1] [--bas
 Writes W/knn_step<N>.json and prints the table.
 """
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from cl_jax import cli
 from cl_jax.knn_eval import run, table
@@ -21,12 +21,7 @@ _BASELINE = flags.DEFINE_bool("baseline", True, "Also evaluate the network at ra
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}; give the run as --workdir=W")
-  if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required: the run directory to evaluate")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+  cli.start_reader(argv, _WORKDIR.value, "evaluate")
   with cli.report():
     report = run(_WORKDIR.value, _STEP.value, _K.value, _TEMPERATURE.value, _BASELINE.value)
     print(table(report))

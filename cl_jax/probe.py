@@ -11,20 +11,22 @@ split and report the held-out fifth (for tuning; the test split stays unseen).
 features) and probe.rotation (the 4-way rotation task).
 """
 
-import sys
-
-from absl import app, flags, logging
+from absl import app, flags
 
 from cl_jax import cli, config_check, linear_probe
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
-_PROTOCOL = flags.DEFINE_enum(
-    "protocol",
-    None,
-    list(config_check.PROBE_PROTOCOLS),
-    "Probe protocol (default: the run config's probe.protocol).",
-)
+
+
+def _config_choice(name: str, choices, what: str) -> flags.FlagHolder:
+  """An enum flag whose default is the run config's probe.<name>."""
+  return flags.DEFINE_enum(
+      name, None, list(choices), f"{what} (default: the run config's probe.{name})."
+  )
+
+
+_PROTOCOL = _config_choice("protocol", config_check.PROBE_PROTOCOLS, "Probe protocol")
 _BASELINE = flags.DEFINE_bool(
     "baseline", True, "Also probe the randomly initialised network " "(cached per configuration)."
 )
@@ -33,23 +35,14 @@ _VALIDATION = flags.DEFINE_bool(
     False,
     "Report the held-out fifth of the " "training split instead of the test split (fast, logreg).",
 )
-_FEATURES = flags.DEFINE_enum(
-    "features",
-    None,
-    list(config_check.PROBE_FEATURES),
-    "Features to probe (default: the run config's probe.features).",
-)
+_FEATURES = _config_choice("features", config_check.PROBE_FEATURES, "Features to probe")
 _ROTATION = flags.DEFINE_bool(
     "rotation", None, "Also probe 4-way rotation (default: the run config's probe.rotation)."
 )
 
 
 def main(argv):
-  del argv
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  if not _WORKDIR.value:
-    sys.exit("error: --workdir is required")
+  cli.start_reader(argv, _WORKDIR.value, "probe")
   with cli.report():
     linear_probe.print_report(
         linear_probe.run(

@@ -135,6 +135,24 @@ def _stop_due(requested: list[int], step: int) -> int | None:
   return None
 
 
+def pretrain_data(
+    config, source, process_index: int = 0, process_count: int = 1, texture: bool = False
+):
+  """pipeline.pretrain_dataset of `source` with `config`'s batch, image size, crop scale,
+  seed and views (step_lib.num_views): this process's rows of every global batch."""
+  return pipeline.pretrain_dataset(
+      source,
+      batch_size=config.optim.batch_size,
+      image_size=config.data.image_size,
+      crop_scale=tuple(config.data.crop_scale),
+      seed=config.seed,
+      process_index=process_index,
+      process_count=process_count,
+      num_views=step_lib.num_views(config),
+      texture=texture,
+  )
+
+
 def steps_per_epoch(num_records: int, batch_size: int) -> int:
   """Full global batches per pass over the pretraining source."""
   if num_records < batch_size:
@@ -323,17 +341,7 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
   encoder, tx, schedule, make_state, total = build(config, len(source), mesh)
   end = total if stop_at_step is None else min(total, stop_at_step)
   keys = step_lib.keys_per_step(config)
-  data = pipeline.pretrain_dataset(
-      source,
-      batch_size=config.optim.batch_size,
-      image_size=config.data.image_size,
-      crop_scale=tuple(config.data.crop_scale),
-      seed=config.seed,
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-      num_views=step_lib.num_views(config),
-      texture=texture,
-  )
+  data = pretrain_data(config, source, jax.process_index(), jax.process_count(), texture)
   make_iterator = functools.partial(pipeline.make_iterator, data, config.data.workers)
   state, it, norm0, damaged = _restore_or_init(workdir, make_state, make_iterator, mesh, keys)
   start = int(state.step)
@@ -374,7 +382,9 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
   )
   # The full step (with its statistics) on logging steps, the lean one between them.
   train_steps = {
-      logs: step_lib.jit_on_mesh(config, encoder, tx, schedule, mesh, spe, state, logs)
+      logs: step_lib.jit_on_mesh(
+          step_lib.make_train_step(config, encoder, tx, schedule, mesh, spe, logs), state, mesh
+      )
       for logs in (True, False)
   }
   meta = {

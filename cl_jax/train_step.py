@@ -43,19 +43,10 @@ __all__ = [
 
 
 def photometric_spec(aug: ml_collections.ConfigDict) -> photometric.PhotometricSpec:
-  """The PhotometricSpec of the `aug` config block."""
+  """The PhotometricSpec of the `aug` config block: each of its fields is the spec's field
+  of that name (sequences as tuples); the spec's other fields keep their defaults."""
   return photometric.PhotometricSpec(
-      jitter_prob=aug.jitter_prob,
-      brightness=aug.brightness,
-      contrast=aug.contrast,
-      saturation=aug.saturation,
-      hue=aug.hue,
-      grayscale_prob=aug.grayscale_prob,
-      blur_prob=aug.blur_prob,
-      blur_sigma=tuple(aug.blur_sigma),
-      solarize_prob=aug.solarize_prob,
-      rotation_prob=aug.rotation_prob,
-      texture_prob=aug.texture_prob,
+      **{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in aug.items()}
   )
 
 
@@ -224,20 +215,9 @@ def jit_train_step(train_step, state_sharding, batch_sharding):
   )
 
 
-def jit_on_mesh(
-    config: ml_collections.ConfigDict,
-    encoder,
-    tx: optax.GradientTransformation,
-    schedule: optax.Schedule,
-    mesh: Mesh,
-    steps_per_epoch: int,
-    state: TrainState,
-    statistics: bool = True,
-):
-  """make_train_step(...) jitted by jit_train_step for `state` (its layout: the queue's rows
-  over `mesh`, the rest replicated) and a batch split over `mesh`."""
+def jit_on_mesh(train_step, state: TrainState, mesh: Mesh):
+  """`train_step` (of make_train_step) jitted by jit_train_step for `state` (its layout:
+  the queue's rows over `mesh`, the rest replicated) and a batch split over `mesh`."""
   return jit_train_step(
-      make_train_step(config, encoder, tx, schedule, mesh, steps_per_epoch, statistics),
-      parallel.state_sharding(state, mesh),
-      parallel.batch_sharding(mesh),
+      train_step, parallel.state_sharding(state, mesh), parallel.batch_sharding(mesh)
   )

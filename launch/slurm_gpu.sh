@@ -4,13 +4,10 @@
 # written to <workdir>/slurm_job.sh and submitted with sbatch. `launch/slurm_gpu.sh --help` lists
 # the options.
 set -euo pipefail
-if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
-  echo "slurm_gpu.sh: error: needs bash >= 4.4 (this is $BASH_VERSION)" >&2
-  exit 2
-fi
-
 readonly PROG="slurm_gpu.sh"
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=common.sh source-path=SCRIPTDIR
+source "$SCRIPT_DIR/common.sh"
 readonly DEFAULT_REPO="${SCRIPT_DIR%/*}"
 readonly JOB_FILE="slurm_job.sh"
 readonly HEREDOC_END="CL_JAX_SBATCH_SCRIPT"
@@ -55,31 +52,8 @@ and jobs of one name run one at a time (--dependency=singleton).
 EOF
 }
 
-die() {
-  printf '%s: error: %s\n' "$PROG" "$*" >&2
-  exit 2
-}
 
-# One shell word per argument, in the form Python's shlex.quote gives: bare when made only of
-# safe characters, otherwise in single quotes. Hand-written because printf %q escapes with
-# backslashes and ${var@Q} quotes every word, both hard to read in the printed batch script.
-quote_words() {
-  local word out=()
-  for word in "$@"; do
-    if [[ $word =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
-      out+=("$word")
-    else
-      out+=("'${word//\'/\'\\\'\'}'")
-    fi
-  done
-  printf '%s' "${out[*]}"
-}
 
-require_value() {  # OPTION [VALUE ...]: the value that follows OPTION must be present.
-  if (($# < 2)) || [[ -z $2 || $2 == --* ]]; then
-    die "option $1 needs a value (see --help)"
-  fi
-}
 
 require_set() {  # OPTION VALUE
   [[ -n $2 ]] || die "missing required option $1 (see --help)"

@@ -3,13 +3,10 @@
 # cl_jax on every worker, start the same training command on all workers, stream their logs,
 # delete the VM. `launch/tpu_vm.sh --help` lists the subcommands and options.
 set -euo pipefail
-if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
-  echo "tpu_vm.sh: error: needs bash >= 4.4 (this is $BASH_VERSION)" >&2
-  exit 2
-fi
-
 readonly PROG="tpu_vm.sh"
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=common.sh source-path=SCRIPTDIR
+source "$SCRIPT_DIR/common.sh"
 readonly DEFAULT_REPO="${SCRIPT_DIR%/*}"
 # Layout on every worker, relative to the login user's home directory.
 readonly REMOTE_CODE="cl_jax"
@@ -75,25 +72,7 @@ disk goes with the VM: use gs:// on Spot and preemptible VMs.
 EOF
 }
 
-die() {
-  printf '%s: error: %s\n' "$PROG" "$*" >&2
-  exit 2
-}
 
-# One shell word per argument, in the form Python's shlex.quote gives: bare when made only of
-# safe characters, otherwise in single quotes. Hand-written because printf %q escapes with
-# backslashes and ${var@Q} quotes every word, both hard to read in the long remote commands.
-quote_words() {
-  local word out=()
-  for word in "$@"; do
-    if [[ $word =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
-      out+=("$word")
-    else
-      out+=("'${word//\'/\'\\\'\'}'")
-    fi
-  done
-  printf '%s' "${out[*]}"
-}
 
 # Runs a command, or prints it (one line, quoted) under --dry-run.
 invoke() {
@@ -104,11 +83,6 @@ invoke() {
   fi
 }
 
-require_value() {  # OPTION [VALUE ...]: the value that follows OPTION must be present.
-  if (($# < 2)) || [[ -z $2 || $2 == --* ]]; then
-    die "option $1 needs a value (see --help)"
-  fi
-}
 
 require_set() {  # OPTION VALUE: VALUE must be non-empty for this subcommand.
   [[ -n $2 ]] || die "$SUBCOMMAND needs $1 (see --help)"

@@ -165,6 +165,16 @@ def cases(root: str) -> list[tuple[str, list[str], str]]:
           "must be divisible by the number of devices (4)",
       ),
       (
+          "bench --input=jpeg: --jpeg_dir is an existing file",
+          [
+              "cl_jax.bench",
+              "--config=configs/mocov2_patchns.py",
+              "--input=jpeg",
+              f"--jpeg_dir={a_file}",
+          ],
+          "is a file; give a folder",
+      ),
+      (
           "bench_report: no timed steps",
           ["cl_jax.bench_report", "--config=configs/mocov2.py", "--steps=0", f"--out={root}/b"],
           "--steps=0: 0 is not a positive integer",

@@ -144,7 +144,9 @@ def test_step_flops_match_a_hand_count_of_the_convolutions():
   mesh = parallel.make_mesh(jax.devices()[:1])
   encoder, tx, schedule, make_state, _ = train.build(c, 8, mesh)
   state = make_state()
-  step = step_lib.jit_on_mesh(c, encoder, tx, schedule, mesh, 1, state)
+  step = step_lib.jit_on_mesh(
+      step_lib.make_train_step(c, encoder, tx, schedule, mesh, 1), state, mesh
+  )
   batch = jax.device_put(
       bench.synthetic_batch(c, 8, np.random.default_rng(0)), parallel.batch_sharding(mesh)
   )

@@ -11,8 +11,9 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from cl_jax import bench_input, parallel
+from cl_jax import bench_input, parallel, train
 from cl_jax.data import geometric, pipeline
+from cl_jax.errors import UsageError
 from configs import mocov2_patchns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,13 +70,18 @@ def test_folder_is_reused_and_a_foreign_folder_refused(folder, tmp_path):
   mtimes = {f: os.path.getmtime(os.path.join(folder, "class00", f)) for f in ["000000.JPEG"]}
   assert bench_input.make_jpeg_folder(folder, 30, seed=3, workers=0) == folder
   assert {f: os.path.getmtime(os.path.join(folder, "class00", f)) for f in mtimes} == mtimes
-  with pytest.raises(ValueError, match="remove it or choose another folder"):
+  with pytest.raises(UsageError, match="remove it or choose another folder"):
     bench_input.make_jpeg_folder(folder, 31, seed=3, workers=0)
   other = tmp_path / "other"
   other.mkdir()
   (other / "notes.txt").write_text("x")
-  with pytest.raises(ValueError, match="does not hold the generated folder"):
+  with pytest.raises(UsageError, match="does not hold the generated folder"):
     bench_input.make_jpeg_folder(str(other), 2, seed=0, workers=0)
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  with pytest.raises(UsageError, match="is a file; give a folder"):
+    bench_input.make_jpeg_folder(str(a_file), 2, seed=0, workers=0)
+  assert not list(tmp_path.glob("a_file.partial-*"))
 
 
 def test_generation_is_deterministic_and_seeded():
@@ -170,7 +176,7 @@ def test_pipeline_of_reduced_decoding_gives_views_of_the_view_size(folder):
   source = bench_input.JpegSource(
       folder, bench_input.class_names(), view_size=16, crop_scale=tuple(c.data.crop_scale)
   )
-  it = pipeline.make_iterator(bench_input._dataset(source, c), 0)
+  it = pipeline.make_iterator(train.pretrain_data(c, source), 0)
   batch = next(it)
   it.close()
   assert batch["view1"].shape == batch["view2"].shape == (16, 16, 16, 3)

@@ -20,6 +20,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPU_SCRIPT = os.path.join(ROOT, "launch", "tpu_vm.sh")
 SLURM_SCRIPT = os.path.join(ROOT, "launch", "slurm_gpu.sh")
+COMMON_SCRIPT = os.path.join(ROOT, "launch", "common.sh")
 CLUSTER_TOOLS = ("gcloud", "gsutil", "sbatch", "srun", "squeue", "scancel")
 HEREDOC_END = "CL_JAX_SBATCH_SCRIPT"
 TRICKY_ARG = "--config.note=it's a run"  # one argv entry: a space and a single quote
@@ -136,16 +137,20 @@ V4_OPTIONS = (
 V4_EXTRA = ("--config.data.data_dir=gs://bucket/tfds", TRICKY_ARG)
 
 
-@pytest.mark.parametrize("script", [TPU_SCRIPT, SLURM_SCRIPT])
+@pytest.mark.parametrize("script", [TPU_SCRIPT, SLURM_SCRIPT, COMMON_SCRIPT])
 def test_bash_syntax(script):
   proc = subprocess.run(["bash", "-n", script], capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("script", [TPU_SCRIPT, SLURM_SCRIPT])
+@pytest.mark.parametrize("script", [TPU_SCRIPT, SLURM_SCRIPT, COMMON_SCRIPT])
 def test_shellcheck_clean(script):
+  """Every warning down to style, following the scripts into launch/common.sh (-x)."""
   proc = subprocess.run(
-      [shellcheck_binary(), "--severity=style", script], capture_output=True, text=True, check=False
+      [shellcheck_binary(), "-x", "--severity=style", script],
+      capture_output=True,
+      text=True,
+      check=False,
   )
   assert proc.returncode == 0, proc.stdout + proc.stderr
 

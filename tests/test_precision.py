@@ -33,7 +33,9 @@ def _lowered_step(dtype: str):
   mesh = parallel.make_mesh(jax.devices()[:1])
   encoder, tx, schedule, make_state, _ = train.build(c, 32, mesh)
   state = make_state()
-  step = step_lib.jit_on_mesh(c, encoder, tx, schedule, mesh, 1, state, statistics=False)
+  step = step_lib.jit_on_mesh(
+      step_lib.make_train_step(c, encoder, tx, schedule, mesh, 1, statistics=False), state, mesh
+  )
   batch = jax.device_put(
       bench.synthetic_batch(c, 32, np.random.default_rng(0)), parallel.batch_sharding(mesh)
   )

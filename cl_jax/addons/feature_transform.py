@@ -94,6 +94,17 @@ def _coefficient(coef, rows: int, dim: int, name: str, dtype) -> jax.Array:
   return jnp.asarray(coef, dtype)
 
 
+def _scalar_lam(lam, dtype, fn: str, vector_fn: str) -> jax.Array:
+  """lam as a scalar of `dtype`; ValueError naming `vector_fn` (the function that takes the
+  feature vectors) if lam is per dimension, since `fn` sees only their scores."""
+  if jnp.ndim(lam) != 0:
+    raise ValueError(
+        f"{fn} takes a scalar lam only, got shape {jnp.shape(lam)}; for dimension-level "
+        f"lam use {vector_fn} with the feature vectors"
+    )
+  return jnp.asarray(lam, dtype)
+
+
 def _mix(x: jax.Array, y: jax.Array, coef: jax.Array) -> jax.Array:
   """coef * x + (1 - coef) * y, coef broadcast over the last axis."""
   return coef * x + (1.0 - coef) * y
@@ -147,13 +158,7 @@ def positive_extrapolation_score(sim: jax.Array, lam, renormalize: bool) -> jax.
   Returns:
     Transformed scores, sim's shape.
   """
-  if jnp.ndim(lam) != 0:
-    raise ValueError(
-        f"positive_extrapolation_score takes a scalar lam only, got shape "
-        f"{jnp.shape(lam)}; for dimension-level lam transform the vectors with "
-        "positive_extrapolation"
-    )
-  lam = jnp.asarray(lam, sim.dtype)
+  lam = _scalar_lam(lam, sim.dtype, "positive_extrapolation_score", "positive_extrapolation")
   shift = 2.0 * lam * (1.0 - lam) * (1.0 - sim)
   score = sim + shift
   if renormalize:
@@ -215,13 +220,7 @@ def hard_negative_scores_from_similarity(sim: jax.Array, lam, renormalize: bool)
   Returns:
     (B, K) transformed negative scores.
   """
-  if jnp.ndim(lam) != 0:
-    raise ValueError(
-        f"hard_negative_scores_from_similarity takes a scalar lam only, got "
-        f"shape {jnp.shape(lam)}; for dimension-level lam use "
-        "hard_negative_scores with the feature vectors"
-    )
-  lam = jnp.asarray(lam, sim.dtype)
+  lam = _scalar_lam(lam, sim.dtype, "hard_negative_scores_from_similarity", "hard_negative_scores")
   score = lam + (1.0 - lam) * sim
   if renormalize:
     sq_norm = lam**2 + (1.0 - lam) ** 2 + 2.0 * lam * (1.0 - lam) * sim

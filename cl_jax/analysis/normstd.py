@@ -20,7 +20,7 @@ import json
 import jax
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 from etils import epath
 from matplotlib.figure import Figure
 
@@ -236,12 +236,7 @@ def run(
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}; give the run as --workdir=W")
-  if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required: the run directory to analyse")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+  cli.start_reader(argv, _WORKDIR.value, "analyse")
   with cli.report():
     scale = None
     if _CROP_SCALE.value is not None:

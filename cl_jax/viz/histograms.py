@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from cl_jax import checkpoint, parallel, run_config, train, workdir_lock
 from cl_jax import train_step as step_lib
 from cl_jax.addons import nonsemantic
-from cl_jax.data import photometric, pipeline, sources
+from cl_jax.data import photometric, sources
 
 KINDS = ("positive", "negative", "non-semantic")
 
@@ -147,13 +147,7 @@ def collect(
   built = train.build(config, len(source), mesh)
   encoder, make_state = built.encoder, built.make_state
   state, _ = checkpoint.restore(manager, jax.eval_shape(make_state), step)
-  data = pipeline.pretrain_dataset(
-      source,
-      batch_size=config.optim.batch_size,
-      image_size=config.data.image_size,
-      crop_scale=tuple(config.data.crop_scale),
-      seed=config.seed,
-  )
+  data = train.pretrain_data(config, source)
   similarities = _similarity_fn(encoder, step_lib.photometric_spec(config.aug), config.nonsemantic)
   edges = np.linspace(-1.0, 1.0, num_bins + 1)
   tallies: dict[str, Tally | None] = dict.fromkeys(KINDS)

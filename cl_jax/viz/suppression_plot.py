@@ -50,17 +50,8 @@ def _temperature_panel(ax, rows) -> None:
     x = [r.spec.temperature * (DODGE if ifm else 1.0 / DODGE) for r in line]
     for f in FEATURES:
       c = FEATURE_COLOURS[f]
-      ax.errorbar(
-          x,
-          [r.mean[f] for r in line],
-          yerr=_err(line, f),
-          color=c,
-          linestyle=style,
-          marker="o",
-          markerfacecolor=face or c,
-          markeredgecolor=c,
-          capsize=3,
-          linewidth=1.5,
+      _feature_line(
+          ax, x, line, f, linestyle=style, marker="o", markerfacecolor=face or c, markeredgecolor=c
       )
   ax.set_xscale("log")
   ax.xaxis.set_major_locator(ticker.FixedLocator(temps))
@@ -70,23 +61,28 @@ def _temperature_panel(ax, rows) -> None:
   ax.set_title("SimCLR: IFM off (dashed) vs on (solid)", fontsize=10)
 
 
+def _feature_line(ax, x, rows, feature: str, **style) -> None:
+  """Mean accuracy of `feature` over `rows` at `x`, with its error bars, in the feature's
+  colour; `style`: matplotlib's line and marker keywords."""
+  ax.errorbar(
+      x,
+      [r.mean[feature] for r in rows],
+      yerr=_err(rows, feature),
+      color=FEATURE_COLOURS[feature],
+      capsize=3,
+      linewidth=1.5,
+      **style,
+  )
+
+
 def _beta_panel(ax, rows, reference) -> None:
   """Accuracy vs beta, one line per feature; `reference`: plain SimCLR row or None."""
   line = sorted(rows, key=lambda r: r.spec.beta)
   x = [r.spec.beta for r in line]
   for f in FEATURES:
-    c = FEATURE_COLOURS[f]
-    ax.errorbar(
-        x,
-        [r.mean[f] for r in line],
-        yerr=_err(line, f),
-        color=c,
-        marker="s",
-        capsize=3,
-        linewidth=1.5,
-    )
+    _feature_line(ax, x, line, f, marker="s")
     if reference is not None:
-      ax.axhline(reference.mean[f], color=c, linestyle=":", linewidth=1.2)
+      ax.axhline(reference.mean[f], color=FEATURE_COLOURS[f], linestyle=":", linewidth=1.2)
   ax.xaxis.set_major_locator(ticker.FixedLocator(x))
   ax.xaxis.set_major_formatter(ticker.FixedFormatter([f"{b:g}" for b in x]))
   ax.set_xlabel("hardness concentration β")
