@@ -13,7 +13,11 @@ Stopping: Ctrl-C, SIGTERM (a scheduler's preemption, scancel or time limit) and
 the --stop_signal signal end the run at the end of its step with a checkpoint,
 print one line with the resume command, and exit with status 128 + the signal's
 number (130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1), what a shell or scheduler reads as
-"ended by that signal"; a requeued job resumes from that checkpoint.
+"ended by that signal"; a requeued job resumes from that checkpoint. Outside the
+training loop (start-up, the closing saves done, the probe) SIGTERM and the
+--stop_signal signal end the process at once with one line and the same status:
+every checkpoint that finished saving is intact (one process; in a multi-process
+run JAX's preemption service keeps SIGTERM).
 
 Multi-host: every process runs the same command with --multihost. The
 coordinator address, process count and process id are detected on Cloud TPU
@@ -119,6 +123,22 @@ def _signal_number(name: str | None) -> int | None:
     ) from None
 
 
+def _end_outside_training(signum, frame) -> None:
+  """Signal handler outside the training loop: one line, the input workers killed, and
+  exit 128 + signum at once (no save is in flight there: the loop waits for its saves)."""
+  del frame
+  print(
+      f"stopped by {signal.Signals(signum).name} outside the training loop; every checkpoint "
+      "that finished saving is intact: run the same command again to resume from the latest",
+      file=sys.stderr,
+      flush=True,
+  )
+  for child in multiprocessing.active_children():
+    child.kill()
+  sys.stdout.flush()
+  os._exit(128 + signum)
+
+
 def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
@@ -128,6 +148,9 @@ def main(argv):
     stop_signal = _signal_number(_STOP_SIGNAL.value)
     if _MULTIHOST.value or any(v is not None for v in explicit):
       startup.initialize_distributed(*explicit, timeout_s=_STARTUP_TIMEOUT.value)
+    else:  # the training loop handles them itself while it runs (train._stop_requests)
+      for sig in {signal.SIGTERM, stop_signal or signal.SIGTERM}:
+        signal.signal(sig, _end_outside_training)
     config = _CONFIG.value
     workdir = _WORKDIR.value or default_workdir(
         config_flags.get_config_filename(flags.FLAGS["config"])

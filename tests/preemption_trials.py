@@ -201,11 +201,15 @@ def trial(workdir, moment: tuple, sig: int, reference: dict, *extra, processes=1
   finished_early = stopped["status"] == [0] * processes  # the signal came after the last step
   want_status = [128 + (sig if i == target else signal.SIGTERM) for i in range(processes)]
   lines = [own_lines(e) for e in stopped["stderr"]]
+  # A signal after the loop (its last save done) ends the process at once, with its own line.
+  outside = processes == 1 and "outside the training loop" in stopped["stderr"][0]
   after_stop = {
       "one_line": finished_early
       or all(len(l) == 1 and "Traceback" not in e for l, e in zip(lines, stopped["stderr"])),
       "status_ok": finished_early or stopped["status"] == want_status,
-      "saved_is_latest": finished_early or stopped["saved"] == [steps(workdir)[-1]] * processes,
+      "saved_is_latest": finished_early
+      or outside
+      or stopped["saved"] == [steps(workdir)[-1]] * processes,
       "no_tmp_after_stop": not tmp_folders(workdir),
   }
   resumed = run(workdir, *extra, processes=processes)
@@ -218,13 +222,28 @@ def trial(workdir, moment: tuple, sig: int, reference: dict, *extra, processes=1
       "state_bit_identical": same_state(final_state(workdir), reference),
   }
   return {
-      "phase": stopped["phase"],
+      "phase": "after the loop" if outside else stopped["phase"],
       "saved": stopped["saved"][target],
       "status": stopped["status"],
       "line": lines[target][0] if lines[target] else "",
       "checks": checks,
       "resume_stderr": resumed.stderr[-2000:],
   }
+
+
+def reference_run(workdir, processes: int = 1) -> tuple[float, float]:
+  """Run the tiny run to its end, never stopped: (its seconds, the seconds from its first
+  checkpoint to its end, the window in which a random stop lands inside training)."""
+  started = time.time()
+  procs = tiny_run.start(workdir, [*tiny_run.FLAGS, *EXTRA], processes)
+  while all(p.poll() is None for p in procs) and not steps(workdir):
+    time.sleep(0.01)
+  first = time.time()
+  outs = [p.communicate(timeout=900) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  end = time.time()
+  return end - started, end - first
 
 
 def main() -> None:
@@ -244,16 +263,14 @@ def main() -> None:
   root = args.root or tempfile.mkdtemp(prefix="cl_jax_preemption_")
   sig = signal.Signals["SIG" + args.signal.upper().removeprefix("SIG")]
   straight = os.path.join(root, "straight")
-  started = time.time()
-  done = run(straight, processes=args.processes)
-  assert done.returncode == 0, done.stderr[-3000:]
-  run_s = time.time() - started
+  run_s, span_s = reference_run(straight, args.processes)
   reference = final_state(straight)
   rng = random.Random(args.seed)
+  window = round(0.6 * span_s, 1)  # a stop late in the window may come after the last step
   print(
-      f"reference run ({args.processes} process(es)): {run_s:.0f} s; "
-      f"{args.trials} trials of {sig.name}, in turn at a "
-      "random moment of training (0-8 s after the first checkpoint), during the n-th save "
+      f"reference run ({args.processes} process(es)): {run_s:.0f} s, {span_s:.1f} s of them "
+      f"after the first checkpoint; {args.trials} trials of {sig.name}, in turn at a random "
+      f"moment of training (0-{window} s after the first checkpoint), during the n-th save "
       "(n in 1..10), and during the k-th kNN evaluation (k in 1..5)"
   )
   print("| trial | moment | signalled | phase | exit | saved at | checks failed | stderr line |")
@@ -261,7 +278,7 @@ def main() -> None:
   failed = 0
   for i in range(args.trials):
     moment = (
-        ("delay", round(rng.uniform(0, 8), 2)),
+        ("delay", round(rng.uniform(0, window), 2)),
         ("save", rng.randint(1, 10)),
         ("knn", rng.randint(1, 5)),
     )[i % 3]

@@ -56,6 +56,39 @@ def test_stop_signal_saves_and_resumes_bit_for_bit(tmp_path, reference, sig, mom
   assert "Resume with: python -m cl_jax.main --workdir=" in got["line"]
 
 
+def test_sigterm_after_the_loop_ends_at_once_in_one_line(tmp_path, reference):
+  """SIGTERM during the probe that follows training: exit 143 at once with one line, the
+  final checkpoint intact, and the same command afterwards finds the run finished."""
+  state, _ = reference
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen(
+      trials.command(workdir, "--probe=true"),
+      cwd=ROOT,
+      env=tiny_run.env(),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
+  deadline = time.time() + 600
+  while time.time() < deadline and trials.TOTAL not in trials.steps(workdir):
+    time.sleep(0.02)
+  time.sleep(1.0)  # the loop has closed; the probe extracts features (several seconds here)
+  assert proc.poll() is None, "the probe ended before the signal"
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=600)
+  assert proc.returncode == 143, err[-3000:]
+  # One line of its own after the probe's progress bars (which share stderr).
+  assert "Traceback" not in err and err.count("stopped by") == 1, err[-3000:]
+  assert err.rstrip().endswith(
+      "stopped by SIGTERM outside the training loop; every checkpoint that finished saving "
+      "is intact: run the same command again to resume from the latest"
+  ), err[-3000:]
+  assert not trials.tmp_folders(workdir)
+  assert trials.same_state(trials.final_state(workdir), state)
+  again = trials.run(workdir)
+  assert again.returncode == 0, again.stderr[-3000:]
+
+
 def test_second_writer_is_refused_and_the_first_finishes(tmp_path, reference):
   state, _ = reference
   workdir = tmp_path / "run"
