@@ -1,6 +1,11 @@
-# shellcheck shell=bash
-# What the launch scripts share, sourced by them after they set PROG (their name in errors):
-# the bash version check, one-line errors, option checks and shell quoting.
+# shellcheck shell=bash disable=SC2034  # EXTRA_ARGS and DEFAULT_REPO are read by the scripts
+# What the launch scripts share, sourced by them first: their name and repository, the bash
+# version check, one-line errors, option parsing and checks, and shell quoting.
+
+# The sourcing script's name (in its errors) and the repository it belongs to (launch/..).
+readonly PROG="${BASH_SOURCE[1]##*/}"
+DEFAULT_REPO="$(cd "$(dirname "${BASH_SOURCE[1]}")/.." && pwd)"
+readonly DEFAULT_REPO
 
 if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 404)); then
   echo "$PROG: error: needs bash >= 4.4 (this is $BASH_VERSION)" >&2
@@ -31,4 +36,58 @@ require_value() {  # OPTION [VALUE ...]: the value that follows OPTION must be p
   if (($# < 2)) || [[ -z $2 || $2 == --* ]]; then
     die "option $1 needs a value (see --help)"
   fi
+}
+
+# check_main_args CONFIG [ARGS...]: CONFIG is relative to the repository, and no ARG (what follows
+# -- for cl_jax.main) is a flag that the scripts set themselves.
+check_main_args() {
+  if [[ $1 == /* ]]; then
+    die "--config '$1' must be relative to the repository, e.g. configs/mocov2_patchns.py"
+  fi
+  shift
+  local arg
+  for arg in "$@"; do
+    case $arg in
+      --config | --config=* | --workdir | --workdir=* | --multihost | --nomultihost)
+        die "'$arg' after -- is set by this script: use its --config / --workdir options"
+        ;;
+    esac
+  done
+}
+
+# parse_options "VALUE_OPTIONS" "FLAG_OPTIONS" ARGS...: for each option given, sets the variable of
+# its name (--gpus-per-node sets GPUS_PER_NODE): a value option to its value (--opt V or
+# --opt=V), a flag option to true. Words after -- go to EXTRA_ARGS, other words to POSITIONAL;
+# -h/--help prints usage and exits; an unknown option or a missing value ends in one line.
+parse_options() {
+  local values=" $1 " switches=" $2 " arg option
+  shift 2
+  POSITIONAL=()
+  while (($# > 0)); do
+    arg=$1
+    shift
+    if [[ $arg == --*=* ]]; then
+      set -- "${arg#*=}" "$@"
+      arg=${arg%%=*}
+    fi
+    option=${arg#--}
+    option=${option//-/_}
+    if [[ $arg == -h || $arg == --help ]]; then
+      usage
+      exit 0
+    elif [[ $arg == -- ]]; then
+      EXTRA_ARGS=("$@")
+      break
+    elif [[ $arg == --* && $values == *" ${arg#--} "* ]]; then
+      require_value "$arg" "$@"
+      printf -v "${option^^}" '%s' "$1"
+      shift
+    elif [[ $arg == --* && $switches == *" ${arg#--} "* ]]; then
+      printf -v "${option^^}" '%s' true
+    elif [[ $arg == -* ]]; then
+      die "unknown option '$arg' (see --help)"
+    else
+      POSITIONAL+=("$arg")
+    fi
+  done
 }

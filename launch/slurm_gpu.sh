@@ -4,11 +4,8 @@
 # written to <workdir>/slurm_job.sh and submitted with sbatch. `launch/slurm_gpu.sh --help` lists
 # the options.
 set -euo pipefail
-readonly PROG="slurm_gpu.sh"
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=common.sh source-path=SCRIPTDIR
-source "$SCRIPT_DIR/common.sh"
-readonly DEFAULT_REPO="${SCRIPT_DIR%/*}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 readonly JOB_FILE="slurm_job.sh"
 readonly HEREDOC_END="CL_JAX_SBATCH_SCRIPT"
 
@@ -89,22 +86,15 @@ check_options() {
   if [[ ! -f $REPO/cl_jax/main.py ]]; then
     die "--repo '$REPO' is not a cl_jax checkout (no cl_jax/main.py)"
   fi
-  if [[ $CONFIG == /* ]]; then
-    die "--config '$CONFIG' must be relative to the repository, e.g. configs/mocov2_patchns.py"
-  fi
+  check_main_args "$CONFIG" "${EXTRA_ARGS[@]}"
   if [[ ! -f $REPO/${CONFIG%%:*} ]]; then
     die "--config '$CONFIG': no file ${CONFIG%%:*} in $REPO"
   fi
   local arg
   for arg in "${EXTRA_ARGS[@]}"; do
-    case $arg in
-      --config | --config=* | --workdir | --workdir=* | --multihost | --nomultihost)
-        die "'$arg' after -- is set by this script: use its --config / --workdir options"
-        ;;
-      --stop_signal | --stop_signal=*)
-        die "'$arg' after -- is set by this script: the job stops on SIGUSR1 (#SBATCH --signal)"
-        ;;
-    esac
+    if [[ $arg == --stop_signal || $arg == --stop_signal=* ]]; then
+      die "'$arg' after -- is set by this script: the job stops on SIGUSR1 (#SBATCH --signal)"
+    fi
   done
 }
 
@@ -184,31 +174,9 @@ submit() {
 parse_args() {
   NODES="" GPUS_PER_NODE="" PARTITION="" TIME="" ACCOUNT="" JOB_NAME="" CONFIG="" WORKDIR=""
   VENV="" REPO="$DEFAULT_REPO" DRY_RUN=false EXTRA_ARGS=()
-  local arg
-  while (($# > 0)); do
-    arg=$1
-    shift
-    if [[ $arg == --*=* ]]; then
-      set -- "${arg#*=}" "$@"
-      arg=${arg%%=*}
-    fi
-    case $arg in
-      -h | --help) usage; exit 0 ;;
-      --nodes) require_value "$arg" "$@"; NODES=$1; shift ;;
-      --gpus-per-node) require_value "$arg" "$@"; GPUS_PER_NODE=$1; shift ;;
-      --partition) require_value "$arg" "$@"; PARTITION=$1; shift ;;
-      --time) require_value "$arg" "$@"; TIME=$1; shift ;;
-      --account) require_value "$arg" "$@"; ACCOUNT=$1; shift ;;
-      --job-name) require_value "$arg" "$@"; JOB_NAME=$1; shift ;;
-      --config) require_value "$arg" "$@"; CONFIG=$1; shift ;;
-      --workdir) require_value "$arg" "$@"; WORKDIR=$1; shift ;;
-      --venv) require_value "$arg" "$@"; VENV=$1; shift ;;
-      --repo) require_value "$arg" "$@"; REPO=$1; shift ;;
-      --dry-run) DRY_RUN=true ;;
-      --) EXTRA_ARGS=("$@"); break ;;
-      *) die "unknown option '$arg' (see --help)" ;;
-    esac
-  done
+  parse_options "nodes gpus-per-node partition time account job-name config workdir venv repo" \
+    "dry-run" "$@"
+  ((${#POSITIONAL[@]} == 0)) || die "unknown option '${POSITIONAL[0]}' (see --help)"
 }
 
 # Relative paths are taken against the submitting shell's directory: the job runs in --repo.

@@ -3,11 +3,8 @@
 # cl_jax on every worker, start the same training command on all workers, stream their logs,
 # delete the VM. `launch/tpu_vm.sh --help` lists the subcommands and options.
 set -euo pipefail
-readonly PROG="tpu_vm.sh"
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=common.sh source-path=SCRIPTDIR
-source "$SCRIPT_DIR/common.sh"
-readonly DEFAULT_REPO="${SCRIPT_DIR%/*}"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Layout on every worker, relative to the login user's home directory.
 readonly REMOTE_CODE="cl_jax"
 readonly REMOTE_VENV="cl_jax_venv"
@@ -172,20 +169,10 @@ check_run_options() {
   if [[ $WORKDIR != gs://* && $WORKDIR != /* ]]; then
     die "--workdir '$WORKDIR' must be gs://... or an absolute path on the TPU VM"
   fi
-  if [[ $CONFIG == /* ]]; then
-    die "--config '$CONFIG' must be relative to the repository, e.g. configs/mocov2_patchns.py"
-  fi
+  check_main_args "$CONFIG" "${EXTRA_ARGS[@]}"
   if ! is_git_url "$REPO" && [[ ! -f $REPO/${CONFIG%%:*} ]]; then
     die "--config '$CONFIG': no file ${CONFIG%%:*} in $REPO"
   fi
-  local arg
-  for arg in "${EXTRA_ARGS[@]}"; do
-    case $arg in
-      --config | --config=* | --workdir | --workdir=* | --multihost | --nomultihost)
-        die "'$arg' after -- is set by this script: use its --config / --workdir options"
-        ;;
-    esac
-  done
 }
 
 cmd_create() {
@@ -242,34 +229,16 @@ cmd_all() {
 parse_args() {
   SUBCOMMAND="" NAME="" ZONE="" PROJECT="" ACCELERATOR_TYPE="" VERSION="" REPO="$DEFAULT_REPO"
   CONFIG="" WORKDIR="" SPOT=false PREEMPTIBLE=false DRY_RUN=false EXTRA_ARGS=()
-  local arg
-  while (($# > 0)); do
-    arg=$1
-    shift
-    if [[ $arg == --*=* ]]; then
-      set -- "${arg#*=}" "$@"
-      arg=${arg%%=*}
-    fi
-    case $arg in
-      -h | --help) usage; exit 0 ;;
-      --name) require_value "$arg" "$@"; NAME=$1; shift ;;
-      --zone) require_value "$arg" "$@"; ZONE=$1; shift ;;
-      --project) require_value "$arg" "$@"; PROJECT=$1; shift ;;
-      --accelerator-type) require_value "$arg" "$@"; ACCELERATOR_TYPE=$1; shift ;;
-      --version) require_value "$arg" "$@"; VERSION=$1; shift ;;
-      --repo) require_value "$arg" "$@"; REPO=$1; shift ;;
-      --config) require_value "$arg" "$@"; CONFIG=$1; shift ;;
-      --workdir) require_value "$arg" "$@"; WORKDIR=$1; shift ;;
-      --spot) SPOT=true ;;
-      --preemptible) PREEMPTIBLE=true ;;
-      --dry-run) DRY_RUN=true ;;
-      --) EXTRA_ARGS=("$@"); break ;;
-      -*) die "unknown option '$arg' (see --help)" ;;
+  parse_options "name zone project accelerator-type version repo config workdir" \
+    "spot preemptible dry-run" "$@"
+  local word
+  for word in "${POSITIONAL[@]}"; do
+    case $word in
       create | install | run | logs | delete | all)
-        [[ -z $SUBCOMMAND ]] || die "two subcommands given: '$SUBCOMMAND' and '$arg'"
-        SUBCOMMAND=$arg
+        [[ -z $SUBCOMMAND ]] || die "two subcommands given: '$SUBCOMMAND' and '$word'"
+        SUBCOMMAND=$word
         ;;
-      *) die "unknown subcommand '$arg': use create, install, run, logs, delete or all" ;;
+      *) die "unknown subcommand '$word': use create, install, run, logs, delete or all" ;;
     esac
   done
   [[ -n $SUBCOMMAND ]] || die "no subcommand: use create, install, run, logs, delete or all (see --help)"
