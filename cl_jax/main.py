@@ -123,20 +123,26 @@ def _signal_number(name: str | None) -> int | None:
     ) from None
 
 
-def _end_outside_training(signum, frame) -> None:
-  """Signal handler outside the training loop: one line, the input workers killed, and
-  exit 128 + signum at once (no save is in flight there: the loop waits for its saves)."""
-  del frame
+def _end_now(what: str, status: int) -> None:
+  """Print `what`, then "; every checkpoint ... intact: ..." as one line, kill the input
+  workers and exit with `status` at once, without waiting for an abandoned save."""
   print(
-      f"stopped by {signal.Signals(signum).name} outside the training loop; every checkpoint "
-      "that finished saving is intact: run the same command again to resume from the latest",
+      f"{what}; every checkpoint that finished saving is intact: run the same command again "
+      "to resume from the latest",
       file=sys.stderr,
       flush=True,
   )
   for child in multiprocessing.active_children():
     child.kill()
   sys.stdout.flush()
-  os._exit(128 + signum)
+  os._exit(status)
+
+
+def _end_outside_training(signum, frame) -> None:
+  """Signal handler outside the training loop: end at once with 128 + signum (no save is in
+  flight there: the loop waits for its saves)."""
+  del frame
+  _end_now(f"stopped by {signal.Signals(signum).name} outside the training loop", 128 + signum)
 
 
 def main(argv):
@@ -149,7 +155,7 @@ def main(argv):
     if _MULTIHOST.value or any(v is not None for v in explicit):
       startup.initialize_distributed(*explicit, timeout_s=_STARTUP_TIMEOUT.value)
     else:  # the training loop handles them itself while it runs (train._stop_requests)
-      for sig in {signal.SIGTERM, stop_signal or signal.SIGTERM}:
+      for sig in [signal.SIGTERM] + ([stop_signal] if stop_signal else []):
         signal.signal(sig, _end_outside_training)
     config = _CONFIG.value
     workdir = _WORKDIR.value or default_workdir(
@@ -194,16 +200,7 @@ def run() -> None:
   try:
     app.run(main, flags_parser=cli.parse_flags)
   except KeyboardInterrupt:
-    print(
-        "interrupted; every checkpoint that finished saving is intact: run the same "
-        "command again to resume from the latest",
-        file=sys.stderr,
-        flush=True,
-    )
-    for child in multiprocessing.active_children():  # input workers
-      child.kill()
-    sys.stdout.flush()
-    os._exit(130)  # without waiting for an abandoned save
+    _end_now("interrupted", 130)
 
 
 if __name__ == "__main__":

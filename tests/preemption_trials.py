@@ -46,10 +46,26 @@ def command(workdir, *extra) -> list[str]:
   return tiny_run.command(workdir, [*tiny_run.FLAGS, *EXTRA, *extra])
 
 
+def start(workdir, *extra, processes: int = 1) -> list:
+  """The tiny run with the `extra` flags, started as `processes` processes (tiny_run.start)."""
+  return tiny_run.start(workdir, [*tiny_run.FLAGS, *EXTRA, *extra], processes)
+
+
+def wait_for_checkpoint(workdir, proc, step: int | None = None) -> None:
+  """Return once the run has a finished checkpoint (at `step`, if given), or `proc` ended,
+  or 600 s passed."""
+  deadline = time.time() + 600
+  while time.time() < deadline and proc.poll() is None:
+    done = steps(workdir)
+    if done if step is None else step in done:
+      return
+    time.sleep(0.02)
+
+
 def run(workdir, *extra, processes: int = 1, timeout=900) -> subprocess.CompletedProcess:
   """The tiny run to its end, as `processes` processes (tiny_run.start); the exit status is
   the first non-zero one, stdout and stderr those of all processes in turn."""
-  procs = tiny_run.start(workdir, [*tiny_run.FLAGS, *EXTRA, *extra], processes)
+  procs = start(workdir, *extra, processes=processes)
   outs = [p.communicate(timeout=timeout) for p in procs]
   return subprocess.CompletedProcess(
       procs[0].args,
@@ -132,8 +148,7 @@ def _wait_for(moment: tuple, workdir, lines: list, proc) -> None:
     return time.time() < deadline and proc.poll() is None
 
   if kind == "delay":
-    while running() and not steps(workdir):
-      time.sleep(0.01)
+    wait_for_checkpoint(workdir, proc)
     time.sleep(value)
   elif kind == "save":
     seen = set()
@@ -155,7 +170,7 @@ def stop_once(workdir, moment: tuple, sig: int, *extra: str, processes=1, target
   per process), phase (what the run was doing when signalled: 'knn' inside the kNN
   monitor, 'save' while an orbax tmp folder existed, else 'step'), saved (per process,
   the checkpoint step its line names, or None)}."""
-  procs = tiny_run.start(workdir, [*tiny_run.FLAGS, *EXTRA, *extra], processes)
+  procs = start(workdir, *extra, processes=processes)
   lines, errs = [], [[] for _ in procs]
   readers = [
       threading.Thread(target=_read_lines, args=(p.stdout, lines if i == 0 else []), daemon=True)
@@ -235,9 +250,8 @@ def reference_run(workdir, processes: int = 1) -> tuple[float, float]:
   """Run the tiny run to its end, never stopped: (its seconds, the seconds from its first
   checkpoint to its end, the window in which a random stop lands inside training)."""
   started = time.time()
-  procs = tiny_run.start(workdir, [*tiny_run.FLAGS, *EXTRA], processes)
-  while all(p.poll() is None for p in procs) and not steps(workdir):
-    time.sleep(0.01)
+  procs = start(workdir, processes=processes)
+  wait_for_checkpoint(workdir, procs[0])
   first = time.time()
   outs = [p.communicate(timeout=900) for p in procs]
   for p, (_, err) in zip(procs, outs):

@@ -61,17 +61,8 @@ def test_sigterm_after_the_loop_ends_at_once_in_one_line(tmp_path, reference):
   final checkpoint intact, and the same command afterwards finds the run finished."""
   state, _ = reference
   workdir = tmp_path / "run"
-  proc = subprocess.Popen(
-      trials.command(workdir, "--probe=true"),
-      cwd=ROOT,
-      env=tiny_run.env(),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-  )
-  deadline = time.time() + 600
-  while time.time() < deadline and trials.TOTAL not in trials.steps(workdir):
-    time.sleep(0.02)
+  (proc,) = trials.start(workdir, "--probe=true")
+  trials.wait_for_checkpoint(workdir, proc, trials.TOTAL)
   time.sleep(1.0)  # the loop has closed; the probe extracts features (several seconds here)
   assert proc.poll() is None, "the probe ended before the signal"
   proc.send_signal(signal.SIGTERM)
@@ -92,17 +83,8 @@ def test_sigterm_after_the_loop_ends_at_once_in_one_line(tmp_path, reference):
 def test_second_writer_is_refused_and_the_first_finishes(tmp_path, reference):
   state, _ = reference
   workdir = tmp_path / "run"
-  first = subprocess.Popen(
-      trials.command(workdir),
-      cwd=ROOT,
-      env=tiny_run.env(),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-  )
-  deadline = time.time() + 600
-  while time.time() < deadline and not trials.steps(workdir):
-    time.sleep(0.02)
+  (first,) = trials.start(workdir)
+  trials.wait_for_checkpoint(workdir, first)
   second = trials.run(workdir)
   assert second.returncode == 1
   assert second.stderr.strip().count("\n") == 0 and "Traceback" not in second.stderr
@@ -303,17 +285,8 @@ def _alive(pids: set[int]) -> set[int]:
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
 def test_input_workers_die_with_the_trainer(tmp_path, sig):
   workdir = tmp_path / "run"
-  proc = subprocess.Popen(
-      trials.command(workdir, "--config.data.workers=2"),
-      cwd=ROOT,
-      env=tiny_run.env(),
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE,
-      text=True,
-  )
-  deadline = time.time() + 600
-  while time.time() < deadline and not trials.steps(workdir):
-    time.sleep(0.02)
+  (proc,) = trials.start(workdir, "--config.data.workers=2")
+  trials.wait_for_checkpoint(workdir, proc)
   children = _descendants(proc.pid)
   assert len(children) >= 2, "the run has no input workers"  # 2 workers (+ resource tracker)
   proc.send_signal(sig)  # to the trainer alone, as the OOM killer or a bare kill does
