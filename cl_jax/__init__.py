@@ -1,0 +1,27 @@
+"""cl_jax: contrastive self-supervised learning in JAX/Flax.
+
+Commands that moved keep answering: `python -m cl_jax.<old name>` stops with one line naming
+the command that replaced it (MOVED), instead of Python's bare "No module named ...".
+"""
+
+import importlib.abc
+import sys
+
+# Old module -> the command that replaced it.
+MOVED = {
+    "cl_jax.knn": "python -m cl_jax.evaluate --evaluator=knn",
+}
+
+
+class _MovedCommands(importlib.abc.MetaPathFinder):
+  """Finds the MOVED modules only to refuse them with the new command (runpy prints the
+  ModuleNotFoundError's message on one line)."""
+
+  def find_spec(self, fullname, path=None, target=None):
+    del path, target
+    if fullname in MOVED:
+      raise ModuleNotFoundError(f"{fullname} has moved: use {MOVED[fullname]}", name=fullname)
+    return None
+
+
+sys.meta_path.append(_MovedCommands())

@@ -10,6 +10,7 @@ import ml_collections
 from cl_jax.addons import dicr
 from cl_jax.data import photometric
 from cl_jax.errors import UsageError
+from cl_jax.evaluators import MONITORS
 
 METHODS = ("moco", "simclr", "byol", "simsiam")
 BN_MODES = ("sync", "local", "shuffle")
@@ -442,7 +443,13 @@ def validate(
   _int(c, "train.score_queries", 0)
   _float(c, "train.max_param_growth", 1.0, None, lo_open=True)
 
-  _int(c, "eval.knn_every", 0)
+  _int(c, "eval.every", 0)
+  for name in c.eval.evaluators:
+    if name not in MONITORS:
+      raise UsageError(
+          f"eval.evaluators: {name!r} cannot run during pretraining; those that can: "
+          f"{', '.join(MONITORS)} (the others: python -m cl_jax.evaluate after it)"
+      )
   _int(c, "eval.knn_k", 1)
   _float(c, "eval.knn_temperature", 0.0, None, lo_open=True)
 

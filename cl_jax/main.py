@@ -185,14 +185,14 @@ def main(argv):
     if lead:
       print(
           f"pretraining done; the linear probe runs as its own single-host job: "
-          f"python -m cl_jax.probe --workdir={workdir}"
+          f"python -m cl_jax.evaluate --workdir={workdir} --evaluator=linear_probe"
       )
     return
   if run_probe:
-    from cl_jax import linear_probe
+    from cl_jax import evaluate
 
     with cli.report():
-      linear_probe.print_report(linear_probe.run(workdir))
+      evaluate.print_reports(evaluate.registry.evaluate(workdir, ("linear_probe",)))
 
 
 def run() -> None:

@@ -1,4 +1,5 @@
-"""The linear-probe job: a separate process reading a pretraining workdir.
+"""The linear-probe job, an alias of python -m cl_jax.evaluate --evaluator=linear_probe
+(cl_jax.evaluators.linear_probe) with the probe's own defaults.
 
 python -m cl_jax.probe --workdir=runs/mocov2_patchns [--step=N] [--protocol=fast|logreg|paper]
     [--baseline=false] [--validation] [--features=backbone|heads] [--rotation]
@@ -13,7 +14,8 @@ features) and probe.rotation (the 4-way rotation task).
 
 from absl import app, flags
 
-from cl_jax import cli, config_check, linear_probe
+from cl_jax import cli, config_check, evaluate
+from cl_jax.evaluators import registry
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
@@ -44,17 +46,17 @@ _ROTATION = flags.DEFINE_bool(
 def main(argv):
   cli.start_reader(argv, _WORKDIR.value, "probe")
   with cli.report():
-    linear_probe.print_report(
-        linear_probe.run(
-            _WORKDIR.value,
-            _STEP.value,
-            _PROTOCOL.value,
-            _BASELINE.value,
-            _VALIDATION.value,
-            features=_FEATURES.value,
-            rotation=_ROTATION.value,
-        )
+    reports = registry.evaluate(
+        _WORKDIR.value,
+        ("linear_probe",),
+        _STEP.value,
+        protocol=_PROTOCOL.value,
+        baseline=_BASELINE.value,
+        validation=_VALIDATION.value,
+        features=_FEATURES.value,
+        rotation=_ROTATION.value,
     )
+    evaluate.print_reports(reports)
 
 
 if __name__ == "__main__":

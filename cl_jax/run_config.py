@@ -53,6 +53,7 @@ _TUPLES = (
     ("probe", "decay_epochs"),
     ("optim", "decay_epochs"),
     ("looc", "augmentations"),
+    ("eval", "evaluators"),
 )
 # Fields that configs stored by earlier versions of cl_jax lack, with the value that does what
 # those versions did: a stored config without the field resumes under that value unchanged.
@@ -141,15 +142,15 @@ def check_resume(stored, new, *, step: int, workdir: str, allow_change: bool) ->
   (its checkpoint at `step`); return the accepted changes as "field: old -> new" lines."""
   old_flat, new_flat = flatten(stored), flatten(new)
 
-  def inert(field: str, old) -> bool:
+  def inert(field: str, old, new) -> bool:
     switch = field.split(".")[0] + ".enabled"
     if old_flat.get(switch, False) is False and new_flat.get(switch) is False:
       return True  # an add-on switched off in both (or missing from the stored config)
-    if old == ABSENT and changeable(field):
-      return True  # a field added since the run started that does not define a run
+    if ABSENT in (old, new) and changeable(field):
+      return True  # a field added or renamed since the run started that does not define a run
     return old == ABSENT and field in INERT and INERT[field] == new_flat.get(field)
 
-  diffs = [(k, a, b) for k, a, b in differences(stored, new) if not inert(k, a)]
+  diffs = [(k, a, b) for k, a, b in differences(stored, new) if not inert(k, a, b)]
   fixed = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if not changeable(k)]
   free = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if changeable(k)]
   if fixed:

@@ -41,8 +41,6 @@ from cl_jax import (
     checkpoint,
     config_check,
     health,
-    knn_eval,
-    linear_probe,
     logs,
     optim,
     parallel,
@@ -55,6 +53,7 @@ from cl_jax import queue as queue_lib
 from cl_jax import train_step as step_lib
 from cl_jax.data import pipeline, sources, texture_source
 from cl_jax.errors import UsageError
+from cl_jax.evaluators.registry import Monitors
 from cl_jax.metrics import MetricWriter
 from cl_jax.models.encoder import Encoder, encoder_for, head_layout
 from cl_jax.progress import Progress
@@ -392,14 +391,7 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
       "keys_per_step": keys,
       "param_norm_init": norm0,
   }
-  knn_every = config.eval.knn_every
-  # Every process evaluates the whole split on its own devices; process 0 logs the result.
-  knn_ctx = linear_probe.setup(config, jax.local_devices()) if knn_every else None
-  if knn_ctx is not None and config.eval.knn_k > len(knn_ctx.train_src):
-    raise UsageError(
-        f"eval.knn_k = {config.eval.knn_k} exceeds the kNN memory bank's "
-        f"{len(knn_ctx.train_src)} images (the probe's train split)"
-    )
+  monitors = Monitors(config)
   done = start
   stop = None
   # it.close() stops the input workers and frees their shared memory.
@@ -415,8 +407,8 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
       compiled = set()
       for step in range(start, end):
         done = step + 1
-        knn_due = bool(knn_every) and (done % knn_every == 0 or done == end)
-        logged = done % config.train.log_every == 0 or done == end or knn_due
+        eval_due = monitors.due(done, end)
+        logged = done % config.train.log_every == 0 or done == end or eval_due
         first_call = logged not in compiled
         if first_call and step > start:  # it compiles: keep it out of img/s
           jax.block_until_ready(state.step)
@@ -441,17 +433,10 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
         if logged:
           scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
           scalars["param_norm"] = norm
-          if knn_due:
-            t_knn = time.perf_counter()
-            variables = knn_eval.on_local_devices(
-                {"params": state.params, "batch_stats": state.batch_stats}, knn_ctx
-            )
-            accuracy = knn_eval.evaluate(
-                knn_ctx, variables, config.eval.knn_k, config.eval.knn_temperature, quiet=True
-            )
-            scalars.update({f"knn/{label}": acc for label, acc in accuracy.items()})
-            scalars["knn/seconds"] = time.perf_counter() - t_knn
-            t_last += scalars["knn/seconds"]  # img/s counts training only
+          if eval_due:
+            t_eval = time.perf_counter()
+            scalars.update(monitors(state.params, state.batch_stats))
+            t_last += time.perf_counter() - t_eval  # img/s counts training only
           now = time.perf_counter()
           if done > step_last:
             scalars["img_per_s"] = (done - step_last) * config.optim.batch_size / (now - t_last)

@@ -172,11 +172,12 @@ def base_config() -> ml_collections.ConfigDict:
   # value at initialisation, or the loss or the state is no longer finite.
   c.train.max_param_growth = 100.0
 
-  # Weighted-kNN monitor (Wu et al. 2018) while pretraining: every knn_every steps and at the
-  # end, the probe's train split is the memory bank and its test split is classified; logged
-  # as knn/<label> (0: off).
+  # Evaluators run while pretraining (cl_jax.evaluators.MONITORS), every `every` steps and at
+  # the end (0: never). The weighted-kNN monitor (Wu et al. 2018): the probe's train split is
+  # the memory bank and its test split is classified; logged as knn/<label>.
   c.eval = ml_collections.ConfigDict()
-  c.eval.knn_every = 0
+  c.eval.every = 0
+  c.eval.evaluators = ("knn",)
   c.eval.knn_k = 200
   c.eval.knn_temperature = 0.1
 
@@ -214,10 +215,10 @@ def base_config() -> ml_collections.ConfigDict:
 #   enough of the shape and texture at 32 px;
 # - 16 epochs (624 steps of batch 128, about 5 minutes): at 8 the MoCo runs gain only a few
 #   points on texture over a random network.
-# It also switches on the kNN monitor (eval.knn_every), which is not a departure.
+# It also switches on the kNN monitor (eval.every), which is not a departure.
 QUICK = {
     "optim": {"epochs": 16},
-    "eval": {"knn_every": 156},  # the kNN monitor 4 times in 624 steps (2 in 312), and at the end
+    "eval": {"every": 156},  # the kNN monitor 4 times in 624 steps (2 in 312), and at the end
     "model": {"head_bn": True},
     "aug": {"blur_prob": 0.0},
     "data": {"crop_scale": (0.5, 1.0)},

@@ -38,6 +38,8 @@ def _reader(command: str, workdir: str) -> list[str]:
     return ["cl_jax.analysis.normstd", f"--workdir={workdir}"]
   if command == "export":
     return ["cl_jax.export", f"--workdir={workdir}", "--format=flax"]
+  if command == "knn":
+    return ["cl_jax.evaluate", f"--workdir={workdir}", "--evaluator=knn"]
   return [f"cl_jax.{command}", f"--workdir={workdir}"]
 
 
@@ -90,7 +92,7 @@ def cases(root: str) -> list[tuple[str, list[str], str]]:
   out += [
       (
           "evaluate: missing workdir",
-          ["cl_jax.evaluate", f"--workdir={paths['missing']}", "--suite=robustness"],
+          ["cl_jax.evaluate", f"--workdir={paths['missing']}", "--evaluator=robustness"],
           "does not exist",
       ),
       (
@@ -200,9 +202,9 @@ def cases(root: str) -> list[tuple[str, list[str], str]]:
           "unknown config field model.nope",
       ),
       (
-          "evaluate: unknown suite",
-          ["cl_jax.evaluate", f"--workdir={paths['good']}", "--suite=nosuch"],
-          "value should be one of",
+          "evaluate: unknown evaluator",
+          ["cl_jax.evaluate", f"--workdir={paths['good']}", "--evaluator=nosuch"],
+          "evaluator must be one of",
       ),
       (
           "tiny_imagenet: a missing zip",

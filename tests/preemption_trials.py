@@ -34,7 +34,7 @@ KNN_EVERY = 8
 EXTRA = (
     "--config.optim.epochs=6",
     "--config.train.checkpoint_every=4",
-    f"--config.eval.knn_every={KNN_EVERY}",
+    f"--config.eval.every={KNN_EVERY}",
     "--config.eval.knn_k=20",
     "--probe=false",
 )

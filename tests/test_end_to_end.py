@@ -226,7 +226,8 @@ def test_diverging_run_stops_before_saving_and_its_advice_resumes(tmp_path):
 def test_training_path_does_not_import_tensorflow():
   code = (
       "import sys\n"
-      "from cl_jax import main, train, linear_probe\n"
+      "from cl_jax import main, train\n"
+      "from cl_jax.evaluators import linear_probe, registry\n"
       "from cl_jax.data import sources\n"
       "from configs import mocov2_patchns\n"
       "c = mocov2_patchns.get_config(None)\n"

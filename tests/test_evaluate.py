@@ -1,4 +1,5 @@
-"""The evaluation command's option parsing and its one-line errors."""
+"""The evaluation command's option parsing and its one-line errors, and the evaluators' registry:
+every evaluator has the interface, options are checked against the evaluators chosen."""
 
 import os
 import subprocess
@@ -6,8 +7,10 @@ import sys
 
 import pytest
 
-from cl_jax import evaluate
+from cl_jax import config_check, evaluate
 from cl_jax.errors import UsageError
+from cl_jax.evaluators import MONITORS, NAMES, registry
+from configs import mocov2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,14 +57,50 @@ def test_malformed_flags_are_refused(values, message):
     evaluate.options_from_flags(values)
 
 
-def test_unknown_suite_is_refused():
-  with pytest.raises(UsageError, match="--suite must be one of robustness, transfer, fewshot"):
-    evaluate.run("/nonexistent", "speed")
+def test_unknown_evaluator_is_refused():
+  with pytest.raises(
+      UsageError, match="evaluator must be one of linear_probe, .*, fewshot, got 'speed'"
+  ):
+    registry.parse_names("knn,speed")
+  with pytest.raises(UsageError, match="--evaluator is required"):
+    registry.parse_names(" , ")
 
 
-def test_the_command_reports_a_missing_run_in_one_line(tmp_path):
+def test_every_evaluator_has_the_interface():
+  for name in NAMES:
+    module = registry.get(name)
+    assert isinstance(module.TAG, str) and module.TAG.isidentifier(), name
+    assert set(module.OPTIONS) <= set(evaluate._OPTIONS), name
+    for member in ("run", "scalars", "table"):
+      assert callable(getattr(module, member)), (name, member)
+  for name in MONITORS:
+    assert callable(registry.get(name).monitor) and callable(registry.get(name).check_monitor)
+
+
+def test_an_option_no_chosen_evaluator_reads_is_refused():
+  with pytest.raises(UsageError, match="--k is an option of knn, not of linear_probe, transfer"):
+    registry.evaluate("/nonexistent", ("linear_probe", "transfer"), k=5)
+  with pytest.raises(UsageError, match="--shots is an option of fewshot, not of knn"):
+    registry.evaluate("/nonexistent", ("knn",), shots=(5,))
+
+
+def test_only_monitors_run_during_pretraining():
+  c = mocov2.get_config(None)
+  c.eval.every, c.eval.evaluators = 10, ("knn", "linear_probe")
+  with pytest.raises(UsageError, match="'linear_probe' cannot run during pretraining"):
+    config_check.validate(c)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--evaluator=fewshot"], "pretraining run"),
+        (["--suite=fewshot"], "--suite is now --evaluator: python -m cl_jax.evaluate"),
+    ],
+)
+def test_the_command_reports_in_one_line(tmp_path, args, message):
   proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.evaluate", f"--workdir={tmp_path}", "--suite=fewshot"],
+      [sys.executable, "-m", "cl_jax.evaluate", f"--workdir={tmp_path}", *args],
       cwd=ROOT,
       capture_output=True,
       text=True,
@@ -70,4 +109,16 @@ def test_the_command_reports_a_missing_run_in_one_line(tmp_path):
   )
   assert proc.returncode == 1
   assert proc.stderr.strip().startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
-  assert "pretraining run" in proc.stderr
+  assert message in proc.stderr
+
+
+def test_a_moved_command_names_its_replacement():
+  proc = subprocess.run(
+      [sys.executable, "-m", "cl_jax.knn", "--workdir=x"],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
+  assert "use python -m cl_jax.evaluate --evaluator=knn" in proc.stderr

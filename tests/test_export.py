@@ -168,7 +168,7 @@ def tiny_workdir(tmp_path_factory):
   """A finished tiny pretraining run (tests/tiny_run.py): 8 steps, a checkpoint at step 8."""
   workdir = tmp_path_factory.mktemp("export") / "run"
   cmd = [sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}", *tiny_run.FLAGS]
-  extra = ["--config.optim.epochs=1", "--config.eval.knn_every=0", "--probe=false"]
+  extra = ["--config.optim.epochs=1", "--config.eval.every=0", "--probe=false"]
   proc = subprocess.run(
       [*cmd, *extra], cwd=ROOT, capture_output=True, text=True, timeout=600, env=tiny_run.env()
   )

@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from cl_jax import knn_classifier, parallel
+from cl_jax import parallel
+from cl_jax.evaluators import knn as knn_classifier
 from tests import tiny_run
 from tests.conftest import ROOT
 
@@ -102,7 +103,7 @@ def test_k_beyond_the_bank_is_refused():
 @pytest.mark.slow
 def test_monitor_logs_knn_per_label_and_the_command_reads_the_checkpoint(tmp_path):
   workdir = tmp_path / "run"
-  monitor = ["--config.optim.epochs=2", "--config.eval.knn_every=8", "--config.eval.knn_k=20"]
+  monitor = ["--config.optim.epochs=2", "--config.eval.every=8", "--config.eval.knn_k=20"]
   proc = subprocess.run(
       [
           sys.executable,
@@ -127,7 +128,14 @@ def test_monitor_logs_knn_per_label_and_the_command_reads_the_checkpoint(tmp_pat
   assert {"loss", "knn/colour", "knn/shape", "knn/texture", "knn/seconds"} <= set(last)
   assert all(0.0 <= last[f"knn/{k}"] <= 1.0 for k in ("colour", "shape", "texture"))
   assert "kNN shape" in proc.stdout
-  cmd = [sys.executable, "-m", "cl_jax.knn", f"--workdir={workdir}", "--k=20"]
+  cmd = [
+      sys.executable,
+      "-m",
+      "cl_jax.evaluate",
+      f"--workdir={workdir}",
+      "--evaluator=knn",
+      "--k=20",
+  ]
   knn_proc = subprocess.run(
       cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=tiny_run.env()
   )

@@ -9,12 +9,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax import config_check, linear_probe, parallel, run_config, train
+from cl_jax import config_check, parallel, run_config, train
 from cl_jax import queue as queue_lib
 from cl_jax import train_step as step_lib
 from cl_jax.data import photometric, pipeline
 from cl_jax.data.rotated_source import RotatedSource
 from cl_jax.errors import UsageError
+from cl_jax.evaluators import registry
 from cl_jax.losses import looc, moco
 from cl_jax.models.encoder import build_encoder
 from configs import default, loocpp, mocov2
@@ -307,4 +308,4 @@ def test_looc_step_on_8_devices_equals_one_device():
 def test_probe_refuses_head_features_of_a_one_head_run(tmp_path):
   run_config.save_start(mocov2.get_config(None), str(tmp_path), 0)
   with pytest.raises(UsageError, match="one head"):
-    linear_probe.run(str(tmp_path), features="heads")
+    registry.evaluate(str(tmp_path), ("linear_probe",), features="heads")

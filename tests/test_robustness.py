@@ -1,4 +1,4 @@
-"""The robustness suite (cl_jax.suites.robustness): mCE by hand, the ImageNet-R / -A class
+"""The robustness evaluator (cl_jax.evaluators.robustness): mCE by hand, the ImageNet-R / -A class
 lists against the indices their authors publish, the class restriction, image folders, the
 whole command on mocked TFDS data and an image folder against a NumPy computation, and the
 messages for a missing dataset or classifier."""
@@ -13,11 +13,11 @@ import orbax.checkpoint as ocp
 import PIL.Image
 import pytest
 
-from cl_jax import checkpoint, evaluate, linear_probe, metrics, run_config
+from cl_jax import checkpoint, metrics, run_config
 from cl_jax.data import geometric, tfds_source
 from cl_jax.data.image_folder import ImageFolderSource
 from cl_jax.errors import UsageError
-from cl_jax.suites import robustness
+from cl_jax.evaluators import features, linear_classifier, linear_probe, registry, robustness
 from configs import mocov2
 
 tfds = pytest.importorskip("tensorflow_datasets")
@@ -153,7 +153,7 @@ def test_restriction_of_an_imagenet100_model(imagenet, name, shared):
   logits[:, outside] = 100.0
   logits[np.arange(shared), columns] = 1.0
   assert robustness.restricted_top1(logits, columns, np.arange(shared)) == 1.0
-  assert linear_probe.topk_accuracy(logits, columns, 1) == 0.0  # unrestricted argmax
+  assert linear_classifier.topk_accuracy(logits, columns, 1) == 0.0  # unrestricted argmax
 
 
 def test_a_1000_class_model_keeps_the_200_published_classes(imagenet):
@@ -321,7 +321,7 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
     records[tfds_name, split] = _Records(images, [imagenet.index(w) for w in wnids])
     _write_metadata(data_dir, tfds_name, {split: len(wnids)})
 
-  # The probe's own splits (linear_probe.setup opens them): a few ImageNet-100 images.
+  # The probe's own splits (features.setup opens them): a few ImageNet-100 images.
   probe_images = [rng.integers(0, 256, (36, 36, 3), dtype=np.uint8) for _ in range(3)]
   probe_wnids = [model[0], model[1], imagenet[0]]
   for split in ("train", "validation"):
@@ -336,7 +336,7 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
     return records[builder.name + config_name, split]
 
   with tfds.testing.mock_data(data_dir=str(data_dir), as_data_source_fn=as_data_source):
-    probe = linear_probe.setup(config)
+    probe = features.setup(config)
     # The checkpoint: the initial encoder, rescaled so that it differs from the run's init.
     variables = jax.tree.map(lambda v: np.asarray(v) * 1.25, jax.device_get(probe.init_variables()))
     run_config.save_start(config, str(workdir), STEP)
@@ -345,13 +345,13 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
     manager.save(STEP, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
     manager.wait_until_finished()
     dim = probe.features(variables, np.zeros((1, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)).shape[1]
-    classifier = linear_probe.LinearClassifier(
+    classifier = linear_classifier.LinearClassifier(
         rng.standard_normal(dim).astype(np.float32),
         (rng.random(dim) + 0.5).astype(np.float32),
         {"label": rng.standard_normal((dim, len(model))).astype(np.float32)},
         {"label": rng.standard_normal(len(model)).astype(np.float32)},
     )
-    name = linear_probe.report_name(STEP, "fast")
+    name = linear_probe.file_stem(f"probe_step{STEP}", "fast")
     classifier.save(workdir / f"{name}_classifier.npz")
     expected = _Expected(probe.features, variables, classifier, model)
 
@@ -379,9 +379,9 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
         want_errors.setdefault(c, {})[s] = 1.0 - accuracy
         matters.append(m)
 
-    report = evaluate.run(
+    (report,) = registry.evaluate(
         str(workdir),
-        "robustness",
+        ("robustness",),
         image_folders={"stylized_imagenet": str(folder)},
         corruptions=corruptions,
         bad_images="skip",
@@ -415,7 +415,7 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
   assert row["robustness/imagenet_r/top1"] == pytest.approx(want["imagenet_r"])
   assert row["robustness/imagenet_c/fog/CE"] == pytest.approx(c["corruptions"]["fog"]["CE"])
   assert "robustness/imagenet_c/mCE" not in row
-  text = evaluate.table(report)
+  text = registry.table(report)
   assert "ImageNet-R" in text and "Stylized-ImageNet" in text and "gaussian_noise" in text
   assert "Stylized-ImageNet: 1 unreadable image skipped" in text
 
@@ -425,13 +425,13 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
 
 def _context(workdir, data_dir, **options):
   config = _config(data_dir)
-  return evaluate.EvalContext(str(workdir), STEP, config, None, None, str(data_dir), options)
+  return registry.EvalContext(str(workdir), STEP, config, None, None, str(data_dir), options)
 
 
 def _save_classifier(workdir, num_classes=100):
   workdir.mkdir(exist_ok=True)
-  name = linear_probe.report_name(STEP, "fast")
-  linear_probe.LinearClassifier(
+  name = linear_probe.file_stem(f"probe_step{STEP}", "fast")
+  linear_classifier.LinearClassifier(
       np.zeros(4),
       np.ones(4),
       {"label": np.zeros((4, num_classes))},
@@ -444,8 +444,8 @@ def test_missing_classifier_says_to_run_the_probe(tmp_path):
   with pytest.raises(UsageError) as error:
     robustness.run(ctx)
   assert (
-      f"python -m cl_jax.probe --workdir={tmp_path} --step={STEP} --protocol=logreg first"
-      in str(error.value)
+      f"python -m cl_jax.evaluate --evaluator=linear_probe --workdir={tmp_path} "
+      f"--step={STEP} --protocol=logreg first" in str(error.value)
   )
   _save_classifier(tmp_path, num_classes=10)
   with pytest.raises(UsageError, match="not the 100 classes"):

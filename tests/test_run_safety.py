@@ -14,9 +14,10 @@ import jax
 import ml_collections
 import pytest
 
-from cl_jax import cli, linear_probe, metrics, run_config, train, workdir_lock
+from cl_jax import cli, metrics, run_config, train, workdir_lock
 from cl_jax.data import tfds_source
 from cl_jax.errors import UsageError
+from cl_jax.evaluators import features, linear_classifier, registry
 from configs import looc as looc_config
 from configs import mocov2_patchns
 from tests import tiny_run
@@ -286,7 +287,7 @@ def test_only_bad_input_becomes_one_line():
       raise ValueError("an internal bug")
   assert issubclass(tfds_source.DatasetNotFoundError, UsageError)
   with pytest.raises(UsageError, match="workdir /nonexistent/run does not exist"):
-    linear_probe.run("/nonexistent/run")
+    registry.evaluate("/nonexistent/run", ("linear_probe",))
 
 
 @pytest.mark.slow
@@ -307,15 +308,15 @@ def test_probe_reads_only_the_encoder_variables(finished_run, tmp_path, monkeypa
   monkeypatch.setattr(sources, "open_source", open_source)
   workdir = tmp_path / "run"
   shutil.copytree(finished_run, workdir)
-  report = linear_probe.run(str(workdir), baseline=False)
+  (report,) = registry.evaluate(str(workdir), ("linear_probe",), baseline=False)
   assert report["step"] == 16 and "pretrain" not in opened
   row = metrics.read_metrics(str(workdir))[-1]
   assert row["step"] == 16 and "loss" in row
   for label, acc in report["accuracy"].items():
     assert row[f"probe/fast/{label}/top1"] == acc["top1"]
-  saved = linear_probe.LinearClassifier.load(workdir / "probe_step16_fast_classifier.npz")
+  saved = linear_classifier.LinearClassifier.load(workdir / "probe_step16_fast_classifier.npz")
   assert set(saved.weights) == set(report["accuracy"])
   manager = checkpoint.make_manager(str(finished_run), read_only=True)
-  template = jax.eval_shape(linear_probe.setup(run_config.read(finished_run)).init_variables)
+  template = jax.eval_shape(features.setup(run_config.read(finished_run)).init_variables)
   step, variables = checkpoint.restore_variables(manager, template)
   assert step == 16 and set(variables) == {"params", "batch_stats"}

@@ -235,7 +235,7 @@ def base_value(config, field):
 @pytest.mark.slow
 def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
   sets = [f"--set={f[len('--config.') :]}" for f in tiny_run.FLAGS if f.startswith("--config.")]
-  sets += ["--set=optim.epochs=1", "--set=eval.knn_every=0"]
+  sets += ["--set=optim.epochs=1", "--set=eval.every=0"]
   cmd = [
       sys.executable,
       "-m",

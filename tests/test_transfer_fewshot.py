@@ -1,4 +1,4 @@
-"""The transfer and few-shot suites (cl_jax.suites.transfer / fewshot): the prototype classifier
+"""The transfer and few-shot suites (cl_jax.evaluators.transfer / fewshot): the prototype classifier
 and the 95% interval against hand-worked numbers and a NumPy re-derivation, episode sampling,
 the options' errors, and both suites end to end on mocked CUB-200-2011 and Flowers-102 records
 with known labels (tfds.testing.mock_data; the TFDS metadata is written as `tfds build` does).
@@ -10,10 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from cl_jax import evaluate, linear_probe
 from cl_jax.data import tfds_source
 from cl_jax.errors import UsageError
-from cl_jax.suites import fewshot, fine_grained, transfer
+from cl_jax.evaluators import features, fewshot, fine_grained, linear_classifier, registry, transfer
 from configs import simclr
 
 tfds = pytest.importorskip("tensorflow_datasets")
@@ -86,18 +85,18 @@ def fixture_probe():
   config.data.update(image_size=32, trifeature_train=16, trifeature_test=16)
   config.model.width_multiplier = 0.125
   config.probe.update(batch_size=8, epochs=3, decay_epochs=(2,))
-  return linear_probe.setup(config, jax.devices()[:1])
+  return features.setup(config, jax.devices()[:1])
 
 
 def _context(probe, data_dir, **options):
   """EvalContext whose checkpoint variables differ from the random init (arrays x 0.5 + 0.01)."""
   init = probe.init_variables()
   variables = jax.tree.map(lambda a: 0.5 * a + 0.01, init)
-  return evaluate.EvalContext("w", 7, probe.config, probe, variables, data_dir, options)
+  return registry.EvalContext("w", 7, probe.config, probe, variables, data_dir, options)
 
 
 def _report(module, ctx):
-  """The report as cl_jax.evaluate.run assembles it."""
+  """The report as cl_jax.evaluators.registry.evaluate assembles it."""
   return {"workdir": ctx.workdir, "step": ctx.step, **module.run(ctx)}
 
 
@@ -210,7 +209,7 @@ def test_episode_check_names_the_limits():
     ],
 )
 def test_fewshot_rejects_bad_options(options, message):
-  ctx = evaluate.EvalContext("w", 0, simclr.get_config(), None, {}, "/nowhere", options)
+  ctx = registry.EvalContext("w", 0, simclr.get_config(), None, {}, "/nowhere", options)
   with pytest.raises(UsageError, match=message):
     fewshot.run(ctx)
 
@@ -218,13 +217,16 @@ def test_fewshot_rejects_bad_options(options, message):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"protocol": "paper"}, "python -m cl_jax.probe.*--protocol=logreg or --protocol=fast"),
+        (
+            {"protocol": "paper"},
+            "--evaluator=linear_probe.*--protocol=logreg or --protocol=fast",
+        ),
         ({"protocol": "knn"}, "--protocol must be one of logreg, fast, got 'knn'"),
         ({"datasets": ""}, "--datasets must name"),
     ],
 )
 def test_transfer_rejects_bad_options(options, message):
-  ctx = evaluate.EvalContext("w", 0, simclr.get_config(), None, {}, "/nowhere", options)
+  ctx = registry.EvalContext("w", 0, simclr.get_config(), None, {}, "/nowhere", options)
   with pytest.raises(UsageError, match=message):
     transfer.run(ctx)
 
@@ -240,7 +242,7 @@ def test_unprepared_dataset_gives_the_build_command(tmp_path, monkeypatch, modul
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_download)
   data_dir = str(tmp_path)
   options = {"datasets": name}
-  ctx = evaluate.EvalContext("w", 0, simclr.get_config(), None, {}, data_dir, options)
+  ctx = registry.EvalContext("w", 0, simclr.get_config(), None, {}, data_dir, options)
   with pytest.raises(tfds_source.DatasetNotFoundError) as error:
     module.run(ctx)
   message = str(error.value)
@@ -250,7 +252,7 @@ def test_unprepared_dataset_gives_the_build_command(tmp_path, monkeypatch, modul
 
 
 def test_no_data_dir_asks_for_one():
-  ctx = evaluate.EvalContext("w", 0, simclr.get_config(), None, {}, "", {})
+  ctx = registry.EvalContext("w", 0, simclr.get_config(), None, {}, "", {})
   with pytest.raises(UsageError, match="(?s)pass --data_dir=D.*tfds build caltech_birds2011"):
     transfer.run(ctx)
 
@@ -282,7 +284,7 @@ def _mock_features(ctx, variables, name):
   out = []
   for split in (spec.train_split, spec.test_split):
     source = tfds_source.TfdsSource(spec.tfds_name, split, ctx.data_dir, 1, labelled=True)
-    x, y = linear_probe.eval_features(ctx.probe, variables, source, None, labels=("label",))
+    x, y = features.eval_features(ctx.extractor, variables, source, None, labels=("label",))
     out += [x, y["label"]]
   return out
 
@@ -290,9 +292,9 @@ def _mock_features(ctx, variables, name):
 def test_fewshot_end_to_end_matches_numpy_prototypes(probe, data_dir, monkeypatch):
   ctx = _context(probe, data_dir, datasets="flowers102", shots="3,1", episodes=3)
   computed = []
-  eval_features = linear_probe.eval_features
+  eval_features = features.eval_features
   monkeypatch.setattr(
-      linear_probe,
+      features,
       "eval_features",
       lambda *args, **kwargs: computed.append(args[2].split) or eval_features(*args, **kwargs),
   )
@@ -354,7 +356,7 @@ def test_transfer_end_to_end_matches_logistic_regression(probe, data_dir):
     for key, variables in (("accuracy", ctx.variables), ("random_init", probe.init_variables())):
       x_train, y_train, x_test, y_test = _mock_features(ctx, variables, name)
       classes = {"label": sizes[name][2]}
-      classifier = linear_probe.fit_logreg(x_train, {"label": y_train}, classes)
+      classifier = linear_classifier.fit_logreg(x_train, {"label": y_train}, classes)
       assert entry[key] == classifier.accuracy(x_test, {"label": y_test})["label"]
   assert transfer.scalars(report) == {
       f"transfer/{name}/{p}{k}": report["datasets"][name][key][k]
@@ -371,7 +373,7 @@ def test_transfer_fast_protocol_uses_the_probe_settings(probe, data_dir):
   entry = _report(transfer, ctx)["datasets"]["flowers102"]
   assert "random_init" not in entry
   x_train, y_train, x_test, y_test = _mock_features(ctx, ctx.variables, "flowers102")
-  classifier = linear_probe.fit_fast(
+  classifier = linear_classifier.fit_fast(
       x_train, {"label": y_train}, {"label": 102}, probe.config.probe, probe.config.seed
   )
   assert entry["accuracy"] == classifier.accuracy(x_test, {"label": y_test})["label"]

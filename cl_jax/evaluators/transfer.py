@@ -1,23 +1,25 @@
 """Transfer suite: linear classifiers on frozen features of fine-grained datasets.
 
-python -m cl_jax.evaluate --workdir=W --suite=transfer [--datasets=cub200,flowers102]
+python -m cl_jax.evaluate --workdir=W --evaluator=transfer [--datasets=cub200,flowers102]
     [--protocol=logreg|fast] [--baseline=true] [--data_dir=D]
 
 Xiao et al. 2021 (Sec. 4, Table 2) report top-1 / top-5 of a linear classifier on the frozen
 backbone of CUB-200-2011 (train 5,994 / test 5,794 images). Here one classifier per dataset
-(cl_jax.suites.fine_grained: CUB-200-2011 fitted on train, Flowers-102 on train+validation,
+(cl_jax.evaluators.fine_grained: CUB-200-2011 fitted on train, Flowers-102 on train+validation,
 both tested on test) is fitted to the cached, standardised features of the evaluation views:
   logreg  (default) scikit-learn's multinomial logistic regression, L-BFGS, C = 1
-          (linear_probe.fit_logreg): a convex problem, so no learning rate to tune per dataset;
-  fast    SGD with the run's config.probe settings (linear_probe.fit_fast).
+          (linear_classifier.fit_logreg): a convex problem, so no learning rate to tune per dataset;
+  fast    SGD with the run's config.probe settings (linear_classifier.fit_fast).
 The paper's own schedules (App. C: SGD lr 30 for 200 epochs on CUB, Adam for Flowers) train on
 augmented views and are not offered. With `baseline` the same evaluation on the network at
 random initialisation (step 0 of the run's seed) stands beside every number.
 """
 
-from cl_jax import linear_probe
 from cl_jax.errors import UsageError
-from cl_jax.suites import fine_grained
+from cl_jax.evaluators import fine_grained, linear_classifier
+
+TAG = "eval_transfer"
+OPTIONS = ("protocol", "datasets", "baseline")
 
 DEFAULT_DATASETS = ("cub200", "flowers102")
 PROTOCOLS = ("logreg", "fast")
@@ -28,8 +30,8 @@ def _protocol(options: dict) -> str:
   if protocol == "paper":
     raise UsageError(
         "--protocol=paper (augmented training views through the backbone at every step) is "
-        "the linear probe's (python -m cl_jax.probe); the transfer suite fits cached features: "
-        "use --protocol=logreg or --protocol=fast"
+        "the linear probe's (python -m cl_jax.evaluate --evaluator=linear_probe); the transfer "
+        "suite fits cached features: use --protocol=logreg or --protocol=fast"
     )
   if protocol not in PROTOCOLS:
     raise UsageError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
@@ -39,14 +41,14 @@ def _protocol(options: dict) -> str:
 def accuracy(ctx, variables: dict, dataset: fine_grained.Opened, protocol: str) -> dict:
   """{"top1", "top5"} test accuracy (fractions) of the `protocol` classifier fitted to the
   training features of `dataset` under the encoder `variables`."""
-  f = fine_grained.features(ctx, variables, dataset)
+  f = fine_grained.split_features(ctx, variables, dataset)
   classes = {"label": dataset.num_classes}
   if protocol == "fast":
-    classifier = linear_probe.fit_fast(
+    classifier = linear_classifier.fit_fast(
         f.x_train, {"label": f.y_train}, classes, ctx.config.probe, ctx.config.seed
     )
   else:
-    classifier = linear_probe.fit_logreg(f.x_train, {"label": f.y_train}, classes)
+    classifier = linear_classifier.fit_logreg(f.x_train, {"label": f.y_train}, classes)
   return classifier.accuracy(f.x_test, {"label": f.y_test})["label"]
 
 
@@ -59,7 +61,7 @@ def run(ctx) -> dict:
   datasets = [fine_grained.open_dataset(name, ctx.data_dir) for name in names]
   networks = {"accuracy": ctx.variables}
   if baseline:
-    networks["random_init"] = ctx.probe.init_variables()
+    networks["random_init"] = ctx.extractor.init_variables()
   report = {}
   for dataset in datasets:
     report[dataset.name] = {

@@ -1,12 +1,12 @@
 """Few-shot suite: N-way K-shot episodes with a prototype classifier on frozen features.
 
-python -m cl_jax.evaluate --workdir=W --suite=fewshot [--datasets=flowers102,cub200]
+python -m cl_jax.evaluate --workdir=W --evaluator=fewshot [--datasets=flowers102,cub200]
     [--shots=5,10] [--ways=0] [--episodes=10] [--baseline=true] [--data_dir=D]
 
 Xiao et al. 2021 (Sec. 4, Table 2) report 5-shot and 10-shot accuracy on Flowers-102 over 10
 trials with a 95% interval, on all 102 categories. An episode (sample_episode) draws `ways`
 classes (0: all classes of the support pool), K supports of each from the pool
-(cl_jax.suites.fine_grained: Flowers-102 train+validation, CUB-200-2011 train), and queries
+(cl_jax.evaluators.fine_grained: Flowers-102 train+validation, CUB-200-2011 train), and queries
 every test image of those classes; the prototype classifier (prototype_predictions, the
 nearest-centroid classifier of Snell et al. 2017 with cosine similarity) labels the queries.
 The features of the pool and of the test split are computed once per network, and every
@@ -22,7 +22,10 @@ from typing import NamedTuple
 import numpy as np
 
 from cl_jax.errors import UsageError
-from cl_jax.suites import fine_grained
+from cl_jax.evaluators import fine_grained
+
+TAG = "eval_fewshot"
+OPTIONS = ("datasets", "shots", "ways", "episodes", "baseline")
 
 DEFAULT_DATASETS = ("flowers102",)
 DEFAULT_SHOTS = (5, 10)
@@ -186,10 +189,10 @@ def run(ctx) -> dict:
   shots, ways, n = _options(ctx.options)
   baseline = fine_grained.baseline_option(ctx.options)
   datasets = [fine_grained.open_dataset(name, ctx.data_dir) for name in names]
-  init = ctx.probe.init_variables() if baseline else None
+  init = ctx.extractor.init_variables() if baseline else None
   report = {}
   for dataset in datasets:
-    f = fine_grained.features(ctx, ctx.variables, dataset)
+    f = fine_grained.split_features(ctx, ctx.variables, dataset)
     entry = {
         "tfds": dataset.spec.tfds_name,
         "pool_split": dataset.spec.train_split,
@@ -204,7 +207,7 @@ def run(ctx) -> dict:
     }
     entry["accuracy"] = _evaluate(f, drawn)
     if init is not None:
-      entry["random_init"] = _evaluate(fine_grained.features(ctx, init, dataset), drawn)
+      entry["random_init"] = _evaluate(fine_grained.split_features(ctx, init, dataset), drawn)
     report[dataset.name] = entry
   return {
       "classifier": "prototype (cosine similarity to the mean normalised support feature)",

@@ -1,12 +1,13 @@
 """Robustness suite: the run's linear-probe classifier on shifted ImageNet test sets.
 
-python -m cl_jax.evaluate --workdir=W --suite=robustness [--step=N] [--protocol=P]
+python -m cl_jax.evaluate --workdir=W --evaluator=robustness [--step=N] [--protocol=P]
     [--datasets=imagenet_c,imagenet_r,imagenet_sketch,imagenet_a,stylized_imagenet]
     [--data_dir=D] [--image_folders=imagenet_c=/path/to/ImageNet-C,...] [--bad_images=skip]
 
 The model is the run's backbone at step N and the linear classifier its probe job trained on
-the pretraining classes (python -m cl_jax.probe --protocol=P first): ImageNet-100 (the sorted
-WordNet ids of imagenet100_classes.txt) or ImageNet-1k (the sorted ids of TFDS imagenet2012).
+the pretraining classes (python -m cl_jax.evaluate --evaluator=linear_probe --protocol=P
+first): ImageNet-100 (the sorted WordNet ids of imagenet100_classes.txt) or ImageNet-1k (the
+sorted ids of TFDS imagenet2012).
 It is evaluated on
   imagenet_c         ImageNet-C (Hendrycks & Dietterich, ICLR 2019): the 15 benchmark
                      corruptions x 5 severities of the ImageNet validation images (TFDS
@@ -65,10 +66,15 @@ from typing import NamedTuple
 import numpy as np
 from etils import epath
 
-from cl_jax import linear_probe, logs
+from cl_jax import logs
 from cl_jax.data import tfds_source
 from cl_jax.data.image_folder import ImageFolderSource, check_bad_images
 from cl_jax.errors import UsageError
+from cl_jax.evaluators import features, linear_probe
+from cl_jax.evaluators.linear_classifier import LinearClassifier
+
+TAG = "eval_robustness"
+OPTIONS = ("protocol", "datasets", "image_folders", "bad_images", "corruptions", "severities")
 
 DATASETS = ("imagenet_c", "imagenet_r", "imagenet_sketch", "imagenet_a", "stylized_imagenet")
 TITLES = {
@@ -385,19 +391,19 @@ def _open(
   return out
 
 
-def _classifier(ctx, protocol: str, num_classes: int) -> tuple[linear_probe.LinearClassifier, str]:
+def _classifier(ctx, protocol: str, num_classes: int) -> tuple[LinearClassifier, str]:
   """(classifier, path) of the run's `protocol` probe at ctx.step, checked to classify the
   model's `num_classes` classes."""
-  features = ctx.config.probe.get("features", "backbone")
-  name = linear_probe.report_name(ctx.step, protocol, features)
+  which = ctx.config.probe.get("features", "backbone")
+  name = linear_probe.file_stem(f"probe_step{ctx.step}", protocol, which)
   path = epath.Path(ctx.workdir) / f"{name}_classifier.npz"
   if not path.exists():
     raise UsageError(
         f"no {protocol} probe classifier of step {ctx.step} in {ctx.workdir} ({path.name}): "
-        f"run python -m cl_jax.probe --workdir={ctx.workdir} --step={ctx.step} "
-        f"--protocol={protocol} first"
+        f"run python -m cl_jax.evaluate --evaluator=linear_probe --workdir={ctx.workdir} "
+        f"--step={ctx.step} --protocol={protocol} first"
     )
-  classifier = linear_probe.LinearClassifier.load(path)
+  classifier = LinearClassifier.load(path)
   if "label" not in classifier.weights or classifier.weights["label"].shape[1] != num_classes:
     shapes = {k: w.shape[1] for k, w in classifier.weights.items()}
     raise UsageError(
@@ -408,7 +414,7 @@ def _classifier(ctx, protocol: str, num_classes: int) -> tuple[linear_probe.Line
 
 
 def run(ctx) -> dict:
-  """The suite on ctx (cl_jax.evaluate.EvalContext); options: protocol, datasets,
+  """The suite on ctx (cl_jax.evaluators.registry.EvalContext); options: protocol, datasets,
   image_folders, bad_images ("stop" or "skip", default stop: module docstring), corruptions
   and severities (ImageNet-C subsets; default all 15 x 5)."""
   opts = ctx.options
@@ -423,16 +429,16 @@ def run(ctx) -> dict:
   test_sets = _open(ctx, names, corruptions, severities, model, imagenet, bad_images)
 
   # ImageNet-C images are stored centre-cropped: resized to the model's size, not cropped again.
-  uncropped = copy.deepcopy(ctx.probe.config)
+  uncropped = copy.deepcopy(ctx.extractor.config)
   uncropped.data.eval_crop_fraction = 1.0
-  uncropped_probe = ctx.probe._replace(config=uncropped)
+  uncropped_extractor = ctx.extractor._replace(config=uncropped)
   datasets, errors, skipped = {}, {}, {}
   for t in test_sets:
     if isinstance(t.source, ImageFolderSource):
       skipped.setdefault(t.name, []).extend(file for file, _ in t.source.skipped)
     desc = TITLES[t.name] + (f" {t.corruption} {t.severity}" if t.corruption else "")
-    probe = uncropped_probe if t.name == "imagenet_c" else ctx.probe
-    x, y = linear_probe.eval_features(probe, ctx.variables, t.source, desc, labels=("label",))
+    extractor = uncropped_extractor if t.name == "imagenet_c" else ctx.extractor
+    x, y = features.eval_features(extractor, ctx.variables, t.source, desc, labels=("label",))
     top1 = restricted_top1(classifier.logits(x)["label"], t.columns, y["label"])
     entry = datasets.setdefault(t.name, {"num_images": 0, "num_classes": len(t.kept)})
     entry["num_images"] += len(t.source)

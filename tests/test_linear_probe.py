@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from cl_jax import linear_probe
 from cl_jax.errors import UsageError
+from cl_jax.evaluators import features, linear_classifier, linear_probe
 from configs import mocov2, simclr
 
 
@@ -34,8 +34,8 @@ def _two_label_data(seed=0, dim=24):
 def test_fast_probe_agrees_with_logistic_regression():
   (train, test), classes = _two_label_data()
   probe = mocov2.get_config().probe
-  fast = linear_probe.fit_fast(*train, classes, probe, seed=0).accuracy(*test)
-  logreg = linear_probe.fit_logreg(*train, classes).accuracy(*test)
+  fast = linear_classifier.fit_fast(*train, classes, probe, seed=0).accuracy(*test)
+  logreg = linear_classifier.fit_logreg(*train, classes).accuracy(*test)
   for k in classes:
     assert abs(fast[k]["top1"] - logreg[k]["top1"]) < 0.03, (k, fast[k], logreg[k])
     assert fast[k]["top1"] <= fast[k]["top5"] <= 1.0
@@ -50,16 +50,16 @@ def test_logreg_probe_matches_nearest_centroid_on_separable_data():
   x_tr, y_tr = _gaussian_classes(rng, 2000, centres, 1.0)
   x_te, y_te = _gaussian_classes(rng, 1000, centres, 1.0)
   nearest = np.argmin(((x_te[:, None] - centres[None]) ** 2).sum(-1), axis=1)
-  acc = linear_probe.fit_logreg(x_tr, {"c": y_tr}, {"c": 5}).accuracy(x_te, {"c": y_te})
+  acc = linear_classifier.fit_logreg(x_tr, {"c": y_tr}, {"c": 5}).accuracy(x_te, {"c": y_te})
   assert abs(acc["c"]["top1"] - np.mean(nearest == y_te)) < 0.02
 
 
 def test_topk_accuracy_hand_checked():
   logits = np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.5], [0.2, 0.3, 0.1]])
   labels = np.array([1, 2, 2])
-  assert linear_probe.topk_accuracy(logits, labels, 1) == pytest.approx(1 / 3)
-  assert linear_probe.topk_accuracy(logits, labels, 2) == pytest.approx(2 / 3)
-  assert linear_probe.topk_accuracy(logits, labels, 5) == 1.0
+  assert linear_classifier.topk_accuracy(logits, labels, 1) == pytest.approx(1 / 3)
+  assert linear_classifier.topk_accuracy(logits, labels, 2) == pytest.approx(2 / 3)
+  assert linear_classifier.topk_accuracy(logits, labels, 5) == 1.0
 
 
 def test_baseline_key_follows_the_network_data_and_probe_only():
@@ -100,7 +100,7 @@ def test_random_init_baseline_is_computed_once_per_config(tmp_path, monkeypatch)
   def ctx(seed):
     c = mocov2.get_config()
     c.seed = seed
-    return linear_probe._Probe(c, None, None, lambda: _VARIABLES, None, None)
+    return features.Extractor(c, None, None, lambda: _VARIABLES, None, None)
 
   first = linear_probe.random_init_accuracy(ctx(0), "fast")
   again = linear_probe.random_init_accuracy(ctx(0), "fast")
@@ -130,7 +130,7 @@ def test_logreg_classifier_covers_binary_labels_and_absent_classes():
   rng = np.random.default_rng(2)
   x = rng.standard_normal((400, 3))
   y = np.where(x[:, 0] + 0.5 * x[:, 1] > 0, 3, 1)
-  clf = linear_probe.fit_logreg(x, {"c": y}, {"c": 4})
+  clf = linear_classifier.fit_logreg(x, {"c": y}, {"c": 4})
   from sklearn.linear_model import LogisticRegression
 
   z = (x - x.mean(0)) / (x.std(0) + 1e-6)
@@ -143,14 +143,14 @@ def test_logreg_classifier_covers_binary_labels_and_absent_classes():
 
 def test_classifier_save_load_round_trip(tmp_path):
   rng = np.random.default_rng(3)
-  clf = linear_probe.LinearClassifier(
+  clf = linear_classifier.LinearClassifier(
       rng.standard_normal(4),
       rng.random(4) + 0.5,
       {"shape": rng.standard_normal((4, 3)), "rotation": rng.standard_normal((4, 4))},
       {"shape": np.array([0.0, -np.inf, 1.0]), "rotation": rng.standard_normal(4)},
   )
   clf.save(tmp_path / "c.npz")
-  back = linear_probe.LinearClassifier.load(tmp_path / "c.npz")
+  back = linear_classifier.LinearClassifier.load(tmp_path / "c.npz")
   x = rng.standard_normal((5, 4))
   for k, v in clf.logits(x).items():
     np.testing.assert_array_equal(back.logits(x)[k], v)

@@ -8,7 +8,7 @@ Xiao et al. 2021 (Sec. 4, App. B) evaluate transfer on
               classifiers and few-shot supports use train+validation.
 Both are read from a prepared TFDS data_dir, never downloaded: a dataset missing there stops
 with the `tfds build` command that prepares it. Features are those of the run's linear probe
-(linear_probe.eval_features): every image once in its evaluation view (resize, centre crop to
+(cl_jax.evaluators.features): every image once in its evaluation view (resize, centre crop to
 config.data.image_size), computed data-parallel on the probe's mesh.
 """
 
@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cl_jax import linear_probe
 from cl_jax.data import tfds_source
 from cl_jax.errors import UsageError
+from cl_jax.evaluators import features
 
 
 class FineGrained(NamedTuple):
@@ -121,13 +121,17 @@ def open_dataset(name: str, data_dir: str) -> Opened:
   return Opened(name, spec, num_classes, train, test)
 
 
-def features(ctx, variables: dict, dataset: Opened) -> Features:
+def split_features(ctx, variables: dict, dataset: Opened) -> Features:
   """Features of both splits of `dataset` under the encoder `variables`, with the feature
   function and mesh of the run's probe (EvalContext ctx)."""
   out = []
   for source in (dataset.train, dataset.test):
-    x, y = linear_probe.eval_features(
-        ctx.probe, variables, source, f"{dataset.name} {source.split} features", labels=("label",)
+    x, y = features.eval_features(
+        ctx.extractor,
+        variables,
+        source,
+        f"{dataset.name} {source.split} features",
+        labels=("label",),
     )
     out += [x, y["label"]]
   return Features(*out)

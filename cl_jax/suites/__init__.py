@@ -1,1 +1,0 @@
-"""Evaluation suites of cl_jax.evaluate: robustness, transfer and few-shot."""
