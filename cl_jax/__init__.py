@@ -10,6 +10,8 @@ import sys
 # Old module -> the command that replaced it.
 MOVED = {
     "cl_jax.knn": "python -m cl_jax.evaluate --evaluator=knn",
+    "cl_jax.bench_augment": "python -m cl_jax.bench.augment",
+    "cl_jax.bench_torch": "python -m cl_jax.bench.torch_reference",
 }
 
 

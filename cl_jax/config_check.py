@@ -9,8 +9,8 @@ import ml_collections
 
 from cl_jax.addons import dicr
 from cl_jax.data import photometric
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import MONITORS
+from cl_jax.runtime.errors import UsageError
 
 METHODS = ("moco", "simclr", "byol", "simsiam")
 BN_MODES = ("sync", "local", "shuffle")
@@ -101,7 +101,7 @@ def _dataset_names():
 
 
 def _check_queue(c, queue: int, keys_per_step: int) -> None:
-  """The MoCo queue holds whole steps of keys (cl_jax.queue's layout)."""
+  """The MoCo queue holds whole steps of keys (cl_jax.memory_queue's layout)."""
   if queue % keys_per_step:
     _fail(
         "moco.queue_size",

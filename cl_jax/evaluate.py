@@ -32,8 +32,8 @@ run's metrics.jsonl and TensorBoard at step N (metrics.append_row), and its tabl
 
 import jax
 
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import NAMES, registry
+from cl_jax.runtime.errors import UsageError
 
 
 def _pairs(text: str) -> dict[str, str]:
@@ -98,7 +98,7 @@ def main(argv):
   """The command line (module docstring)."""
   from absl import flags
 
-  from cl_jax import cli
+  from cl_jax.runtime import cli
 
   f = flags.FLAGS
   if f.suite:
@@ -174,7 +174,7 @@ def _define_flags():
 if __name__ == "__main__":
   from absl import app
 
-  from cl_jax import cli
+  from cl_jax.runtime import cli
 
   _define_flags()
   app.run(main, flags_parser=cli.parse_flags)

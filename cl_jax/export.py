@@ -5,7 +5,7 @@ python -m cl_jax.export --workdir=W --format=torchvision|flax [--step=N] [--out=
 Only the ResNet backbone of the online (query) encoder is exported, its params and BN
 statistics, not the projection heads, predictor, EMA target or queue.
   torchvision  W/export/backbone_step<N>.safetensors: torchvision's resnet18 / resnet50
-               state dict without fc.* (cl_jax.export_torchvision says how to load it), the
+               state dict without fc.* (cl_jax.models.torchvision_export says how to load it), the
                run's facts in the safetensors metadata (all strings).
   flax         W/export/backbone_step<N>.msgpack: flax.serialization.msgpack_serialize of
                {"params", "batch_stats"} (numpy float32) of cl_jax.models.resnet.ResNet, and
@@ -31,12 +31,12 @@ import safetensors.numpy
 from absl import app, flags
 from etils import epath
 
-from cl_jax import checkpoint, cli, parallel, run_config, write_faults
 from cl_jax.data import photometric
-from cl_jax.errors import UsageError
-from cl_jax.export_torchvision import arch_name, torchvision_state_dict
-from cl_jax.metrics import write_atomically
 from cl_jax.models.encoder import Encoder, encoder_for
+from cl_jax.models.torchvision_export import arch_name, torchvision_state_dict
+from cl_jax.runtime import checkpoint, cli, parallel, run_config, write_faults
+from cl_jax.runtime.errors import UsageError
+from cl_jax.runtime.metrics import write_atomically
 from cl_jax.state import init_variables
 
 # Format -> file suffix.

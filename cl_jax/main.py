@@ -4,7 +4,7 @@ python -m cl_jax.main --config=configs/mocov2_patchns.py[:preset] [--workdir=DIR
 
 Without --workdir the run lives in ./runs/<config name>[_<preset>]. Starting
 again in a workdir that holds a checkpoint resumes from it, provided the config
-is the run's own (cl_jax.run_config; --allow_config_change accepts changes of
+is the run's own (cl_jax.runtime.run_config; --allow_config_change accepts changes of
 logging, checkpointing, probe, workers, length and learning rate). Ctrl-C lets
 a pending checkpoint save finish and prints how to resume. The probe runs once
 the run is finished (not after a --stop_at_step chunk).
@@ -36,8 +36,10 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from cl_jax import cli, startup, train
-from cl_jax.errors import UsageError
+from cl_jax import train
+from cl_jax.runtime import cli
+from cl_jax.runtime import distributed_startup as startup
+from cl_jax.runtime.errors import UsageError
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -62,7 +64,7 @@ _ALLOW_CHANGE = flags.DEFINE_bool(
     "allow_config_change",
     False,
     "On resume, accept changes of "
-    "the fields in cl_jax.run_config.CHANGEABLE (logging, "
+    "the fields in cl_jax.runtime.run_config.CHANGEABLE (logging, "
     "checkpoints, probe, workers, epochs, lr).",
 )
 _MULTIHOST = flags.DEFINE_bool(

@@ -14,8 +14,9 @@ features) and probe.rotation (the 4-way rotation task).
 
 from absl import app, flags
 
-from cl_jax import cli, config_check, evaluate
+from cl_jax import config_check, evaluate
 from cl_jax.evaluators import registry
+from cl_jax.runtime import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")

@@ -28,9 +28,9 @@ import time
 from absl import app, flags, logging
 from etils import epath
 
-from cl_jax import cli, metrics
 from cl_jax.analysis import study as study_lib
-from cl_jax.errors import UsageError
+from cl_jax.runtime import cli, metrics
+from cl_jax.runtime.errors import UsageError
 
 _STUDY = flags.DEFINE_list("study", None, "Studies to run (see --list), or 'claims'.")
 _LIST = flags.DEFINE_bool("list", False, "List the studies with their arms and stop.")

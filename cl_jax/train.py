@@ -1,23 +1,23 @@
 """The pretraining loop: data -> jitted train step -> metrics and checkpoints.
 
-A start (cl_jax.run_config) first compares the config with the one a resumed run
+A start (cl_jax.runtime.run_config) first compares the config with the one a resumed run
 was started with, then opens the data and restores the newest intact checkpoint
-(cl_jax.checkpoint), and only then writes the config and prints the start-up
-summary (cl_jax.summary). The step runs without host synchronisation; the host
+(cl_jax.runtime.checkpoint), and only then writes the config and prints the start-up
+summary (cl_jax.runtime.run_summary). The step runs without host synchronisation; the host
 reads metrics back only every `train.log_every` steps and before each
 checkpoint, where a diverged state (non-finite, or a parameter norm beyond
 `train.max_param_growth` times its initial value) stops the run before anything
 is saved, so the last checkpoint is always one to resume from. Between logging
 steps a lean variant of the step runs, without the statistics nobody reads
 (score statistics, health signals, gradient norms). At each logging
-step the embeddings' health signals (cl_jax.health) are checked against the
+step the embeddings' health signals (cl_jax.analysis.collapse) are checked against the
 `health` thresholds: a collapse is reported on the console and in
 workdir/warnings.log, and logged as the scalar health/collapsed. A stop request
 (the first Ctrl-C, SIGTERM, or a chosen extra signal such as SIGUSR1) stops the
 run at the end of its step with a checkpoint and raises Interrupted; in a
 multi-process run all processes stop at the same step (JAX's preemption sync
 point), whichever of them was signalled. The run holds the workdir's writer
-lock (cl_jax.workdir_lock) from before its first write to its end.
+lock (cl_jax.runtime.workdir_lock) from before its first write to its end.
 """
 
 import contextlib
@@ -37,26 +37,18 @@ import ml_collections
 import optax
 from etils import epath
 
-from cl_jax import (
-    checkpoint,
-    config_check,
-    health,
-    logs,
-    optim,
-    parallel,
-    run_config,
-    summary,
-    workdir_lock,
-    write_faults,
-)
-from cl_jax import queue as queue_lib
+from cl_jax import config_check, optim
+from cl_jax import memory_queue as queue_lib
 from cl_jax import train_step as step_lib
+from cl_jax.analysis import collapse as health
 from cl_jax.data import pipeline, sources, texture_source
-from cl_jax.errors import UsageError
 from cl_jax.evaluators.registry import Monitors
-from cl_jax.metrics import MetricWriter
 from cl_jax.models.encoder import Encoder, encoder_for, head_layout
-from cl_jax.progress import Progress
+from cl_jax.runtime import checkpoint, logs, parallel, run_config, workdir_lock, write_faults
+from cl_jax.runtime import run_summary as summary
+from cl_jax.runtime.errors import UsageError
+from cl_jax.runtime.metrics import MetricWriter
+from cl_jax.runtime.progress import Progress
 from cl_jax.state import TrainState, init_state
 
 
@@ -199,7 +191,7 @@ class Built(NamedTuple):
   """The parts of a run on a mesh (train.build).
 
   make_state() -> the initial TrainState, laid out with
-  cl_jax.parallel.state_sharding (queue rows over `data`); jax.eval_shape(make_state)
+  cl_jax.runtime.parallel.state_sharding (queue rows over `data`); jax.eval_shape(make_state)
   is its abstract shape, a template for restoring a checkpoint.
   """
 
@@ -237,7 +229,7 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh) -> Built:
 
 def relayout_queue(state, meta: dict, mesh, keys: int):
   """`state` with its queue moved from the checkpoint's layout (meta["queue_shards"]
-  shards) to the layout of `mesh` (cl_jax.queue), so a run resumes exactly on a
+  shards) to the layout of `mesh` (cl_jax.memory_queue), so a run resumes exactly on a
   different number of devices."""
   old, new = meta["queue_shards"], mesh.shape[parallel.DATA_AXIS]
   if state.queue is None:
@@ -269,7 +261,7 @@ def pretrain(
   reached that step; calling again continues the same run (a step the run has
   already reached is a UsageError). A resume with a changed config is refused
   unless every change is in run_config.CHANGEABLE and `allow_config_change` is
-  set. The run holds the workdir's writer lock (cl_jax.workdir_lock) throughout.
+  set. The run holds the workdir's writer lock (cl_jax.runtime.workdir_lock) throughout.
   A stop request (Ctrl-C, SIGTERM, `stop_signal`) ends it at the end of its step
   with a checkpoint and raises Interrupted.
   """

@@ -23,12 +23,12 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from cl_jax import parallel
 from cl_jax.addons import dicr
 from cl_jax.data import photometric
 from cl_jax.objectives import byol, looc, moco, simclr, simsiam
 from cl_jax.objectives.forward import Views
 from cl_jax.objectives.moco import keys_per_step
+from cl_jax.runtime import parallel
 from cl_jax.state import TrainState
 
 __all__ = [
@@ -169,12 +169,12 @@ def make_train_step(
   of the host batch are ignored. metrics: loss, lr, the method's statistics (score
   statistics of the contrastive methods, cl_jax.losses.moco.moco_loss and
   cl_jax.losses.simclr.simclr_loss; pos_mean and BYOL's tau for the others), the
-  embeddings' health signals (cl_jax.health.embedding_health, health/*) and the
+  embeddings' health signals (cl_jax.analysis.collapse.embedding_health, health/*) and the
   per-layer gradient norms of layer_grad_norms, float32 scalars. With statistics=False the
   metrics are loss and lr alone and XLA drops the computations of the others (the step the
   training loop runs between logging steps; the state it returns is the same). The
   augmentation and the optimizer update run under the named scopes "augment" and "optimizer",
-  which profiles show (cl_jax.step_profile).
+  which profiles show (cl_jax.bench.profile).
   """
   spec = photometric_spec(config.aug)
   objective = make_objective(config, encoder, mesh, steps_per_epoch)
@@ -204,7 +204,7 @@ def make_train_step(
 def jit_train_step(train_step, state_sharding, batch_sharding):
   """jit over the mesh with the state donated: its buffers are reused for the new state.
 
-  state_sharding: cl_jax.parallel.state_sharding of the state; batch_sharding:
+  state_sharding: cl_jax.runtime.parallel.state_sharding of the state; batch_sharding:
   the batch's rows over `data`. Metrics come back replicated.
   """
   return jax.jit(

@@ -181,7 +181,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.knn_k = 200
   c.eval.knn_temperature = 0.1
 
-  c.health = ml_collections.ConfigDict()  # collapse warnings while training (cl_jax/health.py)
+  # Collapse warnings while training (cl_jax/analysis/collapse.py).
+  c.health = ml_collections.ConfigDict()
   # Warn below these (README, "Health signals"): embedding std x sqrt(d) is about 1 when
   # the embeddings spread over the sphere, 0 when collapsed; a random network starts near
   # 0.3 and healthy MoCo runs dip to 0.24 early on, collapsed ones stay at 0.07-0.2.

@@ -159,7 +159,7 @@ def cases(root: str) -> list[tuple[str, list[str], str]]:
       (
           "bench: batch that does not divide over the 4 devices",
           [
-              "cl_jax.bench",
+              "cl_jax.bench.step",
               "--config=configs/mocov2_patchns.py",
               "--config.optim.batch_size=30",
               "--devices=4",
@@ -169,7 +169,7 @@ def cases(root: str) -> list[tuple[str, list[str], str]]:
       (
           "bench --input=jpeg: --jpeg_dir is an existing file",
           [
-              "cl_jax.bench",
+              "cl_jax.bench.step",
               "--config=configs/mocov2_patchns.py",
               "--input=jpeg",
               f"--jpeg_dir={a_file}",
@@ -178,12 +178,12 @@ def cases(root: str) -> list[tuple[str, list[str], str]]:
       ),
       (
           "bench_report: no timed steps",
-          ["cl_jax.bench_report", "--config=configs/mocov2.py", "--steps=0", f"--out={root}/b"],
+          ["cl_jax.bench.report", "--config=configs/mocov2.py", "--steps=0", f"--out={root}/b"],
           "--steps=0: 0 is not a positive integer",
       ),
       (
           "bench_augment: view size 0",
-          ["cl_jax.bench_augment", "--size=0"],
+          ["cl_jax.bench.augment", "--size=0"],
           "--size=0: 0 is not a positive integer",
       ),
       (
@@ -216,7 +216,7 @@ def cases(root: str) -> list[tuple[str, list[str], str]]:
     out.append(
         (
             "bench_torch: PyTorch not installed",
-            ["cl_jax.bench_torch", "--config=configs/mocov2.py"],
+            ["cl_jax.bench.torch_reference", "--config=configs/mocov2.py"],
             "needs PyTorch and torchvision",
         )
     )

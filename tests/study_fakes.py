@@ -6,7 +6,7 @@ import json
 import numpy as np
 from etils import epath
 
-from cl_jax import run_config
+from cl_jax.runtime import run_config
 
 # Study-wide overrides that make a run 8 steps long on a small Trifeature split.
 TINY = (

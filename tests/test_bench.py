@@ -8,8 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from cl_jax import bench, parallel, train
+from cl_jax import train
 from cl_jax import train_step as step_lib
+from cl_jax.bench import step as bench
+from cl_jax.runtime import parallel
 from configs import dicr, looc, mocov2_patchns
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
@@ -78,7 +80,7 @@ def test_cli_runs_each_device_count_in_its_own_process():
       [
           sys.executable,
           "-m",
-          "cl_jax.bench",
+          "cl_jax.bench.step",
           "--config=configs/mocov2_patchns.py",
           "--devices=1,2",
           "--steps=1",
@@ -160,7 +162,7 @@ def test_step_flops_match_a_hand_count_of_the_convolutions():
 
 
 def test_peak_table_names_the_accelerators():
-  from cl_jax import device_peaks
+  from cl_jax.bench import device_peaks
 
   assert device_peaks.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
   assert device_peaks.peak_tflops("NVIDIA H100 PCIe") == 756.0

@@ -11,9 +11,11 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from cl_jax import bench_input, parallel, train
+from cl_jax import train
+from cl_jax.bench import input as bench_input
 from cl_jax.data import geometric, pipeline
-from cl_jax.errors import UsageError
+from cl_jax.runtime import parallel
+from cl_jax.runtime.errors import UsageError
 from configs import mocov2_patchns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,7 +234,7 @@ def test_bench_command_with_jpeg_input_prints_the_ratio(tmp_path):
       [
           sys.executable,
           "-m",
-          "cl_jax.bench",
+          "cl_jax.bench.step",
           "--config=configs/mocov2_patchns.py",
           "--input=jpeg",
           f"--jpeg_dir={tmp_path / 'jpeg'}",

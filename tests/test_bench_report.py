@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from cl_jax import bench_report
+from cl_jax.bench import report as bench_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
@@ -60,7 +60,7 @@ def test_part_commands():
   cmd = bench_report.part_command("step", "/o", ["--config=c.py"], 5, 1, 64)
   assert cmd[1:] == [
       "-m",
-      "cl_jax.bench",
+      "cl_jax.bench.step",
       "--config=c.py",
       "--json",
       "--steps=5",
@@ -103,7 +103,7 @@ def test_the_one_command_runs_every_part_on_cpu(tmp_path):
   env["CL_JAX_CACHE"] = str(tmp_path / "cache")
   out = tmp_path / "report"
   proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.bench_report", f"--out={out}", *TINY]
+      [sys.executable, "-m", "cl_jax.bench.report", f"--out={out}", *TINY]
       + ["--steps=1", "--warmup=0", "--jpeg_images=24"],
       cwd=ROOT,
       env=env,

@@ -1,5 +1,5 @@
-"""The PyTorch reference of the MoCo-v2 step (cl_jax.bench_torch) against the JAX step, and
-the benchmark's --compare=torch."""
+"""The PyTorch reference of the MoCo-v2 step (cl_jax.bench.torch_reference) against the JAX
+step, and the benchmark's --compare=torch."""
 
 import os
 import subprocess
@@ -12,8 +12,11 @@ torch = pytest.importorskip("torch")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from cl_jax import bench_torch, export_torchvision, parallel, train  # noqa: E402
+from cl_jax import train  # noqa: E402
 from cl_jax import train_step as step_lib  # noqa: E402
+from cl_jax.bench import torch_reference as bench_torch  # noqa: E402
+from cl_jax.models import torchvision_export as export_torchvision  # noqa: E402
+from cl_jax.runtime import parallel  # noqa: E402
 from configs import mocov2  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 from tests.test_bench import TINY  # noqa: E402
@@ -36,7 +39,7 @@ def _config(symmetric: bool):
 
 def _torch_names(params: dict, batch_stats: dict, depth: int) -> dict[str, np.ndarray]:
   """Our encoder's variables under the torch model's names: the backbone through
-  cl_jax.export_torchvision, the head (hidden1, bn1, out) as fc.0, fc.1 and fc.3."""
+  cl_jax.models.torchvision_export, the head (hidden1, bn1, out) as fc.0, fc.1 and fc.3."""
   out = export_torchvision.torchvision_state_dict(
       params["backbone"], batch_stats["backbone"], depth
   )
@@ -140,7 +143,7 @@ def test_compare_cli_prints_jax_and_torch_rows_and_ratios():
       [
           sys.executable,
           "-m",
-          "cl_jax.bench",
+          "cl_jax.bench.step",
           "--config=configs/mocov2_patchns.py",
           "--devices=1",
           "--compare=torch",

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from cl_jax import metrics
+from cl_jax.runtime import metrics
 from tests import preemption_trials as trials
 from tests import tiny_run
 

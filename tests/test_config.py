@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from cl_jax import config_check, run_config
+from cl_jax import config_check
+from cl_jax.runtime import run_config
 from configs import mocov2, mocov2_patchns
 from tests.conftest import ROOT
 

@@ -10,10 +10,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax import config_check, run_config
+from cl_jax import config_check
 from cl_jax.addons import dicr
 from cl_jax.evaluators import linear_probe
 from cl_jax.models.encoder import encoder_for, head_layout
+from cl_jax.runtime import run_config
 from configs import dicr as dicr_config
 from configs import mocov2
 

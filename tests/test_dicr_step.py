@@ -9,9 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from cl_jax import config_check, parallel, train
+from cl_jax import config_check, train
 from cl_jax import train_step as step_lib
 from cl_jax.data import photometric
+from cl_jax.runtime import parallel
 from configs import byol, mocov2, simclr, simsiam
 
 pytestmark = pytest.mark.slow  # compiled train steps: minutes

@@ -17,7 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from cl_jax import checkpoint, metrics, parallel, run_config, train
+from cl_jax import train
+from cl_jax.runtime import checkpoint, metrics, parallel, run_config
 from tests import tiny_run
 from tests.conftest import ROOT
 

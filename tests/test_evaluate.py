@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from cl_jax import config_check, evaluate
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import MONITORS, NAMES, registry
+from cl_jax.runtime.errors import UsageError
 from configs import mocov2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

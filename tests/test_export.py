@@ -1,4 +1,4 @@
-"""Backbone export (cl_jax.export, cl_jax.export_torchvision): torchvision's names and shapes
+"""Backbone export (cl_jax.export, cl_jax.models.torchvision_export): torchvision's names and shapes
 written out from its architecture, the kernel layout, a tiny run exported in both formats,
 equality with torchvision's ResNet (where torch is installed) and one-line errors."""
 
@@ -16,13 +16,14 @@ import pytest
 import safetensors
 import safetensors.numpy
 
-from cl_jax import export, run_config
+from cl_jax import export
 from cl_jax.data import photometric
-from cl_jax.errors import UsageError
-from cl_jax.export_torchvision import conv_weight, torchvision_state_dict
 from cl_jax.models.batchnorm import GroupBatchNorm
 from cl_jax.models.encoder import encoder_for
 from cl_jax.models.resnet import ResNet
+from cl_jax.models.torchvision_export import conv_weight, torchvision_state_dict
+from cl_jax.runtime import run_config
+from cl_jax.runtime.errors import UsageError
 from configs import loocpp, mocov2_patchns
 from tests import tiny_run
 from tests.conftest import ROOT

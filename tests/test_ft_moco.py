@@ -15,10 +15,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax import parallel, train
-from cl_jax import queue as queue_lib
+from cl_jax import memory_queue as queue_lib
+from cl_jax import train
 from cl_jax import train_step as step_lib
 from cl_jax.losses import moco
+from cl_jax.runtime import parallel
 from configs import mocov2_patchns_ft_ifm
 
 B, DIM, P, K, T = 8, 6, 8, 32, 0.2

@@ -1,4 +1,4 @@
-"""Embedding health statistics (cl_jax.health) against NumPy float64 re-derivations, the
+"""Embedding health statistics (cl_jax.analysis.collapse) against NumPy float64 re-derivations, the
 collapse warning, and the statistics of a train step.
 
 References, on u_i = z_i / ||z_i||:
@@ -16,10 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import health, parallel, train
+from cl_jax import train
 from cl_jax import train_step as step_lib
+from cl_jax.analysis import collapse as health
 from cl_jax.data import photometric
-from cl_jax.progress import Progress
+from cl_jax.runtime import parallel
+from cl_jax.runtime.progress import Progress
 from configs import default, mocov2, simsiam
 
 HEALTH_KEYS = {"health/std", "health/std_sqrt_d", "health/rank", "health/align", "health/uniform"}

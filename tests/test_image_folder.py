@@ -15,7 +15,7 @@ import pytest
 from cl_jax.data import image_folder
 from cl_jax.data.image_folder import BadImageError, ImageFolderSource
 from cl_jax.data.tfds_source import DatasetNotFoundError
-from cl_jax.errors import UsageError
+from cl_jax.runtime.errors import UsageError
 
 
 def _encoded(image: np.ndarray, fmt: str) -> bytes:

@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from cl_jax import parallel
 from cl_jax.evaluators import knn as knn_classifier
+from cl_jax.runtime import parallel
 from tests import tiny_run
 from tests.conftest import ROOT
 

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import features, linear_classifier, linear_probe
+from cl_jax.runtime.errors import UsageError
 from configs import mocov2, simclr
 
 

@@ -9,15 +9,16 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax import config_check, parallel, run_config, train
-from cl_jax import queue as queue_lib
+from cl_jax import config_check, train
+from cl_jax import memory_queue as queue_lib
 from cl_jax import train_step as step_lib
 from cl_jax.data import photometric, pipeline
 from cl_jax.data.rotated_source import RotatedSource
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import registry
 from cl_jax.losses import looc, moco
 from cl_jax.models.encoder import build_encoder
+from cl_jax.runtime import parallel, run_config
+from cl_jax.runtime.errors import UsageError
 from configs import default, loocpp, mocov2
 from configs import looc as looc_config
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cl_jax import metrics
+from cl_jax.runtime import metrics
 from tests import tiny_run
 from tests.conftest import ROOT
 

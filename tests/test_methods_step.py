@@ -7,10 +7,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from cl_jax import parallel, train
+from cl_jax import train
 from cl_jax import train_step as step_lib
 from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric
+from cl_jax.runtime import parallel
 from configs import byol, simclr, simsiam
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes

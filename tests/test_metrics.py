@@ -7,7 +7,7 @@ import time
 import jax
 import pytest
 
-from cl_jax import metrics
+from cl_jax.runtime import metrics
 
 
 def _log(workdir, steps, offset, start_step=0, appendable=None):

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from cl_jax import metrics
+from cl_jax.runtime import metrics
 from tests import preemption_trials, tiny_run
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes

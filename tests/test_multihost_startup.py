@@ -19,8 +19,8 @@ CLUSTER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "TPU_", "MEGASCALE_", "KUBERNETES
 CHILD = """
 import sys
 import jax
-from cl_jax import startup
-from cl_jax.errors import UsageError
+from cl_jax.runtime import distributed_startup as startup
+from cl_jax.runtime.errors import UsageError
 
 if {forbid_jax}:
   def forbidden(*args, **kwargs):

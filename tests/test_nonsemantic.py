@@ -17,9 +17,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax import parallel
 from cl_jax.addons import nonsemantic
 from cl_jax.losses import moco
+from cl_jax.runtime import parallel
 
 DIM, QUEUE = 8, 16
 

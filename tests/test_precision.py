@@ -14,8 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import bench, parallel, train
+from cl_jax import train
 from cl_jax import train_step as step_lib
+from cl_jax.bench import step as bench
+from cl_jax.runtime import parallel
 from configs import mocov2_patchns
 
 _CONV = re.compile(

@@ -13,11 +13,11 @@ import orbax.checkpoint as ocp
 import PIL.Image
 import pytest
 
-from cl_jax import checkpoint, metrics, run_config
 from cl_jax.data import geometric, tfds_source
 from cl_jax.data.image_folder import ImageFolderSource
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import features, linear_classifier, linear_probe, registry, robustness
+from cl_jax.runtime import checkpoint, metrics, run_config
+from cl_jax.runtime.errors import UsageError
 from configs import mocov2
 
 tfds = pytest.importorskip("tensorflow_datasets")

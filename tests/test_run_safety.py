@@ -14,10 +14,11 @@ import jax
 import ml_collections
 import pytest
 
-from cl_jax import cli, metrics, run_config, train, workdir_lock
+from cl_jax import train
 from cl_jax.data import tfds_source
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import features, linear_classifier, registry
+from cl_jax.runtime import cli, metrics, run_config, workdir_lock
+from cl_jax.runtime.errors import UsageError
 from configs import looc as looc_config
 from configs import mocov2_patchns
 from tests import tiny_run
@@ -295,8 +296,8 @@ def test_probe_reads_only_the_encoder_variables(finished_run, tmp_path, monkeypa
   """The probe needs the online encoder's params and batch statistics, and the probe
   splits: it neither opens the pretraining split nor restores the optimizer or queue. Its
   accuracies join the run's metrics at the checkpoint's step and its classifier is saved."""
-  from cl_jax import checkpoint
   from cl_jax.data import sources
+  from cl_jax.runtime import checkpoint
 
   opened = []
   real_open = sources.open_source

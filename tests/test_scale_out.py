@@ -11,11 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import parallel, train
-from cl_jax import queue as queue_lib
+from cl_jax import memory_queue as queue_lib
+from cl_jax import train
 from cl_jax import train_step as step_lib
-from cl_jax.errors import UsageError
 from cl_jax.objectives import forward
+from cl_jax.runtime import parallel
+from cl_jax.runtime.errors import UsageError
 from configs import mocov2_patchns
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes

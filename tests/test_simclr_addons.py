@@ -20,8 +20,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax import parallel
 from cl_jax.losses import simclr
+from cl_jax.runtime import parallel
 from tests.finite_differences import central_differences
 
 B, DIM, T = 4, 5, 0.5

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import parallel
 from cl_jax.losses import simclr
+from cl_jax.runtime import parallel
 from tests.finite_differences import central_differences
 
 

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import parallel, train
+from cl_jax import train
 from cl_jax import train_step as step_lib
+from cl_jax.runtime import parallel
 from configs import mocov2_patchns
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes

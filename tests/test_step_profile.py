@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from cl_jax import bench, step_profile
+from cl_jax.bench import profile as step_profile
+from cl_jax.bench import step as bench
 from configs import mocov2_patchns
 
 # A small optimized HLO module in XLA's text form: a CPU-style fusion around a convolution

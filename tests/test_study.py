@@ -14,7 +14,7 @@ import scipy.stats
 from cl_jax import config_check
 from cl_jax.analysis import intervals, study, study_plot
 from cl_jax.analysis.intervals import NOT_RESOLVED, OPPOSITE, REPRODUCED, Interval
-from cl_jax.errors import UsageError
+from cl_jax.runtime.errors import UsageError
 from cl_jax.studies import CLAIMS, STUDIES
 from tests import study_fakes, tiny_run
 from tests.conftest import ROOT
@@ -155,7 +155,7 @@ def test_an_interrupted_run_is_resumed_in_its_own_directory(tmp_path):
   work, results, calls = str(tmp_path / "runs"), str(tmp_path / "results"), []
   directory = study.run_dir(work, "ns", 0)
   # An unfinished run: its config, no probe report.
-  from cl_jax import run_config
+  from cl_jax.runtime import run_config
 
   run_config.save_start(study.arm_config(NS, 0, study_fakes.TINY), str(directory), 0)
   study.ensure_record(

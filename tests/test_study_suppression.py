@@ -12,8 +12,8 @@ import pytest
 from etils import epath
 from PIL import Image
 
-from cl_jax import run_config
 from cl_jax.analysis import study
+from cl_jax.runtime import run_config
 from cl_jax.studies import suppression
 from cl_jax.studies.suppression import RunSpec
 from cl_jax.viz import suppression_plot

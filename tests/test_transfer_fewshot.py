@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from cl_jax.data import tfds_source
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import features, fewshot, fine_grained, linear_classifier, registry, transfer
+from cl_jax.runtime.errors import UsageError
 from configs import simclr
 
 tfds = pytest.importorskip("tensorflow_datasets")

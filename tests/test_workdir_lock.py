@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cl_jax import workdir_lock
+from cl_jax.runtime import workdir_lock
 
 
 def test_second_writer_is_refused_naming_the_holder(tmp_path):
@@ -36,7 +36,7 @@ def test_lock_of_a_killed_holder_is_taken_over_with_a_warning(tmp_path):
           sys.executable,
           "-c",
           "import sys, time\n"
-          "from cl_jax import workdir_lock\n"
+          "from cl_jax.runtime import workdir_lock\n"
           "with workdir_lock.hold(sys.argv[1]):\n"
           "  print('held', flush=True)\n"
           "  time.sleep(600)\n",

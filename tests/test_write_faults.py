@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from cl_jax import write_faults
+from cl_jax.runtime import write_faults
 
 
 def test_reason_reads_errno_and_the_systems_words():

@@ -24,12 +24,12 @@ from absl import app, flags
 from etils import epath
 from matplotlib.figure import Figure
 
-from cl_jax import checkpoint, cli, run_config, write_faults
 from cl_jax.analysis import dispersion, one_vs_rest
 from cl_jax.data import sources
-from cl_jax.errors import UsageError
-from cl_jax.metrics import write_atomically
 from cl_jax.models.encoder import encoder_for
+from cl_jax.runtime import checkpoint, cli, run_config, write_faults
+from cl_jax.runtime.errors import UsageError
+from cl_jax.runtime.metrics import write_atomically
 from cl_jax.state import init_variables
 from cl_jax.train_step import photometric_spec
 from cl_jax.viz.png import save

@@ -35,9 +35,10 @@ import numpy as np
 from etils import epath
 from matplotlib.figure import Figure
 
-from cl_jax import cli, health, metrics, run_config
+from cl_jax.analysis import collapse as health
 from cl_jax.analysis import intervals
-from cl_jax.errors import UsageError
+from cl_jax.runtime import cli, metrics, run_config
+from cl_jax.runtime.errors import UsageError
 
 PROBE_LABELS = ("colour", "shape", "texture", "rotation")
 # Score statistics averaged over the rows logged in the run's last epoch.

@@ -23,7 +23,7 @@ import numpy as np
 import PIL.Image
 
 from cl_jax.data.tfds_source import DatasetNotFoundError
-from cl_jax.errors import UsageError
+from cl_jax.runtime.errors import UsageError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 BAD_IMAGES = ("stop", "skip")

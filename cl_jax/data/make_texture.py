@@ -35,10 +35,10 @@ import numpy as np
 import tqdm
 from absl import app, flags
 
-from cl_jax import child_processes, cli
 from cl_jax.data import quilting, sources, tfds_source
 from cl_jax.data import texture_source as ts
-from cl_jax.errors import UsageError
+from cl_jax.runtime import child_processes, cli
+from cl_jax.runtime.errors import UsageError
 from configs import default
 
 SPLIT_ROLES = {"train": "pretrain", "test": "test"}
@@ -225,7 +225,7 @@ _WORKER = {}  # in a worker process: its source and the queue of image counts
 
 def _init_worker(source, progress, parent_pid: int) -> None:
   """Worker process start-up: keeps the (pickled) source and the progress queue, and dies
-  with the parent whatever kills it (cl_jax.child_processes)."""
+  with the parent whatever kills it (cl_jax.runtime.child_processes)."""
   child_processes.die_with_parent(parent_pid)
   _WORKER.update(source=source, progress=progress)
 

@@ -20,8 +20,8 @@ import signal
 import grain
 import numpy as np
 
-from cl_jax import child_processes
 from cl_jax.data import geometric, texture_source
+from cl_jax.runtime import child_processes
 
 
 def _views(image_size: int, crop_scale: tuple[float, float], num_views: int, texture: bool):
@@ -99,7 +99,7 @@ def pretrain_dataset(
 
 def _init_worker(parent_pid: int, worker_index: int, worker_count: int) -> None:
   """Input workers leave Ctrl-C to the main process, which stops the run cleanly, and die
-  with it whatever kills it (cl_jax.child_processes)."""
+  with it whatever kills it (cl_jax.runtime.child_processes)."""
   del worker_index, worker_count
   # A scheduler signals every process of the job: the trainer saves, and the workers must
   # keep feeding it until it closes them (or dies, which kills them).

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from cl_jax.errors import UsageError
+from cl_jax.runtime.errors import UsageError
 
 KEY = "texture_image"
 META_FILE = "meta.json"

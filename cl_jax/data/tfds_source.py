@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from cl_jax import logs
-from cl_jax.errors import UsageError
+from cl_jax.runtime import logs
+from cl_jax.runtime.errors import UsageError
 
 SPLIT_ROLES = ("pretrain", "probe_train", "test")
 UNLABELLED = -1

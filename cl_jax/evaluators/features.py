@@ -18,10 +18,10 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from cl_jax import parallel
 from cl_jax.data import photometric, pipeline, sources
 from cl_jax.data.rotated_source import RotatedSource
 from cl_jax.models.encoder import encoder_for
+from cl_jax.runtime import parallel
 from cl_jax.state import init_variables
 
 FEATURE_OUTPUTS = {"backbone": "pooled", "heads": "head_features"}

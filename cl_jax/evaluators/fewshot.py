@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import fine_grained
+from cl_jax.runtime.errors import UsageError
 
 TAG = "eval_fewshot"
 OPTIONS = ("datasets", "shots", "ways", "episodes", "baseline")

@@ -17,8 +17,8 @@ from typing import NamedTuple
 import numpy as np
 
 from cl_jax.data import tfds_source
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import features
+from cl_jax.runtime.errors import UsageError
 
 
 class FineGrained(NamedTuple):

@@ -24,10 +24,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import features
 from cl_jax.models.heads import l2_normalize
-from cl_jax.parallel import DATA_AXIS
+from cl_jax.runtime.errors import UsageError
+from cl_jax.runtime.parallel import DATA_AXIS
 
 TAG = "knn"
 OPTIONS = ("k", "temperature", "baseline")

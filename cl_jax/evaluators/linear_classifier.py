@@ -19,8 +19,8 @@ import optax
 import tqdm
 from etils import epath
 
-from cl_jax import metrics
-from cl_jax.errors import UsageError
+from cl_jax.runtime import metrics
+from cl_jax.runtime.errors import UsageError
 
 
 def topk_accuracy(logits: np.ndarray, labels: np.ndarray, k: int) -> float:

@@ -39,7 +39,6 @@ from etils import epath
 
 from cl_jax import config_check
 from cl_jax.data import pipeline
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import features
 from cl_jax.evaluators.features import Extractor
 from cl_jax.evaluators.linear_classifier import (
@@ -52,6 +51,7 @@ from cl_jax.evaluators.linear_classifier import (
     steps_per_epoch,
 )
 from cl_jax.models.encoder import head_layout
+from cl_jax.runtime.errors import UsageError
 
 TAG = "probe"
 OPTIONS = ("protocol", "baseline", "validation")

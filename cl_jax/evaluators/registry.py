@@ -12,10 +12,10 @@ import jax
 import ml_collections
 from etils import epath
 
-from cl_jax import checkpoint, metrics, run_config, write_faults
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import NAMES, features
 from cl_jax.models.encoder import head_layout
+from cl_jax.runtime import checkpoint, metrics, run_config, write_faults
+from cl_jax.runtime.errors import UsageError
 
 # Options that change the config every evaluator reads (probe.features, probe.rotation).
 CONFIG_OPTIONS = ("features", "rotation")

@@ -66,12 +66,12 @@ from typing import NamedTuple
 import numpy as np
 from etils import epath
 
-from cl_jax import logs
 from cl_jax.data import tfds_source
 from cl_jax.data.image_folder import ImageFolderSource, check_bad_images
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import features, linear_probe
 from cl_jax.evaluators.linear_classifier import LinearClassifier
+from cl_jax.runtime import logs
+from cl_jax.runtime.errors import UsageError
 
 TAG = "eval_robustness"
 OPTIONS = ("protocol", "datasets", "image_folders", "bad_images", "corruptions", "severities")

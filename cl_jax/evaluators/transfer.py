@@ -15,8 +15,8 @@ augmented views and are not offered. With `baseline` the same evaluation on the 
 random initialisation (step 0 of the run's seed) stands beside every number.
 """
 
-from cl_jax.errors import UsageError
 from cl_jax.evaluators import fine_grained, linear_classifier
+from cl_jax.runtime.errors import UsageError
 
 TAG = "eval_transfer"
 OPTIONS = ("protocol", "datasets", "baseline")

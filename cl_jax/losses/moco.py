@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
-from cl_jax import queue as queue_lib
+from cl_jax import memory_queue as queue_lib
 from cl_jax.addons import feature_transform, ifm, nonsemantic
 from cl_jax.losses import queue_contrast
 

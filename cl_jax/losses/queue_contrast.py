@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from cl_jax.parallel import DATA_AXIS
+from cl_jax.runtime.parallel import DATA_AXIS
 
 # scores(q_all, queue_shard): (B, d) gathered queries and a (K/S, d) queue shard
 # -> (B, K/S) scores s_ij, differentiable in the queries.

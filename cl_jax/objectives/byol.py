@@ -12,7 +12,7 @@ import jax
 import ml_collections
 import optax
 
-from cl_jax.health import embedding_health
+from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import byol
 from cl_jax.objectives import dicr
 from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features, texture_of
@@ -26,7 +26,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
   With DICR the loss adds lambda L_DICR of the two views (cl_jax.objectives.dicr).
   Updates: batch_stats, target_params, target_batch_stats. Stats: pos_mean (mean
   cosine of the two directions' pairs, after any extrapolation), tau, ns_mean
-  with NS negatives, and cl_jax.health.embedding_health of the online
+  with NS negatives, and cl_jax.analysis.collapse.embedding_health of the online
   projections z1, z2 (not the predictions), before any extrapolation.
   """
   ns = config.nonsemantic

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
-from cl_jax import parallel
 from cl_jax.addons import dicr, nonsemantic
+from cl_jax.runtime import parallel
 
 
 class Views(NamedTuple):

@@ -13,8 +13,8 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from cl_jax import queue as queue_lib
-from cl_jax.health import embedding_health
+from cl_jax import memory_queue as queue_lib
+from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import moco
 from cl_jax.objectives import dicr
 from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features, texture_of
@@ -31,7 +31,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps
 
   The updates are the new batch_stats, target_params, target_batch_stats and
   queue; stats are moco_loss's score statistics (the mean over the pairs when
-  symmetric) and cl_jax.health.embedding_health of the first pair's queries and
+  symmetric) and cl_jax.analysis.collapse.embedding_health of the first pair's queries and
   keys, before any feature transformation. With DICR (symmetric MoCo only) the loss adds
   lambda L_DICR of the two views' online outputs (cl_jax.objectives.dicr).
   """

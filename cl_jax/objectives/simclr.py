@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from cl_jax.health import embedding_health
+from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import simclr
 from cl_jax.objectives import dicr
 from cl_jax.objectives.forward import Views, encode, ns_features, texture_of
@@ -20,7 +20,7 @@ from cl_jax.state import TrainState
 def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):
   """objective(state, views) -> (loss, grads, {"batch_stats"}, stats) of one SimCLR step.
 
-  stats: simclr_loss's score statistics and cl_jax.health.embedding_health of the
+  stats: simclr_loss's score statistics and cl_jax.analysis.collapse.embedding_health of the
   two views' projections z1, z2, before any feature transformation.
 
   With DICR the loss adds lambda L_DICR of the two views (cl_jax.objectives.dicr).

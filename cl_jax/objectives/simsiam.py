@@ -4,7 +4,7 @@ App. E.2): L = D(p1, sg(z2))/2 + D(p2, sg(z1))/2, one network, no target, no neg
 import jax
 import ml_collections
 
-from cl_jax.health import embedding_health
+from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import simsiam
 from cl_jax.objectives import dicr
 from cl_jax.objectives.forward import Views, encode
@@ -16,7 +16,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: 
   """objective(state, views) -> (loss, grads, {"batch_stats"}, stats) of one step.
 
   With DICR the loss adds lambda L_DICR of the two views (cl_jax.objectives.dicr).
-  stats: pos_mean and cl_jax.health.embedding_health of the projections z1, z2
+  stats: pos_mean and cl_jax.analysis.collapse.embedding_health of the projections z1, z2
   (not the predictions), before any extrapolation.
   """
   ft = config.ft

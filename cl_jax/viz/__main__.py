@@ -21,10 +21,11 @@ import os
 from absl import app, flags, logging
 from etils import epath
 
-from cl_jax import cli, metrics, run_config, train
+from cl_jax import train
 from cl_jax.data import sources
-from cl_jax.errors import UsageError
 from cl_jax.models.encoder import head_layout
+from cl_jax.runtime import cli, metrics, run_config
+from cl_jax.runtime.errors import UsageError
 from cl_jax.viz import curves, histograms, landscape
 from cl_jax.viz.png import save
 

@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
-from cl_jax import run_config
+from cl_jax.runtime import run_config
 
 SCORE_KEYS = ("pos_mean", "neg_mean", "neg_var", "ns_mean")
 _TITLES = {

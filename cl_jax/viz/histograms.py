@@ -25,10 +25,11 @@ import ml_collections
 import numpy as np
 from matplotlib.figure import Figure
 
-from cl_jax import checkpoint, parallel, run_config, train, workdir_lock
+from cl_jax import train
 from cl_jax import train_step as step_lib
 from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric, sources
+from cl_jax.runtime import checkpoint, parallel, run_config, workdir_lock
 
 KINDS = ("positive", "negative", "non-semantic")
 

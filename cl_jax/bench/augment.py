@@ -1,6 +1,6 @@
 """Where should the photometric augmentation run? Prints img/s of each option.
 
-python -m cl_jax.bench_augment [--size=224] [--batch=128]
+python -m cl_jax.bench.augment [--size=224] [--batch=128]
 
   host crop      RandomResizedCrop + flip with PIL on one CPU core (what the
                  input pipeline does per view)
@@ -18,8 +18,8 @@ import numpy as np
 from absl import app, flags
 from PIL import Image, ImageEnhance, ImageFilter
 
-from cl_jax import cli
 from cl_jax.data import geometric, photometric
+from cl_jax.runtime import cli
 
 _SIZE = flags.DEFINE_integer("size", 224, "View size in pixels.", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch", 128, "Views per device batch.", lower_bound=1)

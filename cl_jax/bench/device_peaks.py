@@ -1,5 +1,5 @@
 """Peak dense bf16 throughput of accelerators, for the model-FLOPs utilisation (MFU) of
-cl_jax.bench.
+cl_jax.bench.step.
 
 Vendor figures for dense (no sparsity) bf16 matrix math per chip, in TFLOP/s:
   NVIDIA A100 (SXM and PCIe)          312

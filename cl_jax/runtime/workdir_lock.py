@@ -31,7 +31,7 @@ import sys
 import jax
 import numpy as np
 
-from cl_jax.errors import UsageError
+from cl_jax.runtime.errors import UsageError
 
 LOCK_FILE = "writer.lock"
 

@@ -1,6 +1,6 @@
 """Train-step benchmark over 1..N devices: step time, img/s, FLOPs and MFU, memory, compile time.
 
-python -m cl_jax.bench --config=configs/mocov2_patchns.py[:preset] --devices=1,2,4,8 [--json]
+python -m cl_jax.bench.step --config=configs/mocov2_patchns.py[:preset] --devices=1,2,4,8 [--json]
 
 Each device count runs in its own process. On CPU the devices are simulated
 (JAX_NUM_CPU_DEVICES), so they share the machine's cores: the numbers show the
@@ -11,11 +11,11 @@ global batch of host-cropped uint8 views with their crop boxes; the host input
 pipeline is not timed. The timed step is the lean one that training runs between logging
 steps (loss and lr; --logging_step times the step that also computes every logged statistic).
 FLOPs come from XLA's cost analysis of the compiled step (step_flops); the MFU divides the
-achieved FLOP rate by the device's peak (cl_jax.device_peaks). --profile=DIR traces a few more
-steps with jax.profiler and prints where the step's time goes (cl_jax.step_profile).
+achieved FLOP rate by the device's peak (cl_jax.bench.device_peaks). --profile=DIR traces a few more
+steps with jax.profiler and prints where the step's time goes (cl_jax.bench.profile).
 
 --compare=torch times, instead, the JAX step on one device beside the PyTorch reference of
-the same MoCo-v2 step (cl_jax.bench_torch, eager and torch.compile; needs torch and
+the same MoCo-v2 step (cl_jax.bench.torch_reference, eager and torch.compile; needs torch and
 torchvision) on the same device, and prints the ratios JAX img/s / torch img/s.
 """
 
@@ -30,9 +30,12 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from cl_jax import cli, config_check, device_peaks, parallel, step_profile, train
+from cl_jax import config_check, train
 from cl_jax import train_step as step_lib
+from cl_jax.bench import device_peaks
+from cl_jax.bench import profile as step_profile
 from cl_jax.data import geometric
+from cl_jax.runtime import cli, parallel
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -49,7 +52,7 @@ _COMPARE = flags.DEFINE_enum(
     "compare",
     None,
     ["torch"],
-    "torch: time the JAX step and the PyTorch reference of cl_jax.bench_torch (eager and "
+    "torch: time the JAX step and the PyTorch reference of cl_jax.bench.torch_reference (eager and "
     "compiled) on one device instead of the device counts (--devices is not used).",
 )
 _LOGGING_STEP = flags.DEFINE_bool(
@@ -63,7 +66,8 @@ _PROFILE = flags.DEFINE_string(
     None,
     "Trace --profile_steps more steps with jax.profiler into DIR/devices_<n> (for TensorBoard's "
     "profile plugin or ui.perfetto.dev) and print where the step's time goes, by phase and by "
-    "op kind (cl_jax.step_profile); the step's optimized HLO goes to DIR/devices_<n>/step_hlo.txt.",
+    "op kind (cl_jax.bench.profile); the step's optimized HLO goes to "
+    "DIR/devices_<n>/step_hlo.txt.",
 )
 _PROFILE_STEPS = flags.DEFINE_integer(
     "profile_steps", 3, "Steps traced with --profile.", lower_bound=1
@@ -118,7 +122,7 @@ def measure(
   lr only), True the logging step with every statistic (cl_jax.train_step.make_train_step).
   With profile_dir, `profile_steps` more steps run under the profiler
   after the timed ones, and the row gains "profile", their op time per step by phase and by
-  kind (cl_jax.step_profile.profile_compiled).
+  kind (cl_jax.bench.profile.profile_compiled).
 
   Returns a dict: devices, backend, device_kind, step ("lean" or "logging"), global_batch,
   compile_s,
@@ -126,7 +130,7 @@ def measure(
   queue_mb_per_device (bytes of the queue shard on one device / 2^20),
   queue_mb_total, gflop_per_image (step_flops x devices / global batch),
   tflops_per_device (step_flops / step time), mfu (tflops_per_device / the device's peak,
-  cl_jax.device_peaks; None where unknown), and peak_mb_per_device where the backend
+  cl_jax.bench.device_peaks; None where unknown), and peak_mb_per_device where the backend
   reports it.
   """
   mesh = parallel.make_mesh(jax.devices()[:devices])
@@ -189,7 +193,7 @@ def measure(
 def _child_command(n: int) -> list[str]:
   """This module's command line for device count n (flags passed through)."""
   args = [a for a in sys.argv[1:] if not a.startswith(("--devices", "--child"))]
-  return [sys.executable, "-m", "cl_jax.bench", *args, f"--child={n}"]
+  return [sys.executable, "-m", "cl_jax.bench.step", *args, f"--child={n}"]
 
 
 def _table(rows: list[dict]) -> str:
@@ -240,17 +244,18 @@ def _step_words() -> str:
   return "lean step (loss and lr; training's step between logging steps)"
 
 
-# The MoCo add-ons that the PyTorch reference leaves out (cl_jax.bench_torch.ADDONS; not
+# The MoCo add-ons that the PyTorch reference leaves out (cl_jax.bench.torch_reference.ADDONS; not
 # imported from there, which needs torch): --compare=torch switches them off in both steps.
 _TORCH_ADDONS = ("nonsemantic", "ft", "ifm", "looc", "dicr")
 
 
 def _torch_command(compiled: bool) -> list[str]:
-  """cl_jax.bench_torch's command line with this run's config flags, --steps and --warmup."""
+  """cl_jax.bench.torch_reference's command line with this run's config flags, --steps and
+  --warmup."""
   drop = ("--devices", "--child", "--compare", "--json", "--nojson", "--profile", "--logging_step",
           "--nologging_step")  # fmt: skip
   args = [a for a in sys.argv[1:] if not a.startswith(drop)]
-  return [sys.executable, "-m", "cl_jax.bench_torch", *args, f"--compile={compiled}"]
+  return [sys.executable, "-m", "cl_jax.bench.torch_reference", *args, f"--compile={compiled}"]
 
 
 def _failure_reason(stderr: str) -> str:
@@ -291,7 +296,7 @@ def _compare_table(dtype: str, jax_row: dict, eager: dict, compiled: dict) -> st
 
 def _compare_torch(config) -> None:
   """--compare=torch: the JAX step on one device beside the PyTorch reference of
-  cl_jax.bench_torch, eager and compiled, on the same device (CUDA if torch sees one, else
+  cl_jax.bench.torch_reference, eager and compiled, on the same device (CUDA if torch sees one, else
   the CPU), each in its own process; a torch mode that fails (e.g. torch.compile without a C
   compiler) is reported with its reason. The MoCo add-ons the reference lacks are switched
   off in both steps. Prints the rows and the ratios JAX img/s / torch img/s, or with --json
@@ -410,7 +415,7 @@ _INPUT = flags.DEFINE_enum(
     "synthetic: time the step on a synthetic batch (above). jpeg: time the training loop end "
     "to end on a generated ImageNet-like JPEG folder (input pipeline alone with 0, 1, 2, ... "
     "workers, exact and reduced-size decoding; loop on JPEGs / loop on batches in memory; "
-    "cl_jax.bench_input) on this process's devices (--devices is not used).",
+    "cl_jax.bench.input) on this process's devices (--devices is not used).",
 )
 _JPEG_DIR = flags.DEFINE_string(
     "jpeg_dir", "", "--input=jpeg: the folder (default: in $CL_JAX_CACHE or ~/.cache/cl_jax)."
@@ -421,7 +426,7 @@ _JPEG_IMAGES = flags.DEFINE_integer(
 
 
 def _main_with_input(argv):
-  """main, or with --input=jpeg the JPEG loop benchmark of cl_jax.bench_input."""
+  """main, or with --input=jpeg the JPEG loop benchmark of cl_jax.bench.input."""
   if _INPUT.value != "jpeg" or _CHILD.value is not None:
     return main(argv)
   from cl_jax import bench_input  # only this mode needs it
@@ -437,5 +442,10 @@ def _main_with_input(argv):
     )
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The command line (python -m cl_jax.bench or cl_jax.bench.step)."""
   app.run(_main_with_input, flags_parser=cli.parse_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,8 +1,8 @@
 """A PyTorch reference of the MoCo-v2 train step, built from a cl_jax config and timed.
 
-python -m cl_jax.bench_torch --config=configs/mocov2.py[:preset] [--compile] [--steps=10]
+python -m cl_jax.bench.torch_reference --config=configs/mocov2.py[:preset] [--compile] [--steps=10]
 
-(`python -m cl_jax.bench --compare=torch` runs it beside the JAX step.) Needs PyTorch and
+(`python -m cl_jax.bench.step --compare=torch` runs it beside the JAX step.) Needs PyTorch and
 torchvision, which cl_jax does not depend on: `pip install torch torchvision`, on CPU-only
 machines `pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu`.
 
@@ -54,9 +54,10 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from cl_jax import cli, config_check
+from cl_jax import config_check
 from cl_jax.data import photometric
 from cl_jax.models.resnet import base_width
+from cl_jax.runtime import cli
 
 try:
   import torch
@@ -65,7 +66,7 @@ try:
   from torchvision.models import resnet
 except ImportError as error:
   _NEEDS_TORCH = (
-      "cl_jax.bench_torch needs PyTorch and torchvision, which cl_jax does not install: "
+      "cl_jax.bench.torch_reference needs PyTorch and torchvision, which cl_jax does not install: "
       "pip install torch torchvision (on CPU-only machines add "
       "--index-url https://download.pytorch.org/whl/cpu)"
   )
@@ -74,7 +75,7 @@ except ImportError as error:
   raise ImportError(_NEEDS_TORCH) from error
 
 COMPILE_MODE = "default"
-# The add-ons of the MoCo step that this reference leaves out (cl_jax.bench --compare=torch
+# The add-ons of the MoCo step that this reference leaves out (cl_jax.bench.step --compare=torch
 # switches the same ones off for both steps).
 ADDONS = ("nonsemantic", "ft", "ifm", "looc", "dicr")
 _ARCHS = {18: (resnet.BasicBlock, (2, 2, 2, 2)), 50: (resnet.Bottleneck, (3, 4, 6, 3))}
@@ -412,7 +413,7 @@ def measure_torch(config, steps: int, warmup: int, compile: bool) -> dict:
 
 def _define_flags() -> None:
   """The command line, defined only when the module runs as a program, so that importing it
-  beside cl_jax.bench defines no flag twice."""
+  beside cl_jax.bench.step defines no flag twice."""
   config_flags.DEFINE_config_file(
       "config",
       None,

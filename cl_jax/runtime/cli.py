@@ -17,8 +17,8 @@ import traceback
 
 from absl import flags
 
-from cl_jax import run_config, write_faults
-from cl_jax.errors import UsageError
+from cl_jax.runtime import run_config, write_faults
+from cl_jax.runtime.errors import UsageError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -142,8 +142,8 @@ def start_reader(argv: list[str], workdir: str | None, purpose: str) -> None:
 
 @contextlib.contextmanager
 def report(*expected: type[BaseException]):
-  """Turn UsageError, a write fault (no space, read-only, no permission: cl_jax.write_faults)
-  and the `expected` exception types into one error line and exit 1."""
+  """Turn UsageError, a write fault (no space, read-only, no permission:
+  cl_jax.runtime.write_faults) and the `expected` exception types into one error line and exit 1."""
   try:
     with write_faults.guard("an output file", "its folder"):
       yield

@@ -22,7 +22,7 @@ import json
 import ml_collections
 from etils import epath
 
-from cl_jax.errors import UsageError
+from cl_jax.runtime.errors import UsageError
 
 # Fields (or blocks, ending in ".") a resumed run may change with --allow_config_change.
 CHANGEABLE = (

@@ -1,6 +1,6 @@
 """The training loop end to end on JPEG decoding: can the host input pipeline feed the step?
 
-python -m cl_jax.bench --config=configs/NAME.py[:preset] --input=jpeg [--jpeg_dir=DIR]
+python -m cl_jax.bench.step --config=configs/NAME.py[:preset] --input=jpeg [--jpeg_dir=DIR]
     [--jpeg_images=512] [--steps=10] [--warmup=2] [--json]
 
 The pretraining images are a generated ImageNet-like folder (`make_jpeg_folder`,
@@ -44,10 +44,11 @@ import numpy as np
 import PIL.Image
 from PIL import ImageDraw, ImageFilter
 
-from cl_jax import config_check, parallel, train
+from cl_jax import config_check, train
 from cl_jax import train_step as step_lib
 from cl_jax.data import geometric, image_folder, pipeline
-from cl_jax.errors import UsageError
+from cl_jax.runtime import parallel
+from cl_jax.runtime.errors import UsageError
 
 NUM_CLASSES = 10
 FOLDER_VERSION = 1

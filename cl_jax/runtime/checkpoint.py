@@ -26,8 +26,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from cl_jax import logs, workdir_lock, write_faults
-from cl_jax.errors import UsageError
+from cl_jax.runtime import logs, workdir_lock, write_faults
+from cl_jax.runtime.errors import UsageError
 
 DAMAGED_DIR = "checkpoints_damaged"
 

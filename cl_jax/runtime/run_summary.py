@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from cl_jax.errors import UsageError
+from cl_jax.runtime.errors import UsageError
 
 
 def addons(config: ml_collections.ConfigDict) -> list[str]:

@@ -15,7 +15,7 @@ import time
 
 import jax
 
-from cl_jax.errors import UsageError
+from cl_jax.runtime.errors import UsageError
 
 _HELLO = "cl_jax-start"
 _RETRY_S = 0.25

@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from cl_jax.addons import feature_transform
-from cl_jax.parallel import DATA_AXIS
+from cl_jax.runtime.parallel import DATA_AXIS
 
 
 def _check(queue_size: int, keys_per_step: int, num_shards: int) -> None:

@@ -14,7 +14,7 @@ up two ways, using the optimized HLO of the compiled step (compiled.as_text()):
     statistics), and ops that XLA's passes made without a name stack;
   - by kind of op: convolution, matmul, collective, copy/transpose, fusion (elementwise
     and reductions), other.
-profile_compiled does both for a compiled step (cl_jax.bench --profile).
+profile_compiled does both for a compiled step (cl_jax.bench.step --profile).
 Times are op time per step: on a CPU, ops running at once on several threads each count,
 so they add up to more than the step's wall time; on an accelerator the kernels of the
 device's streams add up (to its busy time where one stream runs at a time). A fused op is

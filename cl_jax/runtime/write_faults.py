@@ -17,7 +17,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 
-from cl_jax.errors import UsageError
+from cl_jax.runtime.errors import UsageError
 
 # errno values that mean "this location cannot take the write", not a defect.
 FAULT_ERRNOS = {
