@@ -37,7 +37,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from cl_jax import train
-from cl_jax.runtime import cli
+from cl_jax.runtime import cli, stop_requests
 from cl_jax.runtime import distributed_startup as startup
 from cl_jax.runtime.errors import UsageError
 
@@ -102,7 +102,7 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", stem + (f"_{preset}" if preset else ""))
 
 
-def _interrupted(e: train.Interrupted) -> str:
+def _interrupted(e: stop_requests.Interrupted) -> str:
   command = shlex.join(["python", "-m", "cl_jax.main", *sys.argv[1:]])
   what = (
       "interrupted" if e.signum == signal.SIGINT else f"stopped by {signal.Signals(e.signum).name}"
@@ -156,7 +156,7 @@ def main(argv):
     stop_signal = _signal_number(_STOP_SIGNAL.value)
     if _MULTIHOST.value or any(v is not None for v in explicit):
       startup.initialize_distributed(*explicit, timeout_s=_STARTUP_TIMEOUT.value)
-    else:  # the training loop handles them itself while it runs (train._stop_requests)
+    else:  # the training loop handles them itself while it runs (cl_jax.runtime.stop_requests)
       for sig in [signal.SIGTERM] + ([stop_signal] if stop_signal else []):
         signal.signal(sig, _end_outside_training)
     config = _CONFIG.value
@@ -171,7 +171,7 @@ def main(argv):
           allow_config_change=_ALLOW_CHANGE.value,
           stop_signal=stop_signal,
       )
-    except train.Interrupted as e:
+    except stop_requests.Interrupted as e:
       print(_interrupted(e), file=sys.stderr, flush=True)
       sys.exit(128 + e.signum)
   lead = jax.process_index() == 0

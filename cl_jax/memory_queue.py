@@ -21,6 +21,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from cl_jax.addons import feature_transform
+from cl_jax.runtime import parallel
+from cl_jax.runtime.errors import UsageError
 from cl_jax.runtime.parallel import DATA_AXIS
 
 
@@ -149,3 +151,24 @@ def mix_slots(
   return jax.shard_map(
       per_shard, mesh=mesh, in_specs=(P(DATA_AXIS), P(), mix_spec), out_specs=P(DATA_AXIS)
   )(queue, partner, mix)
+
+
+def relayout(state, meta: dict, mesh, keys: int):
+  """`state` with its queue moved from the checkpoint's layout (meta["queue_shards"]
+  shards) to the layout of `mesh` (cl_jax.memory_queue), so a run resumes exactly on a
+  different number of devices."""
+  old, new = meta["queue_shards"], mesh.shape[parallel.DATA_AXIS]
+  if state.queue is None:
+    return state
+  if meta["keys_per_step"] != keys:
+    raise UsageError(
+        f"the checkpoint's queue holds {meta['keys_per_step']} keys per step but "
+        f"this config enqueues {keys}; resume with the run's own batch size"
+    )
+  if old == new:
+    return state
+  move = jax.jit(
+      lambda q: to_sharded_layout(to_ring_order(q, old, keys), new, keys),
+      out_shardings=parallel.batch_sharding(mesh),
+  )
+  return state.replace(queue=move(state.queue))

@@ -47,17 +47,11 @@ _ROTATION = flags.DEFINE_bool(
 def main(argv):
   cli.start_reader(argv, _WORKDIR.value, "probe")
   with cli.report():
-    reports = registry.evaluate(
-        _WORKDIR.value,
-        ("linear_probe",),
-        _STEP.value,
-        protocol=_PROTOCOL.value,
-        baseline=_BASELINE.value,
-        validation=_VALIDATION.value,
-        features=_FEATURES.value,
-        rotation=_ROTATION.value,
+    holders = (_PROTOCOL, _BASELINE, _VALIDATION, _FEATURES, _ROTATION)
+    options = {holder.name: holder.value for holder in holders}
+    evaluate.print_reports(
+        registry.evaluate(_WORKDIR.value, ("linear_probe",), _STEP.value, **options)
     )
-    evaluate.print_reports(reports)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from cl_jax import train
 from cl_jax import train_step as step_lib
 from cl_jax.analysis import collapse as health
 from cl_jax.data import photometric
-from cl_jax.runtime import parallel
+from cl_jax.runtime import parallel, run_log
 from cl_jax.runtime.progress import Progress
 from configs import default, mocov2, simsiam
 
@@ -157,10 +157,10 @@ def test_collapse_notice_reports_entry_every_tenth_log_and_recovery(tmp_path):
   healthy = {"health/std_sqrt_d": 0.9, "health/rank": 20.0}
   for i in range(26):
     warning = "representation collapse: x" if i < 25 else None
-    notice, count = train.collapse_notice(warning, count, healthy)
+    notice, count = run_log.collapse_notice(warning, count, healthy)
     if notice is not None:
       reported.append(i)
-      train.report_warning(
+      run_log.report_warning(
           f"step {i}: {notice}", str(tmp_path), Progress(total=26, initial=0, enabled=False)
       )
   assert reported == [0, 10, 20, 25] and count == 0

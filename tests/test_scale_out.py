@@ -224,10 +224,10 @@ def test_a_run_resumed_on_fewer_devices_keeps_every_key_in_its_slot():
     )
   # Restoring into the 2-device template puts the rows, still in the 8-shard layout, on 2.
   restored = state.replace(queue=jax.device_put(state.queue, parallel.batch_sharding(mesh2)))
-  moved = train.relayout_queue(restored, {"queue_shards": 8, "keys_per_step": p}, mesh2, p)
+  moved = queue_lib.relayout(restored, {"queue_shards": 8, "keys_per_step": p}, mesh2, p)
   np.testing.assert_array_equal(
       queue_lib.to_ring_order(moved.queue, 2, p), queue_lib.to_ring_order(state.queue, 8, p)
   )
   assert [s.data.shape[0] for s in moved.queue.addressable_shards] == [K // 2, K // 2]
   with pytest.raises(UsageError, match="keys per step"):
-    train.relayout_queue(restored, {"queue_shards": 8, "keys_per_step": 2 * p}, mesh2, p)
+    queue_lib.relayout(restored, {"queue_shards": 8, "keys_per_step": 2 * p}, mesh2, p)

@@ -221,13 +221,11 @@ def run(ctx) -> dict:
 
 def scalars(report: dict) -> dict[str, float]:
   """fewshot/<dataset>/<K>shot/mean|ci95 and fewshot/<dataset>/<K>shot/random_init/mean|ci95."""
-  out = {}
-  for name, entry in report["datasets"].items():
-    for key, infix in (("accuracy", ""), ("random_init", "random_init/")):
-      for k, summary in entry.get(key, {}).items():
-        for stat in ("mean", "ci95"):
-          out[f"fewshot/{name}/{k}shot/{infix}{stat}"] = summary[stat]
-  return out
+  return fine_grained.dataset_scalars(
+      report,
+      "fewshot",
+      lambda k, summary, infix: [(f"{k}shot/{infix}{s}", summary[s]) for s in ("mean", "ci95")],
+  )
 
 
 def table(report: dict) -> str:

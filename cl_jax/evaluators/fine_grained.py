@@ -135,3 +135,16 @@ def split_features(ctx, variables: dict, dataset: Opened) -> Features:
     )
     out += [x, y["label"]]
   return Features(*out)
+
+
+def dataset_scalars(report: dict, suite: str, leaves) -> dict[str, float]:
+  """<suite>/<dataset>/<path>: the numbers of every dataset of a suite's report, of the
+  checkpoint (entry "accuracy") and of the random init (entry "random_init"); leaves(key,
+  value, infix) gives the (path, number) pairs of one entry item, infix being "" or
+  "random_init/"."""
+  out = {}
+  for name, entry in report["datasets"].items():
+    for key, infix in (("accuracy", ""), ("random_init", "random_init/")):
+      for k, value in entry.get(key, {}).items():
+        out.update({f"{suite}/{name}/{path}": x for path, x in leaves(k, value, infix)})
+  return out

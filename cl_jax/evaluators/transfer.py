@@ -82,12 +82,7 @@ def run(ctx) -> dict:
 
 def scalars(report: dict) -> dict[str, float]:
   """transfer/<dataset>/top1|top5 and transfer/<dataset>/random_init/top1|top5."""
-  out = {}
-  for name, entry in report["datasets"].items():
-    for key, prefix in (("accuracy", ""), ("random_init", "random_init/")):
-      for k, v in entry.get(key, {}).items():
-        out[f"transfer/{name}/{prefix}{k}"] = v
-  return out
+  return fine_grained.dataset_scalars(report, "transfer", lambda k, v, infix: [(infix + k, v)])
 
 
 def table(report: dict) -> str:

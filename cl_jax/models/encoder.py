@@ -110,25 +110,8 @@ def encoder_for(config: ml_collections.ConfigDict) -> 'Encoder':
   return build_encoder(config.model, **head_layout(config))
 
 
-def build_encoder(
-    model_cfg: ml_collections.ConfigDict,
-    heads: int = 1,
-    conv5_heads: bool = False,
-    region_head_layers: int = 0,
-) -> Encoder:
-  """Builds the ResNet + MLP-head encoder from the ``model`` config block.
-
-  heads: number of projection heads (LooC: n + 1; 1 otherwise). conv5_heads: each head starts
-  with its own conv5 stage and the backbone stops after conv4 (LooC++). region_head_layers:
-  > 0 adds ICR's region projector, an MLP head of that many layers like the projection head
-  (0: none).
-
-  Fields: depth (18 | 50), stem ('imagenet' | 'cifar'), width_multiplier (64 * w a positive
-  integer), head_hidden_dim, head_out_dim, head_layers (positive integers), head_bn,
-  head_out_bn (bools), predictor_hidden_dim (0: no predictor; else the hidden width of a
-  Linear-BN-ReLU-Linear predictor back to head_out_dim), dtype ('float32' | 'bfloat16'),
-  bn_groups (positive integer, used by every BN).
-  """
+def _check_model_fields(model_cfg: ml_collections.ConfigDict) -> None:
+  """ValueError naming the first field of the ``model`` block that build_encoder cannot use."""
   fields = (
       'depth',
       'stem',
@@ -159,6 +142,50 @@ def build_encoder(
   for field in ('head_hidden_dim', 'head_out_dim', 'head_layers', 'bn_groups'):
     _positive_int(model_cfg, field)
 
+
+def _make_head(model_cfg: ml_collections.ConfigDict, conv5_heads: bool) -> nn.Module:
+  """One projection head of the ``model`` block: the MLP head, behind its own conv5 stage
+  with `conv5_heads` (LooC++)."""
+  groups = model_cfg.bn_groups
+  mlp = MLPHead(
+      hidden_dim=model_cfg.head_hidden_dim,
+      out_dim=model_cfg.head_out_dim,
+      num_layers=model_cfg.head_layers,
+      use_bn=model_cfg.head_bn,
+      out_bn=model_cfg.head_out_bn,
+      bn_groups=groups,
+  )
+  if not conv5_heads:
+    return mlp
+  return Conv5Head(
+      depth=model_cfg.depth,
+      width_multiplier=model_cfg.width_multiplier,
+      dtype=_DTYPES[model_cfg.dtype],
+      bn_groups=groups,
+      mlp=mlp,
+  )
+
+
+def build_encoder(
+    model_cfg: ml_collections.ConfigDict,
+    heads: int = 1,
+    conv5_heads: bool = False,
+    region_head_layers: int = 0,
+) -> Encoder:
+  """Builds the ResNet + MLP-head encoder from the ``model`` config block.
+
+  heads: number of projection heads (LooC: n + 1; 1 otherwise). conv5_heads: each head starts
+  with its own conv5 stage and the backbone stops after conv4 (LooC++). region_head_layers:
+  > 0 adds ICR's region projector, an MLP head of that many layers like the projection head
+  (0: none).
+
+  Fields: depth (18 | 50), stem ('imagenet' | 'cifar'), width_multiplier (64 * w a positive
+  integer), head_hidden_dim, head_out_dim, head_layers (positive integers), head_bn,
+  head_out_bn (bools), predictor_hidden_dim (0: no predictor; else the hidden width of a
+  Linear-BN-ReLU-Linear predictor back to head_out_dim), dtype ('float32' | 'bfloat16'),
+  bn_groups (positive integer, used by every BN).
+  """
+  _check_model_fields(model_cfg)
   if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
     raise ValueError(f'heads must be a positive integer, got {heads!r}')
   backbone = ResNet(
@@ -170,28 +197,8 @@ def build_encoder(
       stages=3 if conv5_heads else 4,
   )
   groups = model_cfg.bn_groups
-
-  def make_head() -> nn.Module:
-    mlp = MLPHead(
-        hidden_dim=model_cfg.head_hidden_dim,
-        out_dim=model_cfg.head_out_dim,
-        num_layers=model_cfg.head_layers,
-        use_bn=model_cfg.head_bn,
-        out_bn=model_cfg.head_out_bn,
-        bn_groups=groups,
-    )
-    if not conv5_heads:
-      return mlp
-    return Conv5Head(
-        depth=model_cfg.depth,
-        width_multiplier=model_cfg.width_multiplier,
-        dtype=_DTYPES[model_cfg.dtype],
-        bn_groups=groups,
-        mlp=mlp,
-    )
-
-  head = make_head()
-  extra = tuple(make_head() for _ in range(1, heads))
+  head = _make_head(model_cfg, conv5_heads)
+  extra = tuple(_make_head(model_cfg, conv5_heads) for _ in range(1, heads))
   hidden = model_cfg.predictor_hidden_dim
   if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
     raise ValueError(f'model.predictor_hidden_dim must be a non-negative integer, got {hidden!r}')

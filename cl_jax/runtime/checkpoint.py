@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import logging as std_logging
 import os
+import re
 import sys
 
 import grain
@@ -286,3 +287,21 @@ def set_aside(workdir: str, step: int) -> str:
     target, n = target_dir / f"{step}.{n}", n + 1
   source.rename(target)
   return str(target)
+
+
+def after_write_fault(workdir: str) -> str:
+  """Remove the unfinished save a write fault left and say what the run can resume from."""
+  remove_unfinished(workdir)
+  steps = steps_on_disk(workdir)
+  kept = (
+      f"The last intact checkpoint is step {steps[-1]}; it and the logs are as they were"
+      if steps
+      else "No checkpoint was saved"
+  )
+  return f"{kept}: free space or fix the permissions, then run the same command to resume"
+
+
+def named_in_error(e: BaseException) -> str:
+  """'checkpoint N' for the save whose folder an orbax error names, else 'a checkpoint'."""
+  found = re.search(r"checkpoints/(\d+)\.orbax-checkpoint-tmp", str(e))
+  return f"checkpoint {found.group(1)}" if found else "a checkpoint"

@@ -78,3 +78,25 @@ class Progress:
   def close(self) -> None:
     if self._bar is not None:
       self._bar.close()
+
+
+class Throughput:
+  """Images per second of training alone: the time of compilations and monitors is left out."""
+
+  def __init__(self, step: int, batch_size: int):
+    self.t, self.step, self.batch_size = time.perf_counter(), step, batch_size
+
+  def exclude(self, seconds: float) -> None:
+    """Leave `seconds` (a compilation, an evaluation) out of the next rate."""
+    self.t += seconds
+
+  def restart(self, step: int) -> float:
+    """Start counting again after `step`; returns the seconds since the last start."""
+    now = time.perf_counter()
+    seconds, self.t, self.step = now - self.t, now, step
+    return seconds
+
+  def rate(self, step: int) -> float | None:
+    """img/s from the last start to the end of `step` (None if no step was taken); restarts."""
+    steps, seconds = step - self.step, self.restart(step)
+    return steps * self.batch_size / seconds if steps > 0 else None

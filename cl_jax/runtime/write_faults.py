@@ -196,3 +196,25 @@ def check_writable(directory: str, what: str) -> None:
   finally:
     if os.path.exists(probe):
       os.remove(probe)
+
+
+def raise_thread_fault(faults: list, workdir: str) -> None:
+  """Raise the first write fault that ended a background writer thread (TensorBoard's
+  event writer is the only one the loop does not wait on) as a WriteFault."""
+  if faults:
+    with guard("the TensorBoard events", f"{workdir}/tb"):
+      raise faults[0]
+
+
+def close_all(closers, failing: bool) -> None:
+  """Call every closer in order. When the run is already failing, their own errors are
+  dropped (the first failure is the one to report); otherwise the first is raised once
+  all have run."""
+  first = None
+  for close in closers:
+    try:
+      close()
+    except Exception as e:
+      first = first or e
+  if first is not None and not failing:
+    raise first
