@@ -12,7 +12,7 @@ statistics, not the projection heads, predictor, EMA target or queue.
                beside it <that path>.json: depth, stem, width, stages, input normalisation
                and how to load it. A LooC++ backbone (conv4 only, stages 3) exports here.
 Either way the network expects what the probe and kNN jobs feed it
-(cl_jax.linear_probe._features_fn): RGB images scaled to [0, 1] (uint8 / 255), then
+(cl_jax.evaluators.features.features_fn): RGB images scaled to [0, 1] (uint8 / 255), then
 (x - mean) / std per channel with PhotometricSpec's ImageNet mean and std, whatever the
 run's augmentations; its output is the globally average-pooled last stage ("pooled").
 Files are written to a temporary file beside the destination and renamed, so a failed

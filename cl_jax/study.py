@@ -29,6 +29,7 @@ from absl import app, flags, logging
 from etils import epath
 
 from cl_jax.analysis import study as study_lib
+from cl_jax.analysis import study_summary
 from cl_jax.runtime import cli, metrics
 from cl_jax.runtime.errors import UsageError
 
@@ -107,14 +108,14 @@ def main(argv):
       if _REPORT_ONLY.value:
         records = found[i]
         study_lib.write_outputs(s, records, _RESULTS.value)
-        summary = study_lib.summarise(s, records)
+        summary = study_summary.summarise(s, records)
       else:
         summary = study_lib.run(s, _SEEDS.value, _WORKDIR.value, _RESULTS.value, extra, _ARMS.value)
-      print("\n" + study_lib.markdown(s, summary))
+      print("\n" + study_summary.markdown(s, summary))
       summaries.append(summary)
   claims = [(s, m) for s, m in zip(studies, summaries) if s.is_claim]
   if claims:
-    table = study_lib.claims_table(*zip(*claims), _SEEDS.value)
+    table = study_summary.claims_table(*zip(*claims), _SEEDS.value)
     if len(claims) > 1:
       metrics.write_atomically(epath.Path(_RESULTS.value) / "claims.md", table)
     print("Verdicts:\n" + "\n".join("  " + verdict_line(m) for _, m in claims))

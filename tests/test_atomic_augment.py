@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax.data import photometric
+from cl_jax.data import colour_jitter, photometric, random_conv
 from tests.test_photometric import (
     RADIUS,
     SIZE,
@@ -147,7 +147,7 @@ def test_rotation_needs_square_images():
 def test_random_conv_matches_numpy():
   images = random_images(seed=7)
   kernels = texture_kernels()
-  out = np.asarray(jax.jit(jax.vmap(photometric._random_conv))(images, kernels))
+  out = np.asarray(jax.jit(jax.vmap(random_conv.random_conv))(images, kernels))
   for x, y, kernel in zip(images, out, kernels):
     np.testing.assert_allclose(y, np_random_conv(x.astype(np.float64), kernel), atol=2e-6)
 
@@ -218,9 +218,9 @@ def test_sampled_texture_kernels():
   chex.assert_shape(kernels, (n, 7, 7, 3, 3))
   chex.assert_type(kernels, np.float32)
   sides = kernel_sides(kernels)
-  assert set(np.unique(sides)) == set(photometric.TEXTURE_KERNEL_SIZES)
+  assert set(np.unique(sides)) == set(random_conv.KERNEL_SIZES)
   np.testing.assert_allclose(np.bincount(sides, minlength=8)[1::2] / n, 0.25, atol=0.03)
-  for k in photometric.TEXTURE_KERNEL_SIZES:
+  for k in random_conv.KERNEL_SIZES:
     lo, hi = 3 - k // 2, 3 + k // 2 + 1
     window = kernels[sides == k][:, lo:hi, lo:hi]
     assert np.all(window != 0)  # the whole k x k window is drawn
@@ -368,8 +368,8 @@ def aug_plus_apply(images, params, radius):
   """apply_photometric of the MoCo-v2 aug-plus ops alone, from the module's op helpers."""
 
   def one(image, p):
-    x = jnp.where(p["jitter"], photometric._jitter(image, p), image)
-    x = jnp.where(p["grayscale"], jnp.broadcast_to(photometric._gray(x), x.shape), x)
+    x = jnp.where(p["jitter"], colour_jitter.jitter(image, p), image)
+    x = jnp.where(p["grayscale"], jnp.broadcast_to(colour_jitter.gray(x), x.shape), x)
     x = jnp.clip(jnp.where(p["blur"], photometric._blur(x, p["sigma"], radius), x), 0.0, 1.0)
     return jnp.where(p["solarize"], pix.solarize(x, 0.5), x)
 

@@ -13,6 +13,7 @@ import pytest
 
 from cl_jax import train
 from cl_jax.bench import input as bench_input
+from cl_jax.bench import jpeg_decode, jpeg_folder
 from cl_jax.data import geometric, pipeline
 from cl_jax.runtime import parallel
 from cl_jax.runtime.errors import UsageError
@@ -33,7 +34,7 @@ TINY = {
 def folder(tmp_path_factory):
   """A generated folder of 30 images."""
   root = str(tmp_path_factory.mktemp("jpeg") / "folder")
-  return bench_input.make_jpeg_folder(root, 30, seed=3, workers=0)
+  return jpeg_folder.make_jpeg_folder(root, 30, seed=3, workers=0)
 
 
 def _tiny_config():
@@ -49,8 +50,8 @@ def _tiny_config():
 
 
 def test_folder_holds_the_requested_decodable_imagenet_sized_jpegs(folder):
-  names = bench_input.class_names()
-  assert sorted(os.listdir(folder)) == sorted([*names, bench_input.MANIFEST])
+  names = jpeg_folder.class_names()
+  assert sorted(os.listdir(folder)) == sorted([*names, jpeg_folder.MANIFEST])
   files = [os.path.join(folder, c, f) for c in names for f in os.listdir(os.path.join(folder, c))]
   assert len(files) == 30 and all(f.endswith(".JPEG") for f in files)
   assert sorted(len(os.listdir(os.path.join(folder, c))) for c in names) == [3] * 10
@@ -70,26 +71,26 @@ def test_folder_holds_the_requested_decodable_imagenet_sized_jpegs(folder):
 
 def test_folder_is_reused_and_a_foreign_folder_refused(folder, tmp_path):
   mtimes = {f: os.path.getmtime(os.path.join(folder, "class00", f)) for f in ["000000.JPEG"]}
-  assert bench_input.make_jpeg_folder(folder, 30, seed=3, workers=0) == folder
+  assert jpeg_folder.make_jpeg_folder(folder, 30, seed=3, workers=0) == folder
   assert {f: os.path.getmtime(os.path.join(folder, "class00", f)) for f in mtimes} == mtimes
   with pytest.raises(UsageError, match="remove it or choose another folder"):
-    bench_input.make_jpeg_folder(folder, 31, seed=3, workers=0)
+    jpeg_folder.make_jpeg_folder(folder, 31, seed=3, workers=0)
   other = tmp_path / "other"
   other.mkdir()
   (other / "notes.txt").write_text("x")
   with pytest.raises(UsageError, match="does not hold the generated folder"):
-    bench_input.make_jpeg_folder(str(other), 2, seed=0, workers=0)
+    jpeg_folder.make_jpeg_folder(str(other), 2, seed=0, workers=0)
   a_file = tmp_path / "a_file"
   a_file.write_text("x")
   with pytest.raises(UsageError, match="is a file; give a folder"):
-    bench_input.make_jpeg_folder(str(a_file), 2, seed=0, workers=0)
+    jpeg_folder.make_jpeg_folder(str(a_file), 2, seed=0, workers=0)
   assert not list(tmp_path.glob("a_file.partial-*"))
 
 
 def test_generation_is_deterministic_and_seeded():
-  a = bench_input.natural_image(np.random.default_rng([1, 2, 1]), 40, 50)
-  b = bench_input.natural_image(np.random.default_rng([1, 2, 1]), 40, 50)
-  c = bench_input.natural_image(np.random.default_rng([1, 3, 1]), 40, 50)
+  a = jpeg_folder.natural_image(np.random.default_rng([1, 2, 1]), 40, 50)
+  b = jpeg_folder.natural_image(np.random.default_rng([1, 2, 1]), 40, 50)
+  c = jpeg_folder.natural_image(np.random.default_rng([1, 3, 1]), 40, 50)
   assert a.shape == (40, 50, 3) and a.dtype == np.uint8
   np.testing.assert_array_equal(a, b)
   assert np.abs(a.astype(int) - c).mean() > 5
@@ -97,7 +98,7 @@ def test_generation_is_deterministic_and_seeded():
 
 def test_crop_ratio_is_the_pipelines():
   default = inspect.signature(geometric.sample_crop).parameters["ratio"].default
-  assert bench_input.CROP_RATIO == default
+  assert jpeg_decode.CROP_RATIO == default
 
 
 @pytest.mark.parametrize("margin", [1.0, 2.0])
@@ -105,7 +106,7 @@ def test_crop_ratio_is_the_pipelines():
 def test_reduction_keeps_every_crop_at_least_margin_views_wide(size, scale, margin):
   rng = np.random.default_rng(0)
   for height, width in [(375, 500), (500, 375), (333, 500), (600, 451), (120, 700), (64, 64)]:
-    k = bench_input.reduction(height, width, size, scale, margin)
+    k = jpeg_decode.reduction(height, width, size, scale, margin)
     assert k in (1, 2, 4, 8)
     h, w = -(-height // k), -(-width // k)
     if k > 1:
@@ -121,26 +122,26 @@ def test_reduction_keeps_every_crop_at_least_margin_views_wide(size, scale, marg
 
 
 def test_reduction_of_imagenet_sized_images():
-  assert bench_input.reduction(375, 500, 32, (0.5, 1.0), margin=1) == 8
-  assert bench_input.reduction(375, 500, 32, (0.5, 1.0), margin=2) == 4
-  assert bench_input.reduction(375, 500, 64, (0.2, 1.0), margin=1) == 2
-  assert bench_input.reduction(375, 500, 64, (0.2, 1.0), margin=2) == 1
-  assert bench_input.reduction(375, 500, 224, (0.2, 1.0), margin=1) == 1
+  assert jpeg_decode.reduction(375, 500, 32, (0.5, 1.0), margin=1) == 8
+  assert jpeg_decode.reduction(375, 500, 32, (0.5, 1.0), margin=2) == 4
+  assert jpeg_decode.reduction(375, 500, 64, (0.2, 1.0), margin=1) == 2
+  assert jpeg_decode.reduction(375, 500, 64, (0.2, 1.0), margin=2) == 1
+  assert jpeg_decode.reduction(375, 500, 224, (0.2, 1.0), margin=1) == 1
 
 
 def test_reduced_decoding_matches_exact_decoding(folder):
-  names = bench_input.class_names()
-  exact = bench_input.JpegSource(folder, names)
+  names = jpeg_folder.class_names()
+  exact = jpeg_decode.JpegSource(folder, names)
   for margin, most in ((2.0, 2.0), (1.0, 4.5)):
-    reduced = bench_input.JpegSource(
+    reduced = jpeg_decode.JpegSource(
         folder, names, view_size=32, crop_scale=(0.5, 1.0), margin=margin
     )
     for i in range(len(exact)):
       full, small = exact[i]["image"], reduced[i]["image"]
-      k = bench_input.reduction(full.shape[0], full.shape[1], 32, (0.5, 1.0), margin)
+      k = jpeg_decode.reduction(full.shape[0], full.shape[1], 32, (0.5, 1.0), margin)
       assert small.shape == (-(-full.shape[0] // k), -(-full.shape[1] // k), 3)
       assert reduced[i]["label"] == exact[i]["label"]
-    diff = bench_input.view_difference(exact, reduced, range(len(exact)))
+    diff = jpeg_decode.view_difference(exact, reduced, range(len(exact)))
     assert diff["mean_reduction"] > 2
     # Within grey levels of the exact views (of 255), about a one-pixel move of the crop.
     assert diff["mean_abs"] < most, diff
@@ -154,29 +155,29 @@ def test_reduced_decoding_of_a_smooth_image_is_close_to_exact(tmp_path):
   path = tmp_path / "c" / "0.JPEG"
   path.parent.mkdir()
   PIL.Image.fromarray(np.uint8(np.round(smooth))).save(path, quality=90)
-  exact = bench_input.JpegSource(str(tmp_path), ["c"])
-  reduced = bench_input.JpegSource(
+  exact = jpeg_decode.JpegSource(str(tmp_path), ["c"])
+  reduced = jpeg_decode.JpegSource(
       str(tmp_path), ["c"], view_size=32, crop_scale=(0.5, 1), margin=1
   )
   assert reduced[0]["image"].shape == (47, 63, 3)  # 1/8
-  diff = bench_input.view_difference(exact, reduced, [0] * 20)
+  diff = jpeg_decode.view_difference(exact, reduced, [0] * 20)
   assert diff["mean_abs"] < 1.0, diff
 
 
 def test_a_decoding_that_reduces_no_image_is_recognised(folder):
-  names = bench_input.class_names()
-  assert bench_input.reduces(
-      bench_input.JpegSource(folder, names, view_size=32, crop_scale=(0.5, 1))
+  names = jpeg_folder.class_names()
+  assert jpeg_decode.reduces(
+      jpeg_decode.JpegSource(folder, names, view_size=32, crop_scale=(0.5, 1))
   )
-  assert not bench_input.reduces(bench_input.JpegSource(folder, names))
-  big = bench_input.JpegSource(folder, names, view_size=224, crop_scale=(0.2, 1.0), margin=1)
-  assert not bench_input.reduces(big)
+  assert not jpeg_decode.reduces(jpeg_decode.JpegSource(folder, names))
+  big = jpeg_decode.JpegSource(folder, names, view_size=224, crop_scale=(0.2, 1.0), margin=1)
+  assert not jpeg_decode.reduces(big)
 
 
 def test_pipeline_of_reduced_decoding_gives_views_of_the_view_size(folder):
   c = _tiny_config()
-  source = bench_input.JpegSource(
-      folder, bench_input.class_names(), view_size=16, crop_scale=tuple(c.data.crop_scale)
+  source = jpeg_decode.JpegSource(
+      folder, jpeg_folder.class_names(), view_size=16, crop_scale=tuple(c.data.crop_scale)
   )
   it = pipeline.make_iterator(train.pretrain_data(c, source), 0)
   batch = next(it)
@@ -199,9 +200,9 @@ def test_measure_times_pipeline_and_loops_and_prints_the_ratio(folder):
       compare_images=4,
       mesh=mesh,
   )
-  assert [r["decode"] for r in out["pipeline"]] == list(bench_input.DECODES)
+  assert [r["decode"] for r in out["pipeline"]] == list(jpeg_decode.DECODES)
   assert all(r["img_per_s"] > 0 and r["workers"] == 0 for r in out["pipeline"])
-  assert [(r["decode"], r["workers"]) for r in out["loop"]] == [(d, 0) for d in bench_input.DECODES]
+  assert [(r["decode"], r["workers"]) for r in out["loop"]] == [(d, 0) for d in jpeg_decode.DECODES]
   # The in-memory loop before the JPEG loops and after each; each ratio against its neighbours.
   memory = [r["img_per_s"] for r in out["memory"]]
   assert len(memory) == len(out["loop"]) + 1
@@ -258,6 +259,6 @@ def test_bench_command_with_jpeg_input_prints_the_ratio(tmp_path):
   lines = proc.stdout.splitlines()
   assert any(line.startswith("ratio = JPEG loop img/s / in-memory loop img/s") for line in lines)
   rows = [line.split() for line in lines if line.startswith("jpeg ")]
-  assert [r[1] for r in rows] == [d for d in bench_input.DECODES for _ in range(2)]
+  assert [r[1] for r in rows] == [d for d in jpeg_decode.DECODES for _ in range(2)]
   assert all(float(r[-1]) > 0 for r in rows)  # the ratio column
   assert len(os.listdir(tmp_path / "jpeg" / "class00")) == 3

@@ -15,7 +15,14 @@ import pytest
 
 from cl_jax.data import geometric, tfds_source
 from cl_jax.data.image_folder import ImageFolderSource
-from cl_jax.evaluators import features, linear_classifier, linear_probe, registry, robustness
+from cl_jax.evaluators import (
+    features,
+    linear_classifier,
+    linear_probe,
+    registry,
+    robustness,
+    robustness_data,
+)
 from cl_jax.runtime import checkpoint, metrics, run_config
 from cl_jax.runtime.errors import UsageError
 from configs import mocov2
@@ -55,7 +62,7 @@ IMAGE_SIZE = 32
 @pytest.fixture(name="imagenet", scope="module")
 def fixture_imagenet(tmp_path_factory):
   """The 1000 sorted ImageNet WordNet ids (TFDS imagenet2012 label names)."""
-  return robustness.imagenet_wnids(str(tmp_path_factory.mktemp("empty")))
+  return robustness_data.imagenet_wnids(str(tmp_path_factory.mktemp("empty")))
 
 
 def _in100():
@@ -125,17 +132,17 @@ def test_alexnet_errors_cover_the_tfds_benchmark_corruptions():
     ],
 )
 def test_published_class_lists(imagenet, name, indices, members):
-  wnids = robustness.dataset_wnids(name, imagenet)
+  wnids = robustness_data.dataset_wnids(name, imagenet)
   assert len(wnids) == len(set(wnids)) == 200 and wnids == sorted(wnids)
   assert [imagenet.index(w) for w in wnids] == [int(i) for i in indices.split()]
   assert set(members) <= set(wnids)
 
 
 def test_imagenet_r_and_a_are_different_classes(imagenet):
-  r = robustness.dataset_wnids("imagenet_r", imagenet)
-  a = robustness.dataset_wnids("imagenet_a", imagenet)
+  r = robustness_data.dataset_wnids("imagenet_r", imagenet)
+  a = robustness_data.dataset_wnids("imagenet_a", imagenet)
   assert "n01443537" in r and "n01443537" not in a  # goldfish: a rendition, no adversarial set
-  assert robustness.dataset_wnids("imagenet_sketch", imagenet) == imagenet
+  assert robustness_data.dataset_wnids("imagenet_sketch", imagenet) == imagenet
 
 
 @pytest.mark.parametrize("name, shared", [("imagenet_r", 19), ("imagenet_a", 15)])
@@ -143,8 +150,8 @@ def test_restriction_of_an_imagenet100_model(imagenet, name, shared):
   # `shared`: len(set(imagenet100_classes.txt) & set(imagenet_{r,a}_classes.txt)), counted
   # once with Python's sets when the lists were added (19 of the 100 classes are -R's, 15 -A's).
   model = _in100()
-  published = robustness.dataset_wnids(name, imagenet)
-  kept, columns = robustness.restriction(model, published)
+  published = robustness_data.dataset_wnids(name, imagenet)
+  kept, columns = robustness_data.restriction(model, published)
   assert kept == sorted(set(model) & set(published)) and len(kept) == shared
   assert [model[c] for c in columns] == kept
   # A logit outside the kept classes, however large, never wins.
@@ -157,16 +164,18 @@ def test_restriction_of_an_imagenet100_model(imagenet, name, shared):
 
 
 def test_a_1000_class_model_keeps_the_200_published_classes(imagenet):
-  kept, columns = robustness.restriction(imagenet, robustness.dataset_wnids("imagenet_r", imagenet))
-  assert kept == robustness.dataset_wnids("imagenet_r", imagenet)
+  kept, columns = robustness_data.restriction(
+      imagenet, robustness_data.dataset_wnids("imagenet_r", imagenet)
+  )
+  assert kept == robustness_data.dataset_wnids("imagenet_r", imagenet)
   np.testing.assert_array_equal(columns, [int(i) for i in IMAGENET_R_INDICES.split()])
 
 
 def test_non_imagenet_pretraining_is_refused(imagenet):
-  assert robustness.model_wnids("imagenet100", imagenet) == _in100()
-  assert robustness.model_wnids("imagenet2012", imagenet) == imagenet
+  assert robustness_data.model_wnids("imagenet100", imagenet) == _in100()
+  assert robustness_data.model_wnids("imagenet2012", imagenet) == imagenet
   with pytest.raises(UsageError, match="'cifar10'.*ImageNet"):
-    robustness.model_wnids("cifar10", imagenet)
+    robustness_data.model_wnids("cifar10", imagenet)
 
 
 # Image folders.
@@ -358,7 +367,7 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
     want, matters = {}, []
     for offset, name in enumerate(["imagenet_r", "imagenet_sketch", "imagenet_a"]):
       images, wnids, want[name], m = expected.labelled_set(
-          rng, robustness.dataset_wnids(name, imagenet), 0.875, offset
+          rng, robustness_data.dataset_wnids(name, imagenet), 0.875, offset
       )
       add(name, "test", images, wnids)
       matters.append(m)
@@ -389,7 +398,7 @@ def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
 
   assert any(matters)  # the unrestricted argmax would have scored differently
   datasets = report["datasets"]
-  assert list(datasets) == list(robustness.DATASETS)
+  assert list(datasets) == list(robustness_data.DATASETS)
   for name, accuracy in want.items():
     assert datasets[name]["top1"] == pytest.approx(accuracy), name
     assert datasets[name]["num_images"] == 8
@@ -518,7 +527,7 @@ def test_no_data_dir_or_no_image_of_the_model_classes(tmp_path, imagenet):
   with pytest.raises(tfds_source.DatasetNotFoundError, match="neither --data_dir nor"):
     robustness.run(_context(tmp_path, "", datasets=("imagenet_r",)))
   # ImageNet-R records of renditions whose classes an ImageNet-100 model lacks.
-  r = robustness.dataset_wnids("imagenet_r", imagenet)
+  r = robustness_data.dataset_wnids("imagenet_r", imagenet)
   outside = [w for w in r if w not in _in100()][:3]
   records = _Records([np.zeros((4, 4, 3), np.uint8)] * 3, [imagenet.index(w) for w in outside])
   _write_metadata(tmp_path / "data", "imagenet_r", {"test": 3})

@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 
 from cl_jax import config_check
-from cl_jax.analysis import intervals, study, study_plot
+from cl_jax.analysis import intervals, study, study_plot, study_records, study_runs, study_summary
 from cl_jax.analysis.intervals import NOT_RESOLVED, OPPOSITE, REPRODUCED, Interval
 from cl_jax.runtime.errors import UsageError
 from cl_jax.studies import CLAIMS, STUDIES
@@ -111,7 +111,7 @@ def _fake_trainer(calls: list):
 
   def train(arm_, seed, extra, directory, analyses):
     calls.append((arm_.name, seed, str(directory)))
-    config = study.arm_config(arm_, seed, extra)
+    config = study_records.arm_config(arm_, seed, extra)
     acc = {"colour": 0.9, "shape": SHAPE[arm_.name][seed], "texture": 0.3}
     study_fakes.make_run(directory, config, acc, {"colour": 0.7, "shape": 0.2, "texture": 0.2})
     return 10.0 + seed
@@ -153,16 +153,16 @@ def test_records_are_read_not_retrained_and_more_seeds_are_added(tmp_path):
 
 def test_an_interrupted_run_is_resumed_in_its_own_directory(tmp_path):
   work, results, calls = str(tmp_path / "runs"), str(tmp_path / "results"), []
-  directory = study.run_dir(work, "ns", 0)
+  directory = study_records.run_dir(work, "ns", 0)
   # An unfinished run: its config, no probe report.
   from cl_jax.runtime import run_config
 
-  run_config.save_start(study.arm_config(NS, 0, study_fakes.TINY), str(directory), 0)
-  study.ensure_record(
+  run_config.save_start(study_records.arm_config(NS, 0, study_fakes.TINY), str(directory), 0)
+  study_runs.ensure_record(
       NS, 0, work, results, study_fakes.TINY, train=_fake_trainer(calls), log=lambda s: None
   )
   assert calls == [("ns", 0, str(directory))]
-  assert study.record_path(results, "ns", 0).exists()
+  assert study_records.record_path(results, "ns", 0).exists()
 
 
 def test_a_changed_arm_is_refused_before_anything_is_trained(tmp_path):
@@ -178,11 +178,11 @@ def test_a_changed_arm_is_refused_before_anything_is_trained(tmp_path):
     study.run(changed, 2, work, results, study_fakes.TINY, train=_fake_trainer(calls))
   assert calls == []
   # Without its record, the run directory's config refuses it too.
-  study.record_path(results, "base", 0).unlink()
+  study_records.record_path(results, "base", 0).unlink()
   with pytest.raises(UsageError, match=r"runs/base/seed0 holds arm base seed 0 with another"):
-    study.ensure_record(changed.arms[0], 0, work, results, study_fakes.TINY, train=None)
+    study_runs.ensure_record(changed.arms[0], 0, work, results, study_fakes.TINY, train=None)
   with pytest.raises(UsageError, match="unknown config field moco.temperatur"):
-    study.arm_config(study.arm("x", "configs/mocov2.py", {"moco.temperatur": 0.1}), 0)
+    study_records.arm_config(study.arm("x", "configs/mocov2.py", {"moco.temperatur": 0.1}), 0)
   with pytest.raises(UsageError, match="has no arm nope"):
     study.run(STUDY, 1, work, results, study_fakes.TINY, only=["nope"], train=None)
 
@@ -192,18 +192,20 @@ def test_slope_of_paired_gains_and_comparisons_without_records():
   for name, values in {"a1": (1, 2), "a2": (3, 5), "b1": (0, 0), "b2": (1, 1)}.items():
     records[name] = {s: {"metrics": {"m": float(v)}} for s, v in enumerate(values)}
   c = study.Comparison("gain vs x", "m", ("a1", "a2"), (1.0, 2.0), "increase", ("b1", "b2"))
-  out = study.compare(c, records)
+  out = study_summary.compare(c, records)
   # Gains: seed 0: 1, 2 -> slope 1; seed 1: 2, 4 -> slope 2.
   assert out["seeds"] == [0, 1] and out["interval"]["mean"] == pytest.approx(1.5)
   gains = study.Study(
       "g", "g", tuple(study.arm(n, "configs/mocov2.py") for n in records), comparisons=(c,)
   )
-  ax = study_plot.plot(gains, study.summarise(gains, records), records).axes[0]
+  ax = study_plot.plot(gains, study_summary.summarise(gains, records), records).axes[0]
   dots = sorted(
       float(y) for line in ax.lines for y in line.get_ydata() if len(line.get_ydata()) == 2
   )
   assert dots == [1.0, 2.0, 2.0, 4.0]  # each seed's gain over its baseline arm
-  empty = study.compare(study.Comparison("d", "m", ("a1", "zz"), expect="decrease"), records)
+  empty = study_summary.compare(
+      study.Comparison("d", "m", ("a1", "zz"), expect="decrease"), records
+  )
   assert empty["interval"] is None and empty["verdict"] == NOT_RESOLVED
   with pytest.raises(ValueError, match="unknown arms"):
     study.Study("s", "s", (BASE,), comparisons=(study.Comparison("d", "m", ("base", "ns")),))
@@ -218,10 +220,12 @@ def test_claims_name_every_part_and_one_name_is_one_arm_everywhere():
     assert s.paper and s.where and s.claim and s.is_claim, s.name
   # Every arm's config is valid, and differs from its quick config only in its overrides.
   for a in seen.values():
-    config = study.arm_config(a, 0)
+    config = study_records.arm_config(a, 0)
     config_check.validate(config, num_devices=1)
-    base = study.arm_config(study.Arm(a.name, a.config), 0)
-    differ = {k for k, _, _ in study.config_differences(study._plain(base), config)}
+    base = study_records.arm_config(study.Arm(a.name, a.config), 0)
+    differ = {
+        k for k, _, _ in study_records.config_differences(study_records.plain_config(base), config)
+    }
     assert differ == {k for k, v in a.overrides if base_value(base, k) != v}, a.name
 
 
@@ -277,8 +281,8 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
       claim="negatives raise shape.",
       paper_result="70 -> 75",
   )
-  summary = study.summarise(claim, records)
-  rows = study.claims_table([claim], [summary], seeds=4).splitlines()
+  summary = study_summary.summarise(claim, records)
+  rows = study_summary.claims_table([claim], [summary], seeds=4).splitlines()
   cells = [c.strip() for c in rows[2].strip("|").split("|")]
   # Differences 5, 4, 6: mean 5, s 1, t_{0.975,2} 4.302653 / sqrt(3) = 2.484 -> [2.5, 7.5].
   assert cells[0] == "Someone 2021, Table 9: negatives raise shape."
@@ -286,7 +290,9 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
   assert cells[2] == "shape: ns - base (difference): 5.0 [2.5, 7.5], reproduced"
   assert cells[3:5] == ["**reproduced**", "6 of 8"]
   assert cells[5] == "`python -m cl_jax.study --study=pair`"
-  empty = study.claims_table([claim], [study.summarise(claim, {})], seeds=4).splitlines()[2]
+  empty = study_summary.claims_table(
+      [claim], [study_summary.summarise(claim, {})], seeds=4
+  ).splitlines()[2]
   assert "| not run yet | 0 of 8 |" in empty
 
 
@@ -295,7 +301,7 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path):
 
   def train(arm_, seed, extra, directory, analyses):
     if arm_.name == "base" and seed == 0:
-      raise study.RunFailed("arm base seed 0 failed: cl_jax.main ...")
+      raise study_runs.RunFailed("arm base seed 0 failed: cl_jax.main ...")
     return trainer(arm_, seed, extra, directory, analyses)
 
   trainer = _fake_trainer(calls)

@@ -10,7 +10,7 @@ compared with the old ones byte for byte.
 
 from etils import epath
 
-from cl_jax.analysis import study
+from cl_jax.analysis import study, study_records
 from cl_jax.studies import recipe, suppression
 from tests import study_fakes as F
 
@@ -52,9 +52,9 @@ def test_suppression_tables_match_the_old_runner(tmp_path):
   assert sorted(arms) == sorted(name for _, name in GRID_ARMS)
   for n, (_, name) in enumerate(GRID_ARMS):
     for seed in range(2):
-      config = study.arm_config(arms[name], seed, F.TINY)
+      config = study_records.arm_config(arms[name], seed, F.TINY)
       F.make_run(
-          study.run_dir(str(workdir), name, seed),
+          study_records.run_dir(str(workdir), name, seed),
           config,
           F.accuracies(seed, 0.2 + 0.05 * n),
           F.accuracies(seed, 0.1),
@@ -88,8 +88,8 @@ def test_recipe_table_matches_the_old_runner(tmp_path):
   for n, name in enumerate(RECIPE_ARMS):
     for seed in range(2):
       F.make_run(
-          study.run_dir(str(workdir), name, seed),
-          study.arm_config(arms[name], seed, F.TINY),
+          study_records.run_dir(str(workdir), name, seed),
+          study_records.arm_config(arms[name], seed, F.TINY),
           F.accuracies(seed, 0.5 + 0.1 * n),
           F.accuracies(seed, 0.1),
           std_sqrt_d=(0.1, 0.6 + 0.1 * seed),

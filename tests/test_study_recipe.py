@@ -2,7 +2,7 @@
 loss, std x sqrt(d), the steps flagged as collapsed, wall time) from study records, and from
 the record of a finished run directory as cl_jax.main leaves it."""
 
-from cl_jax.analysis import study
+from cl_jax.analysis import study_records
 from cl_jax.studies import recipe
 from cl_jax.studies.arms import QUICK
 from tests import study_fakes as F
@@ -54,7 +54,7 @@ def test_rows_from_records():
 def test_row_from_the_record_of_a_finished_run(tmp_path):
   # A run whose first logged step (4) is below the health threshold std x sqrt(d) 0.2.
   arm = QUICK["mocov2"]
-  config = study.arm_config(arm, 0, F.TINY)
+  config = study_records.arm_config(arm, 0, F.TINY)
   run = tmp_path / "mocov2" / "seed0"
   F.make_run(
       run,
@@ -63,7 +63,7 @@ def test_row_from_the_record_of_a_finished_run(tmp_path):
       {"colour": 0.75, "shape": 0.17, "texture": 0.23},
       std_sqrt_d=(0.1, 0.6),
   )
-  record = study.collect(arm, 0, config, run, F.STEPS, 150.0, ())
+  record = study_records.collect(arm, 0, config, run, F.STEPS, 150.0, ())
   assert record["collapse_flagged_steps"] == [4]
   assert _rows(recipe.markdown_table(recipe.STUDY, {"mocov2": {0: record}})) == [
       "| mocov2 | 0 | 75.0 -> 90.0 (+15.0) | 17.0 -> 33.0 (+16.0) | 23.0 -> 28.0 (+5.0) | "
@@ -71,16 +71,16 @@ def test_row_from_the_record_of_a_finished_run(tmp_path):
   ]
   # A run that ends collapsed says so; one never collapsed has nothing flagged.
   run = tmp_path / "mocov2" / "seed1"
-  config = study.arm_config(arm, 1, F.TINY)
+  config = study_records.arm_config(arm, 1, F.TINY)
   F.make_run(run, config, F.accuracies(1, 0.5), F.accuracies(1, 0.1), std_sqrt_d=(0.1, 0.15))
-  record = study.collect(arm, 1, config, run, F.STEPS, None, ())
+  record = study_records.collect(arm, 1, config, run, F.STEPS, None, ())
   assert _rows(recipe.markdown_table(recipe.STUDY, {"mocov2": {1: record}}))[0].endswith(
       "| 4.000 | 0.15 | steps 4-end (2 logs) | - |"
   )
   run = tmp_path / "mocov2" / "seed2"
-  config = study.arm_config(arm, 2, F.TINY)
+  config = study_records.arm_config(arm, 2, F.TINY)
   F.make_run(run, config, F.accuracies(2, 0.5), F.accuracies(2, 0.1), std_sqrt_d=(0.5, 0.6))
-  record = study.collect(arm, 2, config, run, F.STEPS, 7.0, ())
+  record = study_records.collect(arm, 2, config, run, F.STEPS, 7.0, ())
   assert _rows(recipe.markdown_table(recipe.STUDY, {"mocov2": {2: record}}))[0].endswith(
       "| 4.000 | 0.60 | - | 7 |"
   )

@@ -12,7 +12,7 @@ import pytest
 from etils import epath
 from PIL import Image
 
-from cl_jax.analysis import study
+from cl_jax.analysis import study, study_records
 from cl_jax.runtime import run_config
 from cl_jax.studies import suppression
 from cl_jax.studies.suppression import RunSpec
@@ -47,7 +47,7 @@ ARMS = {a.name: a for a in suppression.STUDY.arms}
 
 def _config(arm_name: str, seed: int = 0) -> dict:
   """The arm's flattened config as a record stores it (JSON values)."""
-  config = study.arm_config(ARMS[arm_name], seed)
+  config = study_records.arm_config(ARMS[arm_name], seed)
   return json.loads(json.dumps(run_config.flatten(config)))
 
 
@@ -67,16 +67,16 @@ def test_grid_runs_and_their_configs():
   assert [s.name for s in specs] == GRID_NAMES
   assert specs == [spec for _, spec in GRID]
   # The same from the config as cl_jax.main builds it (tuples, not JSON lists).
-  c = study.arm_config(ARMS["simclr_hcl_b1"], 3)
+  c = study_records.arm_config(ARMS["simclr_hcl_b1"], 3)
   assert suppression.spec_of(run_config.flatten(c)) == RunSpec("hcl_t0.5_b1", 0.5, False, 1.0)
 
-  c = study.arm_config(ARMS["simclr_t0.05_ifm"], 2)
+  c = study_records.arm_config(ARMS["simclr_t0.05_ifm"], 2)
   assert (c.simclr.temperature, c.ifm.enabled, c.ifm.epsilon, c.ifm.alpha) == (0.05, True, 0.1, 1.0)
   assert not c.hcl.enabled and c.seed == 2 and c.method == "simclr"
-  c = study.arm_config(ARMS["simclr_hcl_b2"], 0)
+  c = study_records.arm_config(ARMS["simclr_hcl_b2"], 0)
   assert (c.simclr.temperature, c.hcl.enabled, c.hcl.beta, c.hcl.tau_plus) == (0.5, True, 2.0, 0.1)
   assert not c.ifm.enabled and c.seed == 0 and c.method == "simclr"
-  c = study.arm_config(ARMS["simclr"], 7)
+  c = study_records.arm_config(ARMS["simclr"], 7)
   assert (c.simclr.temperature, c.ifm.enabled, c.hcl.enabled, c.seed) == (0.5, False, False, 7)
   assert c.data.name == "trifeature"
 

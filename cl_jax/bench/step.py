@@ -120,18 +120,16 @@ def measure(
 
   statistics=False times the lean step that training runs between logging steps (loss and
   lr only), True the logging step with every statistic (cl_jax.train_step.make_train_step).
-  With profile_dir, `profile_steps` more steps run under the profiler
-  after the timed ones, and the row gains "profile", their op time per step by phase and by
-  kind (cl_jax.bench.profile.profile_compiled).
+  With profile_dir, `profile_steps` more steps run under the profiler after the timed ones,
+  and the row gains "profile", their op time per step by phase and by kind
+  (cl_jax.bench.profile.profile_compiled).
 
   Returns a dict: devices, backend, device_kind, step ("lean" or "logging"), global_batch,
-  compile_s,
-  step_ms (mean wall time per step), img_per_s (global batch / step time),
-  queue_mb_per_device (bytes of the queue shard on one device / 2^20),
-  queue_mb_total, gflop_per_image (step_flops x devices / global batch),
-  tflops_per_device (step_flops / step time), mfu (tflops_per_device / the device's peak,
-  cl_jax.bench.device_peaks; None where unknown), and peak_mb_per_device where the backend
-  reports it.
+  compile_s, step_ms (mean wall time per step), img_per_s (global batch / step time),
+  queue_mb_per_device (bytes of the queue shard on one device / 2^20), queue_mb_total, loss,
+  gflop_per_image (step_flops x devices / global batch), tflops_per_device (step_flops / step
+  time), mfu (tflops_per_device / the device's peak, cl_jax.bench.device_peaks; None where
+  unknown), and peak_mb_per_device where the backend reports it.
   """
   mesh = parallel.make_mesh(jax.devices()[:devices])
   config_check.validate(config, num_devices=devices, reads_data=False)
@@ -429,7 +427,7 @@ def _main_with_input(argv):
   """main, or with --input=jpeg the JPEG loop benchmark of cl_jax.bench.input."""
   if _INPUT.value != "jpeg" or _CHILD.value is not None:
     return main(argv)
-  from cl_jax import bench_input  # only this mode needs it
+  from cl_jax.bench import input as bench_input  # only this mode needs it
 
   with cli.report():
     bench_input.run(

@@ -21,7 +21,8 @@ param dicts by `share`:
   texture   texture randomisation. The paper restyles the image with a pretrained style-transfer
             network (Gatys et al. 2016; Geirhos et al. 2018); this module uses a weight-free
             stand-in, random convolutions (Xu et al. 2021, "Robust and generalizable visual
-            representation learning via random convolutions", RandConv), see `_texture`.
+            representation learning via random convolutions", RandConv), see
+            cl_jax.data.random_conv.
 Blur and solarize belong to no group: every view draws them independently. Rotation and texture
 are off by default (probability 0; LooC uses 0.5 for both, App. A). Their keys are in the param
 dict only when their probability is > 0 (`param_keys`), so with both off the dict, the random
@@ -34,21 +35,10 @@ first as style transfer does (it restyles the source image; Stylized-ImageNet, G
 ops that follow see the image's own colour statistics. Rotation comes last; it commutes with the
 pixel-wise ops and (up to rounding) with the isotropic, reflect-padded blur.
 
-Colour jitter follows torchvision's ColorJitter on float images in [0, 1] (each op clipped to
-[0, 1], the four ops in a random order per example):
-  brightness(x, f) = f x
-  contrast(x, f)   = f x + (1 - f) mean(gray(x))      (mean over all pixels of the image)
-  saturation(x, f) = f x + (1 - f) gray(x)             (per pixel)
-  hue(x, h)        = hsv_to_rgb((H + h) mod 1, S, V)   with (H, S, V) = rgb_to_hsv(x)
-where gray(x) = 0.299 R + 0.587 G + 0.114 B (ITU-R BT.601 luma, the weights of PIL's
-convert("L") that the PIL-based MoCo recipe uses; they sum to exactly 1, so gray stays gray).
-
-dm-pix is used where its op has these semantics: the hue shift (adjust_hue, its RGB <-> HSV
-planes) and solarize. Brightness, contrast, saturation and grayscale are written here because
-dm-pix's versions differ: its brightness adds a delta, its contrast blends each channel with that
-channel's own mean, its saturation scales the HSV saturation, and its rec601 luma uses 0.2989 for
-red. The Gaussian blur is written here too (see `_blur`): dm-pix's pads with zeros, and its
-convolution with a per-example sigma is much slower under vmap.
+Colour jitter (torchvision's ColorJitter) and grayscale live in cl_jax.data.colour_jitter,
+texture randomisation in cl_jax.data.random_conv. dm-pix's solarize is used as is. The Gaussian
+blur is written here (see `_blur`): dm-pix's pads with zeros, and its convolution with a
+per-example sigma is much slower under vmap.
 """
 
 import dataclasses
@@ -57,6 +47,8 @@ import functools
 import dm_pix as pix
 import jax
 import jax.numpy as jnp
+
+from cl_jax.data import colour_jitter, random_conv
 
 PARAM_KEYS = (
     "jitter",
@@ -86,17 +78,10 @@ ATOMIC_GROUPS: dict[str, tuple[str, ...]] = {
     "rotation": ROTATION_KEYS,
     "texture": TEXTURE_KEYS,
 }
-# Random-convolution kernel sides k (RandConv's multi-scale set); every kernel is stored as a
-# 7 x 7 one whose taps outside its centred k x k window are zero.
-TEXTURE_KERNEL_SIZES = (1, 3, 5, 7)
-_TEXTURE_RADIUS = max(TEXTURE_KERNEL_SIZES) // 2
-_TEXTURE_EPS = 1e-6  # floor of the convolved channel's std in the standardisation
 # fold_in data deriving the new ops' PRNG keys from the sampling key, apart from the split that
 # draws PARAM_KEYS.
 _ROTATION_STREAM = 1
 _TEXTURE_STREAM = 2
-_LUMA = (0.299, 0.587, 0.114)
-_NUM_JITTER_OPS = 4  # order indices: 0 brightness, 1 contrast, 2 saturation, 3 hue
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +186,7 @@ def sample_photometric(
     example; sigma (B,) float32 ~ U[blur_sigma]. If rotation_prob > 0: rotation (B,) int32,
     quarter turns counter-clockwise, 0 with probability 1 - rotation_prob, else uniform in
     {1, 2, 3}. If texture_prob > 0: texture (B,) bool ~ Bernoulli(texture_prob) and
-    texture_kernel (B, 7, 7, 3, 3) float32 (see `_sample_texture_kernel`).
+    texture_kernel (B, 7, 7, 3, 3) float32 (see random_conv.sample_kernel).
   """
   if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
     raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
@@ -213,7 +198,7 @@ def sample_photometric(
   if spec.texture_prob > 0.0:
     flag_key, kernel_key = jax.random.split(jax.random.fold_in(rng, _TEXTURE_STREAM))
     params["texture"] = jax.random.bernoulli(flag_key, spec.texture_prob, (batch_size,))
-    params["texture_kernel"] = _sample_texture_kernel(kernel_key, batch_size)
+    params["texture_kernel"] = random_conv.sample_kernel(kernel_key, batch_size)
   return params
 
 
@@ -223,26 +208,6 @@ def _sample_rotation(rng: jax.Array, batch_size: int, prob: float) -> jax.Array:
   rotate = jax.random.bernoulli(flag_key, prob, (batch_size,))
   turns = jax.random.randint(turns_key, (batch_size,), 1, 4, jnp.int32)
   return jnp.where(rotate, turns, 0)
-
-
-def _sample_texture_kernel(rng: jax.Array, batch_size: int) -> jax.Array:
-  """(B, 7, 7, 3, 3) float32 RandConv kernels (Xu et al. 2021, Sec. 3), (tap row, tap column,
-  input channel, output channel).
-
-  Per example the side k is uniform in TEXTURE_KERNEL_SIZES; the taps of the centred k x k window
-  are i.i.d. N(0, 1 / (3 k^2)) (He initialisation with gain 1 for fan-in 3 k^2, as RandConv
-  draws its random layer), the other taps are 0.
-  """
-  size_key, weight_key = jax.random.split(rng)
-  sizes = jnp.asarray(TEXTURE_KERNEL_SIZES, jnp.int32)[
-      jax.random.randint(size_key, (batch_size,), 0, len(TEXTURE_KERNEL_SIZES))
-  ]
-  side = 2 * _TEXTURE_RADIUS + 1
-  weights = jax.random.normal(weight_key, (batch_size, side, side, 3, 3), jnp.float32)
-  offsets = jnp.abs(jnp.arange(side) - _TEXTURE_RADIUS)
-  inside = jnp.maximum(offsets[:, None], offsets[None, :]) <= (sizes // 2)[:, None, None]
-  std = 1.0 / (jnp.sqrt(3.0) * sizes.astype(jnp.float32))
-  return jnp.where(inside[..., None, None], weights * std[:, None, None, None, None], 0.0)
 
 
 def _sample_moco(rng: jax.Array, batch_size: int, spec: PhotometricSpec) -> dict[str, jax.Array]:
@@ -257,7 +222,8 @@ def _sample_moco(rng: jax.Array, batch_size: int, spec: PhotometricSpec) -> dict
     )
 
   identity = jnp.broadcast_to(
-      jnp.arange(_NUM_JITTER_OPS, dtype=jnp.int32), (batch_size, _NUM_JITTER_OPS)
+      jnp.arange(colour_jitter.NUM_JITTER_OPS, dtype=jnp.int32),
+      (batch_size, colour_jitter.NUM_JITTER_OPS),
   )
   return {
       "jitter": jax.random.bernoulli(keys["jitter"], spec.jitter_prob, shape),
@@ -309,60 +275,6 @@ def share(
   return {**target, **{k: source[k] for k in keys}}
 
 
-def _gray(image: jax.Array) -> jax.Array:
-  """(H, W, 3) -> (H, W, 1) BT.601 luma 0.299 R + 0.587 G + 0.114 B."""
-  return jnp.tensordot(image, jnp.asarray(_LUMA, image.dtype), axes=(-1, 0))[..., None]
-
-
-def _blend(image: jax.Array, other: jax.Array, factor: jax.Array) -> jax.Array:
-  """clip(f x + (1 - f) other, 0, 1)."""
-  return jnp.clip(factor * image + (1.0 - factor) * other, 0.0, 1.0)
-
-
-def _brightness(image: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
-  """clip(f x, 0, 1), f = p["brightness"]."""
-  return jnp.clip(p["brightness"] * image, 0.0, 1.0)
-
-
-def _contrast(image: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
-  """clip(f x + (1 - f) mean(gray(x)), 0, 1), f = p["contrast"]."""
-  return _blend(image, jnp.mean(_gray(image)), p["contrast"])
-
-
-def _saturation(image: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
-  """clip(f x + (1 - f) gray(x), 0, 1), f = p["saturation"]."""
-  return _blend(image, _gray(image), p["saturation"])
-
-
-def _hue(image: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
-  """Hue rotated by p["hue"] turns (clipped against HSV round-off)."""
-  return jnp.clip(pix.adjust_hue(image, p["hue"]), 0.0, 1.0)
-
-
-_CHEAP_OPS = (_brightness, _contrast, _saturation)
-
-
-def _jitter(image: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
-  """The four ColorJitter ops on one (H, W, 3) image in the order p["order"] (3 = hue).
-
-  Equivalent to x <- op_{order[i]}(x) for i = 0..3, but the hue op, the only costly one (an HSV
-  round trip), is computed once instead of at every position: the three cheap ops, kept in their
-  relative order, run up to hue's position, hue runs on that state, and the cheap ops after it
-  follow. Unrolling all four positions with lax.switch recomputes hue four times, and XLA's
-  fusion then duplicates chained HSV round trips (measured 5x slower on CPU).
-  """
-  order = p["order"]
-  hue_position = jnp.argmax(order == 3)
-  cheap = order[jnp.argsort(order == 3, stable=True)[:3]]
-  states = [image]
-  for j in range(3):
-    states.append(jax.lax.switch(cheap[j], _CHEAP_OPS, states[-1], p))
-  x = _hue(jnp.select([hue_position == j for j in range(4)], states), p)
-  for j in range(3):
-    x = jnp.where(j >= hue_position, jax.lax.switch(cheap[j], _CHEAP_OPS, x, p), x)
-  return x
-
-
 def _blur(image: jax.Array, sigma: jax.Array, radius: int) -> jax.Array:
   """Separable Gaussian blur of (H, W, 3): taps w_k ∝ exp(-k^2 / (2 sigma^2)), k = -r..r, sum 1.
 
@@ -383,52 +295,6 @@ def _blur(image: jax.Array, sigma: jax.Array, radius: int) -> jax.Array:
   return sum(weights[k] * rows[k : k + height] for k in range(2 * radius + 1))
 
 
-def _random_conv(image: jax.Array, kernel: jax.Array) -> jax.Array:
-  """Cross-correlation of (H, W, 3) with a (7, 7, 3, 3) kernel, reflect-padded, same size:
-
-    y[i, j, o] = sum_{u, v, c} kernel[u, v, c, o] xpad[i + u, j + v, c],
-
-  xpad the image reflect-padded by 3 on each side (d c b | a b c d | c b a), so that a constant
-  image stays constant (zero padding, RandConv's, darkens or brightens the border depending on the
-  kernel's sign). Written as 147 broadcast multiply-adds, one per (tap, input channel), which XLA
-  fuses into one loop. Under vmap with per-example kernels, lax.conv becomes a grouped
-  convolution and per-tap (3, 3) matmuls become batched dots, both measured 13x to 25x slower on
-  CPU (B=64, 32 and 64 px).
-  """
-  height, width = image.shape[:2]
-  side = 2 * _TEXTURE_RADIUS + 1
-  pad = (_TEXTURE_RADIUS, _TEXTURE_RADIUS)
-  padded = jnp.pad(image, (pad, pad, (0, 0)), mode="reflect")
-  return sum(
-      padded[u : u + height, v : v + width, c : c + 1] * kernel[u, v, c]
-      for u in range(side)
-      for v in range(side)
-      for c in range(3)
-  )
-
-
-def _texture(image: jax.Array, kernel: jax.Array) -> jax.Array:
-  """Texture randomisation of (H, W, 3) in [0, 1]: random convolution, then per-channel
-  standardisation back to the input's statistics, clipped to [0, 1]:
-
-    y = _random_conv(x, kernel),  out_c = clip(mean_c(x) + std_c(x) (y_c - mean_c(y))
-                                                / max(std_c(y), 1e-6), 0, 1),
-
-  means and (population) standard deviations over the H x W pixels of channel c. RandConv
-  (Xu et al. 2021) convolves mean/std-normalised inputs, whose response stays near the data's
-  scale; on [0, 1] images the kernel's gain (sum of its taps, ~ N(0, 1)) rescales and can negate
-  the image's mean, so mixing the raw response with the image (RandConv-mix) and clipping would
-  saturate much of the image. Matching each channel's mean and std removes that gain, keeps the
-  image's global colour statistics, which belong to the colour group, and randomises the local
-  structure: texture and colour stay separate atomic augmentations. A constant channel stays
-  constant (up to float32 rounding of its mean).
-  """
-  y = _random_conv(image, kernel)
-  mean_x, std_x = jnp.mean(image, axis=(0, 1)), jnp.std(image, axis=(0, 1))
-  mean_y, std_y = jnp.mean(y, axis=(0, 1)), jnp.std(y, axis=(0, 1))
-  return jnp.clip(mean_x + std_x * (y - mean_y) / jnp.maximum(std_y, _TEXTURE_EPS), 0.0, 1.0)
-
-
 def _rotate(image: jax.Array, turns: jax.Array) -> jax.Array:
   """(S, S, 3) rotated by `turns` in {0, 1, 2, 3} quarter turns counter-clockwise (np.rot90)."""
   return jax.lax.switch(
@@ -438,9 +304,9 @@ def _rotate(image: jax.Array, turns: jax.Array) -> jax.Array:
 
 def _param_shape(name: str, batch_size: int) -> tuple[int, ...]:
   if name == "order":
-    return (batch_size, _NUM_JITTER_OPS)
+    return (batch_size, colour_jitter.NUM_JITTER_OPS)
   if name == "texture_kernel":
-    side = 2 * _TEXTURE_RADIUS + 1
+    side = 2 * random_conv.RADIUS + 1
     return (batch_size, side, side, 3, 3)
   return (batch_size,)
 
@@ -468,7 +334,7 @@ def apply_photometric(
   """Applies texture, jitter, grayscale, blur, solarize and rotation, each where its per-example
   flag is set.
 
-  Per example: x <- _texture(x, texture_kernel) if texture; x <- jitter ops in `order` if
+  Per example: x <- random_conv.texture(x, texture_kernel) if texture; x <- jitter ops in `order` if
   jitter; x <- [gray(x)] * 3 if grayscale; x <- blur(x, sigma) if blur;
   x <- where(x >= 0.5, 1 - x, x) if solarize; x <- rot90(x, rotation). All branches are computed
   and selected with jnp.where / lax.switch, so the function is jit- and vmap-safe. Texture and
@@ -501,10 +367,10 @@ def apply_photometric(
         f"Rotation by quarter turns needs square images (the host crops to S x S), got "
         f"{height} x {width}; set rotation_prob=0 or crop square."
     )
-  if texture and min(height, width) <= _TEXTURE_RADIUS:
+  if texture and min(height, width) <= random_conv.RADIUS:
     raise ValueError(
-        f"Texture randomisation reflect-pads by {_TEXTURE_RADIUS} pixels and needs images of side "
-        f">= {_TEXTURE_RADIUS + 1}, got {height} x {width}."
+        f"Texture randomisation reflect-pads by {random_conv.RADIUS} pixels and needs images "
+        f"of side >= {random_conv.RADIUS + 1}, got {height} x {width}."
     )
   radius = blur_radius(height, width, spec)
   return _apply_batch(images.astype(jnp.float32), params, radius, rotate, texture)
@@ -517,9 +383,9 @@ def _apply_one(
   against rounding of the luma and blur weights), solarize, rotation (if `rotate`); each selected
   by its flag in p."""
   if texture:
-    image = jnp.where(p["texture"], _texture(image, p["texture_kernel"]), image)
-  x = jnp.where(p["jitter"], _jitter(image, p), image)
-  x = jnp.where(p["grayscale"], jnp.broadcast_to(_gray(x), x.shape), x)
+    image = jnp.where(p["texture"], random_conv.texture(image, p["texture_kernel"]), image)
+  x = jnp.where(p["jitter"], colour_jitter.jitter(image, p), image)
+  x = jnp.where(p["grayscale"], jnp.broadcast_to(colour_jitter.gray(x), x.shape), x)
   x = jnp.clip(jnp.where(p["blur"], _blur(x, p["sigma"], radius), x), 0.0, 1.0)
   x = jnp.where(p["solarize"], pix.solarize(x, 0.5), x)
   return _rotate(x, p["rotation"]) if rotate else x

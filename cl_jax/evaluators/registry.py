@@ -111,7 +111,7 @@ def evaluate(
   config = _config(workdir, options)
   data_dir = data_dir or config.data.get("data_dir", "")
   for name in names:
-    write_faults.check_writable(workdir, f"the {name} report")
+    write_faults.check_writable(workdir, f"the {get(name).TAG.removeprefix('eval_')} report")
   extractor = features.setup(config)
   step, variables = checkpoint.restore_encoder(workdir, extractor.init_variables, step)
   where = workdir if "://" in workdir else os.path.abspath(workdir)

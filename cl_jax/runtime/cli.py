@@ -20,7 +20,7 @@ from absl import flags
 from cl_jax.runtime import run_config, write_faults
 from cl_jax.runtime.errors import UsageError
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config_arg(argv: list[str]) -> tuple[int, str] | None:

@@ -1,0 +1,110 @@
+"""Running a study's arm at a seed (cl_jax.analysis.study): cl_jax.main's pretraining and fast
+probe, then the arm's analyses, each in a process of its own, and the record that is read when it
+exists, else trained (or resumed, or only analysed) and written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from etils import epath
+
+from cl_jax.analysis.study_records import (
+    arm_config,
+    collect,
+    config_differences,
+    main_flags,
+    plain_config,
+    probe_report,
+    record_path,
+    refuse_changed,
+    run_dir,
+    total_steps,
+)
+from cl_jax.runtime import metrics, run_config
+from cl_jax.runtime.errors import UsageError
+
+if TYPE_CHECKING:
+  from cl_jax.analysis.study import Arm
+
+NORMSTD_FLAGS = ("--images=256", "--crop_scale=0.08,1")
+
+
+class RunFailed(UsageError):
+  """A run of the study (its training, probe or analysis) ended with an error."""
+
+
+def train_subprocess(
+    arm_: Arm, seed: int, extra, directory: epath.Path, analyses=()
+) -> float | None:
+  """Pretrain and probe (or resume) with cl_jax.main unless the final probe report exists,
+  then the `analyses` (study.ANALYSES) not yet done, each in a process of its own; a failure stops
+  the study with the command that failed. Returns cl_jax.main's wall time (None if it did
+  not run): start-up, compilation, training and the probe."""
+  where = os.path.abspath(str(directory)) if "://" not in str(directory) else str(directory)
+  main = [sys.executable, "-m", "cl_jax.main", *main_flags(arm_, seed, extra)]
+  step = total_steps(arm_config(arm_, seed, extra))
+  commands = [] if probe_report(epath.Path(where), step) else [main + [f"--workdir={where}"]]
+  if (
+      "normstd" in analyses
+      and not (epath.Path(where) / "normstd" / f"normstd_step{step}.json").exists()
+  ):
+    commands.append(
+        [sys.executable, "-m", "cl_jax.analysis.normstd", f"--workdir={where}", *NORMSTD_FLAGS]
+    )
+  wall_s = None
+  for cmd in commands:
+    start = time.perf_counter()
+    if subprocess.run(cmd).returncode != 0:
+      raise RunFailed(f"arm {arm_.name} seed {seed} failed: {' '.join(cmd[1:])}")
+    if cmd[:3] == main[:3]:
+      wall_s = time.perf_counter() - start
+  return wall_s
+
+
+def ensure_record(
+    arm_: Arm,
+    seed: int,
+    workdir: str,
+    results: str,
+    extra=(),
+    analyses=(),
+    train: Callable = train_subprocess,
+    log: Callable[[str], None] = print,
+) -> dict:
+  """The record of arm_ at seed with the `analyses`: read when it exists and holds them, else
+  trained (or resumed, or only analysed) and written."""
+  config = arm_config(arm_, seed, extra)
+  path = record_path(results, arm_.name, seed)
+  record = None
+  if path.exists():
+    record = json.loads(path.read_text())
+    refuse_changed(arm_, seed, str(path), config_differences(record["config"], config))
+    if set(analyses) <= set(record["analyses"]):
+      return record
+  directory = run_dir(workdir, arm_.name, seed)
+  if (directory / "config.json").exists():
+    stored = plain_config(run_config.read(str(directory)))
+    refuse_changed(arm_, seed, str(directory), config_differences(stored, config))
+  elif record is not None:
+    raise UsageError(
+        f"{path} lacks the analyses {sorted(set(analyses) - set(record['analyses']))} and its "
+        f"run {directory} is gone; delete the record to train the run again"
+    )
+  step = total_steps(config)
+  wanted = sorted(set(analyses) | set(record["analyses"] if record else ()))
+  log(f"{arm_.name} seed {seed}: {'analysing' if record else 'training'} in {directory}")
+  wall_s = train(arm_, seed, extra, directory, wanted)
+  previous = record
+  record = collect(arm_, seed, config, directory, step, wall_s, wanted)
+  if previous is not None:  # an analysis added to a run recorded before
+    record.update(wall_s=previous["wall_s"], environment=previous["environment"])
+  path.parent.mkdir(parents=True, exist_ok=True)
+  metrics.write_atomically(path, json.dumps(record, indent=1))
+  return record
