@@ -37,8 +37,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from cl_jax import train
-from cl_jax.runtime import cli, stop_requests
-from cl_jax.runtime import distributed_startup as startup
+from cl_jax.runtime import cli, distributed_startup, stop_requests
 from cl_jax.runtime.errors import UsageError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -155,7 +154,7 @@ def main(argv):
   with cli.report(train.TrainingDiverged):
     stop_signal = _signal_number(_STOP_SIGNAL.value)
     if _MULTIHOST.value or any(v is not None for v in explicit):
-      startup.initialize_distributed(*explicit, timeout_s=_STARTUP_TIMEOUT.value)
+      distributed_startup.initialize_distributed(*explicit, timeout_s=_STARTUP_TIMEOUT.value)
     else:  # the training loop handles them itself while it runs (cl_jax.runtime.stop_requests)
       for sig in [signal.SIGTERM] + ([stop_signal] if stop_signal else []):
         signal.signal(sig, _end_outside_training)

@@ -91,6 +91,20 @@ def test_only_monitors_run_during_pretraining():
     config_check.validate(c)
 
 
+def _stderr_of(module: str, *args: str) -> str:
+  """The stderr of `python -m module args` that failed with status 1 on one line."""
+  proc = subprocess.run(
+      [sys.executable, "-m", module, *args],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+  assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+  return proc.stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -99,26 +113,10 @@ def test_only_monitors_run_during_pretraining():
     ],
 )
 def test_the_command_reports_in_one_line(tmp_path, args, message):
-  proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.evaluate", f"--workdir={tmp_path}", *args],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-      env={**os.environ, "JAX_PLATFORMS": "cpu"},
-  )
-  assert proc.returncode == 1
-  assert proc.stderr.strip().startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
-  assert message in proc.stderr
+  stderr = _stderr_of("cl_jax.evaluate", f"--workdir={tmp_path}", *args)
+  assert stderr.startswith("error:") and message in stderr
 
 
 def test_a_moved_command_names_its_replacement():
-  proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.knn", "--workdir=x"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
-  assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
-  assert "use python -m cl_jax.evaluate --evaluator=knn" in proc.stderr
+  stderr = _stderr_of("cl_jax.knn", "--workdir=x")
+  assert "use python -m cl_jax.evaluate --evaluator=knn" in stderr

@@ -4,13 +4,17 @@ the monitor of a pretraining run and the standalone command."""
 import json
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
 import pytest
 
 from cl_jax.evaluators import knn as knn_classifier
+from cl_jax.evaluators import registry
 from cl_jax.runtime import parallel
+from cl_jax.runtime.errors import UsageError
+from configs import mocov2
 from tests import tiny_run
 from tests.conftest import ROOT
 
@@ -154,3 +158,14 @@ def test_monitor_logs_knn_per_label_and_the_command_reads_the_checkpoint(tmp_pat
       env=tiny_run.env(),
   )
   assert too_many.returncode == 1 and "exceeds the memory bank" in too_many.stderr
+
+
+def test_the_evaluator_refuses_a_non_positive_temperature_and_a_k_beyond_the_bank():
+  """An explicit --temperature=0 is refused, not replaced by the config's default; the checks
+  run before any feature is computed (the extractor here has no feature function)."""
+  extractor = types.SimpleNamespace(train_src=[None] * 10, test_src=[None] * 5)
+  ctx = registry.EvalContext("w", 1, mocov2.get_config(None), extractor, {}, "", {})
+  with pytest.raises(UsageError, match="--temperature must be positive, got 0.0"):
+    knn_classifier.run(ctx._replace(options={"temperature": 0.0}))
+  with pytest.raises(UsageError, match="--k = 11 exceeds the memory bank's 10 images"):
+    knn_classifier.run(ctx._replace(options={"k": 11}))

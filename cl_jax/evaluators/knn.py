@@ -148,10 +148,9 @@ def evaluate(
   )
 
 
-def _check(ctx: features.Extractor, k: int, temperature: float, what: str) -> None:
-  """UsageError unless 1 <= k <= the bank's size and temperature > 0; `what` names the
-  settings ("--k" and "--temperature", or the config fields)."""
-  k_name, t_name = what.split(",")
+def _check(ctx: features.Extractor, k: int, temperature: float, k_name: str, t_name: str) -> None:
+  """UsageError unless 1 <= k <= the bank's size and temperature > 0; k_name and t_name name
+  the settings in the message (the command's flags or the config's fields)."""
   if temperature <= 0:
     raise UsageError(f"{t_name} must be positive, got {temperature}")
   if k > len(ctx.train_src):
@@ -165,9 +164,9 @@ def run(ctx) -> dict:
   """The evaluator on ctx (cl_jax.evaluators.registry.EvalContext); options: k, temperature
   (default: the config's eval.knn_k, eval.knn_temperature), baseline (default true: also the
   network at random initialisation)."""
-  k = ctx.options.get("k") or ctx.config.eval.knn_k
-  temperature = ctx.options.get("temperature") or ctx.config.eval.knn_temperature
-  _check(ctx.extractor, k, temperature, "--k,--temperature")
+  k = ctx.options.get("k", ctx.config.eval.knn_k)
+  temperature = ctx.options.get("temperature", ctx.config.eval.knn_temperature)
+  _check(ctx.extractor, k, temperature, "--k", "--temperature")
   report = {
       "k": k,
       "temperature": temperature,
@@ -194,7 +193,7 @@ def scalars(report: dict) -> dict[str, float]:
 
 def check_monitor(ctx: features.Extractor, config) -> None:
   """UsageError, before pretraining starts, for settings the monitor cannot run with."""
-  _check(ctx, config.eval.knn_k, config.eval.knn_temperature, "eval.knn_k,eval.knn_temperature")
+  _check(ctx, config.eval.knn_k, config.eval.knn_temperature, "eval.knn_k", "eval.knn_temperature")
 
 
 def monitor(ctx: features.Extractor, variables: dict, config) -> dict[str, float]:
