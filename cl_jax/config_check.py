@@ -275,14 +275,14 @@ def _check_addons(c) -> None:
     number(c, "hcl.tau_plus", 0.0, 1.0)
     if get(c, "hcl.tau_plus") >= 1.0:
       fail("hcl.tau_plus", get(c, "hcl.tau_plus"), "the class prior must be < 1")
-    for addon in ("nonsemantic", "ifm", "ft"):
-      if get(c, f"{addon}.enabled"):
-        fail(
-            "hcl.enabled",
-            True,
-            f"hard-negative sampling is a comparator of its own; "
-            f"switch off {addon}.enabled to use it",
-        )
+    others = [f"{a}.enabled" for a in ("nonsemantic", "ifm", "ft") if get(c, f"{a}.enabled")]
+    if others:
+      fail(
+          "hcl.enabled",
+          True,
+          f"hard-negative sampling is a comparator of its own; "
+          f"switch off {' and '.join(others)} to use it",
+      )
   if boolean(c, "nonsemantic.enabled"):
     _check_nonsemantic(c, method)
   if boolean(c, "ft.enabled"):

@@ -24,6 +24,8 @@ import optax
 from jax.sharding import Mesh
 
 from cl_jax.addons import dicr
+from cl_jax.addons import from_config as addons_lib
+from cl_jax.addons.from_config import AddOns
 from cl_jax.data import photometric
 from cl_jax.objectives import byol, looc, moco, simclr, simsiam
 from cl_jax.objectives.forward import Views
@@ -63,31 +65,27 @@ def layer_grad_norms(grads) -> dict[str, jax.Array]:
   return {f"grad_norm/{layer}": jnp.sqrt(total) for layer, total in sums.items()}
 
 
-def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps_per_epoch: int):
-  """The objective of config.method: objective(state, Views) -> (loss, grads,
-  state updates, stats)."""
+def make_objective(
+    config: ml_collections.ConfigDict, encoder, mesh: Mesh, addons: AddOns, steps_per_epoch: int
+):
+  """The objective of config.method with its add-ons: objective(state, Views) -> (loss,
+  grads, state updates, stats). LooC's extra heads and views make a MoCo step of their own."""
   if config.method == "moco":
-    if config.looc.enabled:
+    if addons.looc_views is not None:
       return looc.make_objective(config, encoder, mesh)
-    return moco.make_objective(config, encoder, mesh, steps_per_epoch)
-  makers = {
-      "simclr": simclr.make_objective,
-      "byol": byol.make_objective,
-      "simsiam": simsiam.make_objective,
-  }
-  if config.method not in makers:
-    raise ValueError(f"method must be one of moco, {', '.join(makers)}; got {config.method!r}")
-  return makers[config.method](config, encoder, steps_per_epoch)
-
-
-def looc_augmentations(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-  """The atomic augmentations with their own LooC head and key view (none without LooC)."""
-  return tuple(config.looc.augmentations) if config.looc.enabled else ()
+    return moco.make_objective(config, encoder, mesh, addons)
+  if config.method == "simclr":
+    return simclr.make_objective(config, encoder, addons)
+  if config.method == "byol":
+    return byol.make_objective(config, encoder, addons, steps_per_epoch)
+  if config.method == "simsiam":
+    return simsiam.make_objective(encoder, addons)
+  raise ValueError(f"method must be one of moco, simclr, byol, simsiam; got {config.method!r}")
 
 
 def num_views(config: ml_collections.ConfigDict) -> int:
   """Host-cropped views per image: query and key, and LooC's extra keys k_1..k_n."""
-  return 2 + len(looc_augmentations(config))
+  return 2 + len(addons_lib.looc_augmentations(config))
 
 
 def view_params(
@@ -167,8 +165,8 @@ def make_train_step(
   al. 2021, Sec. 2.2); see augment_views. With DICR, box1, box2 (B, 4) and flip1,
   flip2 (B,) place the views' overlap (cl_jax.addons.dicr.regions_of). Other entries
   of the host batch are ignored. metrics: loss, lr, the method's statistics (score
-  statistics of the contrastive methods, cl_jax.losses.moco.moco_loss and
-  cl_jax.losses.simclr.simclr_loss; pos_mean and BYOL's tau for the others), the
+  statistics of the contrastive methods, cl_jax.losses.contrast.contrast_stats;
+  pos_mean and BYOL's tau for the others), the
   embeddings' health signals (cl_jax.analysis.collapse.embedding_health, health/*) and the
   per-layer gradient norms of layer_grad_norms, float32 scalars. With statistics=False the
   metrics are loss and lr alone and XLA drops the computations of the others (the step the
@@ -177,16 +175,17 @@ def make_train_step(
   which profiles show (cl_jax.bench.profile).
   """
   spec = photometric_spec(config.aug)
-  objective = make_objective(config, encoder, mesh, steps_per_epoch)
-  groups = looc_augmentations(config)
-  texture = config.nonsemantic.enabled and config.nonsemantic.kind == "texture"
+  addons = addons_lib.from_config(config, steps_per_epoch)
+  objective = make_objective(config, encoder, mesh, addons, steps_per_epoch)
+  groups = addons.looc_views or ()
+  texture = addons.nonsemantic is not None and addons.nonsemantic.kind == "texture"
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     _, _, r_key, r_ns, r_ft = jax.random.split(rng, 5)
     with jax.named_scope("augment"):
       v1, v2, extra, textures = augment_views(rng, batch, spec, groups, texture)
-    regions = dicr.regions_of(batch) if config.dicr.enabled else None
+    regions = dicr.regions_of(batch) if addons.dicr is not None else None
     views = Views(v1, v2, r_key, r_ns, r_ft, extra, textures, regions)
     loss, grads, updates, stats = objective(state, views)
     with jax.named_scope("optimizer"):

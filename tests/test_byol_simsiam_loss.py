@@ -1,4 +1,6 @@
-"""Tests for byol (loss, non-semantic variant, momentum schedule) and simsiam.
+"""Tests for byol (loss, non-semantic variant, momentum schedule), simsiam, and the
+positive extrapolation of their pairs, cl_jax.addons.feature_transform_contrast.
+FeatureTransform.on_pairs.
 
 References are NumPy float64: cosines from explicitly normalised vectors,
 Ge et al. 2021 Eq. 2 as squared distances of unit vectors, the analytic
@@ -14,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cl_jax.addons.feature_transform_contrast import FeatureTransform
 from cl_jax.losses import byol, simsiam
 
 
@@ -261,23 +264,22 @@ def test_simsiam_bad_shapes_raise():
 def test_siamese_extrapolation_draws_one_vector_per_pair():
   """Eq. 3 on unit vectors with ft.coefficients = "sample_dimension": one (d,) lambda per
   pair (Eq. 6, Sec. 4.3), lambda = 1 + Beta(a_ex, a_ex)."""
-  import ml_collections
-
-  from cl_jax.objectives.siamese_ft import extrapolate_pairs
-
-  ft = ml_collections.ConfigDict(
-      dict(
-          enabled=True,
-          positive_extrapolation=True,
-          positive_interpolation=False,
-          alpha_ex=2.0,
-          coefficients="sample_dimension",
-          renormalize=False,
-      )
+  ft = FeatureTransform(
+      positive_extrapolation=True,
+      positive_interpolation=False,
+      alpha_ex=2.0,
+      negative="none",
+      alpha_in=1.0,
+      hard_a=1.0,
+      hard_b=1.0,
+      union=False,
+      coefficients="sample_dimension",
+      renormalize=False,
+      start_step=0,
   )
   p, z = _inputs(40, (4, 3), (4, 3))
   key = jax.random.key(3)
-  [(p2, z2)] = extrapolate_pairs([tuple(_f32(p, z))], ft, key, jnp.asarray(True))
+  [(p2, z2)] = ft.on_pairs([tuple(_f32(p, z))], key, jnp.asarray(True))
   lam = 1 + np.asarray(jax.random.beta(jax.random.fold_in(key, 0), 2.0, 2.0, (4, 3)), np.float64)
   assert np.ptp(lam[:, 0]) > 0.05  # the pairs' coefficients differ
   unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)

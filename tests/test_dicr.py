@@ -1,12 +1,12 @@
-"""DICR's loss (2025 submission, Sec. 3.2): the region areas, h_n from Eq. 3 against the direct
-mean over the non-overlap region, the area rules of Eq. 7, Eq. 5 against a NumPy
-re-derivation, the edge cases of the paper (disjoint, identical and nested crops), the
-per-epoch lambda warm-up of Eq. 8; the presets, the config check and the resume rule."""
+"""DICR's loss (2025 submission, Sec. 3.2), cl_jax.addons.dicr: the region areas, h_n from
+Eq. 3 against the direct mean over the non-overlap region, the area rules of Eq. 7, Eq. 5
+against a NumPy re-derivation, the edge cases of the paper (disjoint, identical and nested
+crops), the per-epoch lambda warm-up of Eq. 8 (dicr_weight) and the threshold in view pixels
+(epsilon_fraction), both of scalars; the presets, the config check and the resume rule."""
 
 import dicr_reference
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -193,17 +193,14 @@ def test_a_nested_view_repels_the_outer_views_rest_from_both_overlaps():
 
 
 def test_lambda_rises_once_per_epoch_to_its_final_value():
-  cfg = ml_collections.ConfigDict({"weight": 8.0, "warmup_epochs": 4})
   steps = jnp.array([0, 9, 10, 25, 39, 40, 100])
-  weights = [float(dicr.dicr_weight(s, 10, cfg)) for s in steps]
+  weights = [float(dicr.dicr_weight(s, 10, weight=8.0, warmup_epochs=4)) for s in steps]
   np.testing.assert_allclose(weights, [0.0, 0.0, 2.0, 4.0, 6.0, 8.0, 8.0])
-  cfg.warmup_epochs = 0
-  assert float(dicr.dicr_weight(jnp.array(0), 10, cfg)) == 8.0
+  assert float(dicr.dicr_weight(jnp.array(0), 10, weight=8.0, warmup_epochs=0)) == 8.0
 
 
 def test_epsilon_is_given_in_view_pixels():
-  cfg = ml_collections.ConfigDict({"epsilon_area": 9.0})
-  assert dicr.epsilon_fraction(cfg, 64) == 9.0 / 4096
+  assert dicr.epsilon_fraction(9.0, 64) == 9.0 / 4096
 
 
 # The config check and the resume rule.

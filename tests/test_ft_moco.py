@@ -1,4 +1,6 @@
-"""Feature transformation inside the MoCo loss (Zhu et al. 2021, Sec. 4), against NumPy.
+"""Feature transformation in MoCo's loss (Zhu et al. 2021, Sec. 4), against NumPy:
+cl_jax.objectives.moco.pair_loss with the add-on cl_jax.addons.feature_transform_contrast.
+FeatureTransform (its on_queue), and memory_queue.mix_slots.
 
 The reference draws the same coefficients (lambda, mu, slot order) from the same PRNG
 keys, then recomputes in float64: q' = l q + (1-l) k, k' = l k + (1-l) q, the mixed
@@ -7,18 +9,20 @@ For the hard negatives of App. G.2 it builds the (B, K, d) tensor
 h_ij = lam q'_i + (1 - lam) n_j explicitly, and takes dL/dq by central differences.
 """
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from cl_jax import memory_queue as queue_lib
 from cl_jax import train
 from cl_jax import train_step as step_lib
-from cl_jax.losses import moco
+from cl_jax.addons.feature_transform_contrast import FeatureTransform
+from cl_jax.addons.from_config import AddOns
+from cl_jax.objectives import moco
 from cl_jax.runtime import parallel
 from configs import mocov2_patchns_ft_ifm
 
@@ -42,20 +46,18 @@ def _ft(
     alpha_ex=2.0,
     alpha_in=1.6,
 ):
-  return ml_collections.ConfigDict(
-      dict(
-          enabled=True,
-          positive_extrapolation=positive,
-          positive_interpolation=False,
-          alpha_ex=alpha_ex,
-          negative=negative,
-          alpha_in=alpha_in,
-          hard_a=HARD_A,
-          hard_b=HARD_B,
-          union=union,
-          coefficients=coefficients,
-          renormalize=renormalize,
-      )
+  return FeatureTransform(
+      positive_extrapolation=positive,
+      positive_interpolation=False,
+      alpha_ex=alpha_ex,
+      negative=negative,
+      alpha_in=alpha_in,
+      hard_a=HARD_A,
+      hard_b=HARD_B,
+      union=union,
+      coefficients=coefficients,
+      renormalize=renormalize,
+      start_step=0,
   )
 
 
@@ -67,27 +69,17 @@ def _shape(ft, rows):
 
 @functools.partial(jax.jit, static_argnames=("devices", "ft_key", "active"))
 def _jax_loss(q, k, ring_queue, rng, devices, ft_key, active):
+  """(loss, stats, dL/dq) of pair_loss at step 0; inactive (active=False) is a start step
+  of 1, the steps before the transformation's start epoch."""
   mesh = parallel.make_mesh(jax.devices()[:devices])
   ft = None if ft_key is None else _ft(*ft_key)
+  if ft is not None and not active:
+    ft = dataclasses.replace(ft, start_step=1)
   queue = jax.lax.with_sharding_constraint(
       queue_lib.to_sharded_layout(ring_queue, devices, P), parallel.batch_sharding(mesh)
   )
-  cfg = ml_collections.ConfigDict({"temperature": T})
-  ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
-  off = ml_collections.ConfigDict({"enabled": False})
-  fn = lambda qq: moco.moco_loss(
-      qq,
-      k,
-      queue,
-      None,
-      cfg,
-      ns,
-      off,
-      mesh,
-      ft_cfg=ft,
-      ft_rng=rng,
-      ft_active=active,
-      keys_per_step=P,
+  fn = lambda qq: moco.pair_loss(
+      qq, k, queue, None, AddOns(ft=ft), T, mesh, rng, step=0, num_keys=P
   )
   (loss, stats), grad = jax.value_and_grad(fn, has_aux=True)(q)
   return loss, stats, grad
@@ -198,7 +190,7 @@ def test_before_the_start_epoch_the_loss_is_bit_identical_to_ft_off(ft_key):
 
 
 def _hard_coefficients(rng, ft, dim):
-  """(lambda_ex or None, lambda of Eq. 8), drawn from the keys moco_loss uses."""
+  """(lambda_ex or None, lambda of Eq. 8), drawn from the keys FeatureTransform.on_queue uses."""
   r_pos, r_neg, _ = jax.random.split(rng, 3)
   draw = lambda r, a, b: np.asarray(
       jax.random.beta(r, a, b, _shape(ft, B), jnp.float32), np.float64

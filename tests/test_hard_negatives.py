@@ -1,4 +1,5 @@
-"""Tests for hard_negatives.hcl_loss_from_logits (Robinson et al., ICLR 2021).
+"""Tests for cl_jax.losses.hard_negatives.hcl_loss_from_logits and hcl_loss, its form on a
+contrast (Robinson et al., ICLR 2021).
 
 The reference is the estimator written out directly in NumPy float64, one anchor
 at a time, with no log-space rewriting:
@@ -16,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax.losses import hard_negatives, simclr
+from cl_jax.losses import hard_negatives
+from cl_jax.losses.contrast import Contrast, Extra, info_nce
+from cl_jax.losses.queue_contrast import QueueTerms
 from tests.finite_differences import central_differences
 
 
@@ -81,6 +84,26 @@ def test_loss_matches_numpy(beta, tau_plus, temperature):
   np.testing.assert_allclose(loss, _np_loss(pos, neg, mask, beta, tau_plus, temperature), rtol=2e-5)
 
 
+def test_hcl_loss_of_a_contrast_matches_numpy_and_weighs_in_batch_negatives_only():
+  # hcl_loss(contrast, T) is the estimator of the logits s+ / T and s_ik / T; a queue or
+  # extra negatives have no place in it.
+  rng = np.random.default_rng(11)
+  temperature, beta, tau_plus = 0.2, 1.0, 0.1
+  sim_pos, sim, mask = _simclr_logits(rng, 4, 5, 1.0)  # similarities: logits at T = 1
+  pos, batch = _f32(sim_pos, sim)
+  contrast = Contrast(pos=pos, batch=batch, batch_mask=jnp.asarray(mask))
+  loss = jax.jit(hard_negatives.hcl_loss, static_argnums=(1, 2, 3))(
+      contrast, temperature, beta, tau_plus
+  )
+  want = _np_loss(sim_pos / temperature, sim / temperature, mask, beta, tau_plus, temperature)
+  np.testing.assert_allclose(loss, want, rtol=2e-5)
+  queue = QueueTerms(*(jnp.zeros(len(sim_pos)) for _ in range(3)))
+  extra = Extra(sim=batch, logits=lambda r: r, stat=None)
+  for bad in (contrast._replace(queue=queue), contrast._replace(extra=(extra,)), Contrast(pos)):
+    with pytest.raises(ValueError, match="in-batch negatives only"):
+      hard_negatives.hcl_loss(bad, temperature, beta, tau_plus)
+
+
 def test_loss_with_an_irregular_mask_matches_numpy():
   # Rows with different negative counts N_i: each anchor uses its own N.
   rng = np.random.default_rng(1)
@@ -113,7 +136,8 @@ def test_uniform_weights_without_debiasing_is_nt_xent(temperature):
   pos, neg, mask = _simclr_logits(rng, 6, 5, temperature)
   args = _f32(pos, neg)
   loss, (g_pos, g_neg) = _loss_and_grads(*args, mask, 0.0, 0.0, temperature)
-  nt_xent = lambda p, n: simclr.nt_xent_from_logits(p, n, jnp.asarray(mask))
+  # NT-Xent of the logits: InfoNCE at T = 1 (which divides exactly).
+  nt_xent = lambda p, n: info_nce(Contrast(pos=p, batch=n, batch_mask=jnp.asarray(mask)), 1.0)
   want, (w_pos, w_neg) = jax.value_and_grad(nt_xent, argnums=(0, 1))(*args)
   np.testing.assert_allclose(loss, want, rtol=1e-6)
   np.testing.assert_allclose(g_pos, w_pos, rtol=1e-5, atol=1e-8)

@@ -1,4 +1,6 @@
-"""IFM (Robinson et al. 2021, Eq. 2) in the MoCo loss, against NumPy re-derivations.
+"""IFM (Robinson et al. 2021, Eq. 2), cl_jax.addons.ifm.IFM, in MoCo's
+cl_jax.objectives.moco.pair_loss (add-ons from cl_jax.addons.from_config), against NumPy
+re-derivations.
 
 Reference: for each query the perturbed InfoNCE
   l_eps = -log e^{(s+ - eps)/T}
@@ -10,13 +12,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from cl_jax import train_step as step_lib
-from cl_jax.losses import moco
+from cl_jax.addons.from_config import from_config
+from cl_jax.objectives import moco
 from cl_jax.runtime import parallel
+from configs import default
 
 DIM, QUEUE = 8, 16
 
@@ -38,15 +41,32 @@ def _np_loss(q, k, queue, t, T, eps, ns_alpha):
   return total / len(q)
 
 
-@functools.partial(jax.jit, static_argnames=("enabled", "with_ns"))
-def _jax(q, k, queue, t, eps, alpha, enabled, with_ns):
+def _addons(eps, alpha, enabled, with_ns):
+  """The AddOns of a config with the `ifm` block (enabled, epsilon, alpha) and, with_ns, NS
+  negatives of alpha 2, mode "in"."""
+  c = default.base_config()
+  c.ifm.update(enabled=enabled, epsilon=eps, alpha=alpha)
+  c.nonsemantic.update(enabled=with_ns, alpha=2.0, alpha_mode="in")
+  return from_config(c, 1)
+
+
+def _pair_loss(q, k, queue, t, addons, score_queries=0):
+  """pair_loss at T = 0.2 on one device, no feature transformation."""
   mesh = parallel.make_mesh(jax.devices()[:1])
-  cfg = ml_collections.ConfigDict({"temperature": 0.2})
-  ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
-  ifm_cfg = ml_collections.ConfigDict({"enabled": enabled, "epsilon": eps, "alpha": alpha})
-  fn = lambda qq: moco.moco_loss(qq, k, queue, t if with_ns else None, cfg, ns, ifm_cfg, mesh)
+  rng, step = jax.random.key(0), jnp.asarray(0)
+  return moco.pair_loss(q, k, queue, t, addons, 0.2, mesh, rng, step, q.shape[0], score_queries)
+
+
+@functools.partial(jax.jit, static_argnames=("addons",))
+def _loss_and_grad(q, k, queue, t, addons):
+  fn = lambda qq: _pair_loss(qq, k, queue, t, addons)
   (loss, stats), grad = jax.value_and_grad(fn, has_aux=True)(q)
   return loss, stats, grad
+
+
+def _jax(q, k, queue, t, eps, alpha, enabled, with_ns):
+  addons = _addons(eps, alpha, enabled, with_ns)
+  return _loss_and_grad(q, k, queue, t if with_ns else None, addons)
 
 
 def _inputs(seed, batch=5, num_ns=2):
@@ -111,8 +131,8 @@ def test_ifm_raises_the_loss_and_its_hand_checked_value():
 
 @pytest.mark.parametrize("with_ns", [False, True])
 def test_ifm_off_leaves_the_loss_bit_identical(with_ns):
-  # Switched off, epsilon and alpha are never read: the loss and gradient are those of the
-  # base loss, bit for bit.
+  # Switched off, the block's epsilon and alpha are never read: the loss and gradient are
+  # those of the base loss, bit for bit.
   q, k, queue, t = _f32(*_inputs(3))
   base = _jax(q, k, queue, t, 0.0, 0.0, False, with_ns)
   other = _jax(q, k, queue, t, 0.3, 5.0, False, with_ns)
@@ -128,11 +148,8 @@ def test_ifm_off_leaves_the_loss_bit_identical(with_ns):
 @pytest.mark.slow
 def test_score_statistics_over_the_first_queries():
   q, k, queue, t = _inputs(4, batch=6)
-  mesh = parallel.make_mesh(jax.devices()[:1])
-  cfg = ml_collections.ConfigDict({"temperature": 0.2})
-  ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
-  off = ml_collections.ConfigDict({"enabled": False})
-  _, stats = moco.moco_loss(*_f32(q, k, queue, t), cfg, ns, off, mesh, score_queries=3)
+  addons = _addons(0.1, 1.0, False, True)
+  _, stats = _pair_loss(*_f32(q, k, queue, t), addons, score_queries=3)
   s = q[:3] @ queue.T
   np.testing.assert_allclose(stats["pos_mean"], np.mean(np.sum(q[:3] * k[:3], 1)), rtol=1e-5)
   np.testing.assert_allclose(stats["neg_mean"], s.mean(), rtol=1e-5, atol=1e-7)

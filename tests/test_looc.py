@@ -1,6 +1,7 @@
 """LooC (Xiao et al. 2021): shared augmentation parameters of the key views, the loss of Eq. 2
-against a NumPy re-derivation on 1 and 8 devices, the heads, the per-head queues, the extra
-host views, and one head equal to MoCo bit for bit."""
+(cl_jax.losses.looc.looc_loss) against a NumPy re-derivation on 1 and 8 devices, the heads, the
+per-head queues, the extra host views, and one head equal to plain MoCo
+(cl_jax.objectives.moco.pair_loss without add-ons) bit for bit."""
 
 import chex
 import jax
@@ -12,11 +13,13 @@ import pytest
 from cl_jax import config_check, train
 from cl_jax import memory_queue as queue_lib
 from cl_jax import train_step as step_lib
+from cl_jax.addons.from_config import AddOns
 from cl_jax.data import photometric, pipeline
 from cl_jax.data.rotated_source import RotatedSource
 from cl_jax.evaluators import registry
-from cl_jax.losses import looc, moco
+from cl_jax.losses import looc
 from cl_jax.models.encoder import build_encoder
+from cl_jax.objectives import moco
 from cl_jax.runtime import parallel, run_config
 from cl_jax.runtime.errors import UsageError
 from configs import default, loocpp, mocov2
@@ -83,9 +86,10 @@ def test_one_head_is_the_moco_loss_bit_for_bit():
   q, k, queue = _embeddings(2, h=1)
   mesh = parallel.make_mesh(jax.devices()[:1])
   c = default.base_config()
-  plain = jax.jit(
-      lambda q, k, z: moco.moco_loss(q, k, z, None, c.moco, c.nonsemantic, c.ifm, mesh)[0]
-  )(q[:, 0], k[:, 0, 0], queue[:, 0])
+  plain_loss = lambda q, k, z: moco.pair_loss(
+      q, k, z, None, AddOns(), c.moco.temperature, mesh, jax.random.key(0), 0, q.shape[0]
+  )[0]
+  plain = jax.jit(plain_loss)(q[:, 0], k[:, 0, 0], queue[:, 0])
   one = jax.jit(lambda q, k, z: looc.looc_loss(q, k, z, c.moco.temperature, mesh)[0])(q, k, queue)
   assert np.asarray(one).tobytes() == np.asarray(plain).tobytes()
 

@@ -1,4 +1,5 @@
-"""Tests for moco.moco_loss without NS negatives, on one device and on eight.
+"""Tests for MoCo's loss without add-ons (cl_jax.objectives.moco.pair_loss over
+cl_jax.losses.moco.moco_contrast), on one device and on eight.
 
 References are NumPy float64 loops over the queries:
   L = -1/B sum_i log( exp(q_i.k_i/T) / (exp(q_i.k_i/T) + sum_j exp(q_i.n_j/T)) ),
@@ -11,11 +12,11 @@ import functools
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax.losses import moco
+from cl_jax.addons.from_config import AddOns
+from cl_jax.objectives import moco
 from cl_jax.runtime import parallel
 
 DIM, QUEUE = 8, 16
@@ -54,18 +55,16 @@ def _np_grad(q, k, queue, temperature):
 
 @functools.partial(jax.jit, static_argnames=("temperature", "devices"))
 def _jax_loss_and_grads(q, k, queue, temperature, devices=1):
-  """moco_loss without NS keys on `devices` devices: (loss, stats, (dL/dq, dL/dk, dL/dqueue))."""
+  """pair_loss without add-ons on `devices` devices: (loss, stats, (dL/dq, dL/dk, dL/dqueue))."""
   mesh = parallel.make_mesh(jax.devices()[:devices])
-  cfg = ml_collections.ConfigDict({"temperature": temperature})
-  ns = ml_collections.ConfigDict({"alpha": 2.0, "alpha_mode": "in"})
   rows = parallel.batch_sharding(mesh)
   q, k, queue = (jax.lax.with_sharding_constraint(x, rows) for x in (q, k, queue))
-  loss_fn = lambda *args: moco.moco_loss(*args, None, cfg, ns, IFM_OFF, mesh)
+  rng, num_keys = jax.random.key(0), q.shape[0]
+  loss_fn = lambda *args: moco.pair_loss(
+      *args, None, AddOns(), temperature, mesh, rng, jnp.asarray(0), num_keys
+  )
   (loss, stats), grads = jax.value_and_grad(loss_fn, argnums=(0, 1, 2), has_aux=True)(q, k, queue)
   return loss, stats, grads
-
-
-IFM_OFF = ml_collections.ConfigDict({"enabled": False})
 
 
 def _f32(*arrays):

@@ -1,4 +1,5 @@
-"""Tests for cl_jax.addons.nonsemantic and the NS terms of moco.moco_loss (Ge et al. 2021).
+"""Tests for cl_jax.addons.nonsemantic (ns_logits, the patch images, NonSemantic) and the NS
+terms NonSemantic.negatives adds to MoCo's cl_jax.objectives.moco.pair_loss (Ge et al. 2021).
 
 Loss references are NumPy float64 loops over the queries written from the paper:
   L_in  (Eq. 1, App. B.1): den = exp(q.k/T) + sum_m exp(alpha q.t_m/T) + sum_j exp(q.n_j/T)
@@ -13,12 +14,12 @@ import functools
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from cl_jax.addons import nonsemantic
-from cl_jax.losses import moco
+from cl_jax.addons.from_config import AddOns
+from cl_jax.objectives import moco
 from cl_jax.runtime import parallel
 
 DIM, QUEUE = 8, 16
@@ -59,16 +60,16 @@ def _inputs(seed, batch, num_ns):
 
 @functools.partial(jax.jit, static_argnames=("temperature", "mode"))
 def _jax_loss_and_grads(q, k, queue, t, temperature, alpha, mode):
-  """moco_loss with NS keys t: (loss, stats, (dL/dq, dL/dt)); alpha is traced."""
-  cfg = ml_collections.ConfigDict({"temperature": temperature})
-  ns = ml_collections.ConfigDict({"alpha": alpha, "alpha_mode": mode})
+  """pair_loss with NS keys t and no other add-on: (loss, stats, (dL/dq, dL/dt)); alpha is
+  traced."""
+  ns = nonsemantic.NonSemantic("patch", t.shape[1], alpha, mode, 3, 10)
   mesh = parallel.make_mesh(jax.devices()[:1])
-  loss_fn = lambda qq, tt: moco.moco_loss(qq, k, queue, tt, cfg, ns, IFM_OFF, mesh)
+  rng, step, batch = jax.random.key(0), jnp.asarray(0), q.shape[0]
+  loss_fn = lambda qq, tt: moco.pair_loss(
+      qq, k, queue, tt, AddOns(nonsemantic=ns), temperature, mesh, rng, step, batch
+  )
   (loss, stats), grads = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(q, t)
   return loss, stats, grads
-
-
-IFM_OFF = ml_collections.ConfigDict({"enabled": False})
 
 
 def _f32(*arrays):
@@ -96,13 +97,13 @@ def test_ns_logits_bad_mode_raises(mode):
     nonsemantic.ns_logits(jnp.zeros((2, 1)), 2.0, 0.2, mode)
 
 
-def test_moco_loss_bad_mode_raises():
+def test_pair_loss_bad_mode_raises():
   q, k, queue, t = _f32(*_inputs(0, 5, 1))
   with pytest.raises(ValueError, match="alpha_mode"):
     _jax_loss_and_grads(q, k, queue, t, 0.2, 2.0, "both")
 
 
-# ---------------------------------------------------------------- moco_loss with NS keys
+# ---------------------------------------------------------------- pair_loss with NS keys
 
 
 def test_numpy_ns_gradient_matches_finite_differences():
@@ -123,7 +124,7 @@ def test_numpy_ns_gradient_matches_finite_differences():
 @pytest.mark.parametrize("mode", ["in", "out"])
 @pytest.mark.parametrize("num_ns", [1, 2])
 @pytest.mark.parametrize("alpha", [0.5, 2.0, 3.0])
-def test_moco_loss_with_ns_matches_paper(mode, num_ns, alpha):
+def test_pair_loss_with_ns_matches_paper(mode, num_ns, alpha):
   batch, temperature = 5, 0.2
   q, k, queue, t = _inputs(num_ns * 10 + int(alpha * 2), batch, num_ns)
   want_loss, want_grad = _np_ns_loss_and_grad(q, k, queue, t, temperature, alpha, mode)

@@ -1,4 +1,8 @@
-"""Tests for simclr.simclr_loss: NS negatives, IFM, feature transformation, HCL.
+"""Tests for cl_jax.objectives.simclr.batch_loss, SimCLR's NT-Xent with the add-ons of
+cl_jax.addons (built by from_config.from_config): NS negatives (nonsemantic.NonSemantic),
+IFM (ifm.IFM), feature transformation (feature_transform_contrast.FeatureTransform.on_batch)
+and hard-negative sampling (from_config.HardNegativeSampling, losses.hard_negatives.hcl_loss);
+and cl_jax.config_check.validate's refusal of the combinations the maths does not allow.
 
 The reference is a NumPy float64 loop over the 2B anchors u = [z1; z2] that
 writes each add-on out from its paper: with anchors a (the extrapolated pairs
@@ -20,8 +24,13 @@ import ml_collections
 import numpy as np
 import pytest
 
+from cl_jax import config_check
+from cl_jax.addons.from_config import AddOns, from_config
+from cl_jax.addons.nonsemantic import NonSemantic
 from cl_jax.losses import simclr
+from cl_jax.objectives.simclr import batch_loss
 from cl_jax.runtime import parallel
+from configs import simclr as simclr_config
 from tests.finite_differences import central_differences
 
 B, DIM, T = 4, 5, 0.5
@@ -36,7 +45,6 @@ def _cfg(**kw):
   return ml_collections.ConfigDict(kw)
 
 
-OFF = _cfg(enabled=False)
 NS = _cfg(enabled=True, alpha=2.0, alpha_mode="in")
 # ft keys: (negative, union, coefficients, renormalize, positive_extrapolation).
 FT_INTERPOLATE = ("interpolate", False, "scalar", False, True)
@@ -60,27 +68,25 @@ def _ft(key):
   )
 
 
-@functools.partial(
-    jax.jit, static_argnames=("ns_key", "ifm_key", "hcl_key", "ft_key", "score_queries")
-)
-def _jit_run(z1, z2, t, ft_rng, active, ns_key, ifm_key, hcl_key, ft_key, score_queries):
-  ns = _cfg(enabled=t is not None, alpha_mode=ns_key[0], alpha=ns_key[1])
-  ifm = OFF if ifm_key is None else _cfg(enabled=True, epsilon=ifm_key[0], alpha=ifm_key[1])
-  hcl = OFF if hcl_key is None else _cfg(enabled=True, beta=hcl_key[0], tau_plus=hcl_key[1])
-  ft = None if ft_key is None else _ft(ft_key)
-  fn = lambda a, b: simclr.simclr_loss(
-      a,
-      b,
-      t,
-      _cfg(temperature=T),
-      ns,
-      ifm,
-      hcl,
-      ft_cfg=ft,
-      ft_rng=ft_rng,
-      ft_active=active,
-      score_queries=score_queries,
-  )
+def _config(with_ns=False, ns_key=("in", 2.0), ifm_key=None, hcl_key=None, ft_key=None):
+  """The SimCLR config (configs/simclr.py, T = 0.5) with the add-on blocks of the keys:
+  ns_key = (alpha_mode, alpha), ifm_key = (epsilon, alpha), hcl_key = (beta, tau_plus), ft_key
+  of _ft. The transformation starts at epoch 1, step 1 at one step per epoch."""
+  c = simclr_config.get_config(None)
+  c.simclr.temperature = T
+  c.nonsemantic.update(enabled=with_ns, alpha_mode=ns_key[0], alpha=ns_key[1])
+  if ifm_key is not None:
+    c.ifm.update(enabled=True, epsilon=ifm_key[0], alpha=ifm_key[1])
+  if hcl_key is not None:
+    c.hcl.update(enabled=True, beta=hcl_key[0], tau_plus=hcl_key[1])
+  if ft_key is not None:
+    c.ft.update(start_epoch=1, **_ft(ft_key))
+  return c
+
+
+@functools.partial(jax.jit, static_argnames=("addons", "score_queries"))
+def _jit_run(z1, z2, t, ft_rng, step, addons, score_queries):
+  fn = lambda a, b: batch_loss(a, b, t, addons, T, ft_rng, step, score_queries)
   (loss, stats), grads = jax.value_and_grad(fn, argnums=(0, 1), has_aux=True)(z1, z2)
   return loss, stats, grads
 
@@ -97,14 +103,15 @@ def _run(
     ft_key=None,
     score_queries=0,
 ):
-  """(loss, stats, (dL/dz1, dL/dz2)) of simclr_loss, jitted; the configs come from
-  hashable keys (ifm_key = (epsilon, alpha), hcl_key = (beta, tau_plus)) and the
-  arrays and ft_active are traced, so tests share compilations."""
+  """(loss, stats, (dL/dz1, dL/dz2)) of batch_loss, jitted; the add-ons come from
+  from_config of the hashable keys' config (_config; NS on when t is given) and the
+  arrays and the step are traced, so tests share compilations. active=False is step 0,
+  before the transformation's start step 1; active=True step 1."""
   if ft_rng is None:
     ft_rng = jax.random.key(0)
-  return _jit_run(
-      z1, z2, t, ft_rng, jnp.asarray(active), ns_key, ifm_key, hcl_key, ft_key, score_queries
-  )
+  addons = from_config(_config(t is not None, ns_key, ifm_key, hcl_key, ft_key), 1)
+  step = jnp.asarray(1 if active else 0)
+  return _jit_run(z1, z2, t, ft_rng, step, addons, score_queries)
 
 
 def _coefficients(key, ft, dim, n):
@@ -226,16 +233,18 @@ def _assert_close(got, want, grads=None, want_grads=None, rtol=2e-5):
 
 
 def test_every_add_on_off_is_bit_identical_to_nt_xent():
+  # No add-ons, given directly (AddOns()) and from a config with every block off.
   z1, z2 = _f32(*_pair(0))
-  simclr_cfg = _cfg(temperature=T)
-  ft_off = _cfg(enabled=False)
+  from_off = from_config(_config(), 1)
+  assert from_off == AddOns()
+  rng, step = jax.random.key(0), jnp.asarray(0)
 
   @jax.jit
   def both(a, b):
     grad = lambda f: jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(a, b)
     return (
-        grad(lambda x, y: simclr.simclr_loss(x, y, None, simclr_cfg, NS, OFF, OFF)),
-        grad(lambda x, y: simclr.simclr_loss(x, y, None, simclr_cfg, NS, OFF, OFF, ft_cfg=ft_off)),
+        grad(lambda x, y: batch_loss(x, y, None, AddOns(), T, rng, step)),
+        grad(lambda x, y: batch_loss(x, y, None, from_off, T, rng, step)),
         grad(lambda x, y: simclr.nt_xent_loss(x, y, T)),
     )
 
@@ -251,8 +260,8 @@ def test_every_add_on_off_is_bit_identical_to_nt_xent():
 
 @pytest.mark.parametrize("ft_key,with_others", [(FT_INTERPOLATE, False), (FT_UNION, True)])
 def test_inactive_feature_transformation_is_bit_identical_to_off(ft_key, with_others):
-  # Before ft.start_epoch the loss is FT off's bit for bit; statistics and
-  # gradients to float32 rounding (summed in another order).
+  # Before ft.start_epoch (step 0 < start step 1) the loss is FT off's bit for bit;
+  # statistics and gradients to float32 rounding (summed in another order).
   z1, z2 = _f32(*_pair(1))
   t = jnp.asarray(_unit(np.random.default_rng(10), 2 * B, 2, DIM), jnp.float32)
   others = dict(t=t, ifm_key=(0.1, 1.0)) if with_others else {}
@@ -289,8 +298,8 @@ def test_ns_negatives_enter_the_denominator(mode, num_ns):
 def test_ns_features_get_no_gradient():
   z1, z2 = _f32(*_pair(3))
   t = jnp.asarray(_unit(np.random.default_rng(30), 2 * B, 2, DIM), jnp.float32)
-  simclr_cfg = _cfg(temperature=T)
-  fn = lambda tt: simclr.simclr_loss(z1, z2, tt, simclr_cfg, NS, OFF, OFF)[0]
+  addons = AddOns(nonsemantic=NonSemantic("patch", 2, NS.alpha, NS.alpha_mode, 3, 10))
+  fn = lambda tt: batch_loss(z1, z2, tt, addons, T, jax.random.key(0), jnp.asarray(0))[0]
   np.testing.assert_array_equal(jax.jit(jax.grad(fn))(t), 0.0)
 
 
@@ -377,21 +386,18 @@ def test_hcl_matches_numpy(beta, tau_plus):
         (dict(ns=True, ft=True), ["nonsemantic.enabled", "ft.enabled"]),
     ],
 )
-def test_hcl_with_another_add_on_raises_naming_the_fields(others, names):
-  z = jax.ShapeDtypeStruct((B, DIM), jnp.float32)
-  t = jax.ShapeDtypeStruct((2 * B, 1, DIM), jnp.float32) if others.get("ns") else None
-  ifm = _cfg(enabled=True, epsilon=0.1, alpha=1.0) if others.get("ifm") else OFF
-  ft = _ft(FT_INTERPOLATE) if others.get("ft") else None
-  hcl = _cfg(enabled=True, beta=1.0, tau_plus=0.1)
-  with pytest.raises(ValueError, match="hcl.enabled") as err:
-    jax.eval_shape(
-        lambda a, b, tt: simclr.simclr_loss(
-            a, b, tt, _cfg(temperature=T), NS, ifm, hcl, ft_cfg=ft, ft_rng=jax.random.key(0)
-        ),
-        z,
-        z,
-        t,
-    )
+def test_hcl_with_another_add_on_is_refused_naming_the_fields(others, names):
+  # config_check is the one place deciding combinations: HCL replaces NT-Xent's negative
+  # term and is not combined with NS, IFM or FT.
+  config_check.validate(_config(hcl_key=(1.0, 0.1)))  # alone it is allowed
+  c = _config(
+      with_ns=others.get("ns", False),
+      ifm_key=(0.1, 1.0) if others.get("ifm") else None,
+      hcl_key=(1.0, 0.1),
+      ft_key=FT_INTERPOLATE if others.get("ft") else None,
+  )
+  with pytest.raises(config_check.ConfigError, match=r"hcl\.enabled") as err:
+    config_check.validate(c)
   for name in names:
     assert name in str(err.value)
 
@@ -430,36 +436,39 @@ def test_batch_sharded_over_eight_devices_matches_numpy():
 
 
 @pytest.mark.parametrize(
-    "kwargs,match",
+    "fields,match",
     [
-        (dict(ft=("hard", False, False, False, True)), "ft.negative"),
-        (dict(ft=FT_INTERPOLATE, ft_rng=None), "ft_rng"),
-        (dict(t=(B, 1, DIM)), r"\(2B, M, d\)"),
-        (dict(temperature=0.0), "simclr.temperature"),
-        (dict(score_queries=-1), "score_queries"),
+        (dict(ft=_ft(("hard", False, "scalar", False, True))), r"ft\.negative = 'hard'"),
+        (dict(simclr=dict(temperature=0.0)), r"simclr\.temperature"),
+        (dict(train=dict(score_queries=-1)), r"train\.score_queries"),
     ],
 )
-def test_bad_input_raises(kwargs, match):
+def test_bad_config_is_refused(fields, match):
+  # The loss no longer checks its settings: config_check refuses them, naming the field.
+  config_check.validate(_config(ft_key=FT_INTERPOLATE))  # the config before the change
+  c = _config(ft_key=FT_INTERPOLATE)
+  for block, values in fields.items():
+    c[block].update(values)
+  with pytest.raises(config_check.ConfigError, match=match):
+    config_check.validate(c)
+
+
+def test_feature_transformation_without_a_prng_key_raises():
+  # The coefficients and the permutation are drawn from rng: FT needs a PRNG key.
   z = jax.ShapeDtypeStruct((B, DIM), jnp.float32)
-  t = kwargs.get("t")
-  t = None if t is None else jax.ShapeDtypeStruct(t, jnp.float32)
-  ft = kwargs.get("ft")
-  ft_rng = kwargs.get("ft_rng", jax.random.key(0))
-  simclr_cfg = _cfg(temperature=kwargs.get("temperature", T))
-  with pytest.raises(ValueError, match=match):
+  addons = from_config(_config(ft_key=FT_INTERPOLATE), 1)
+  with pytest.raises(TypeError, match="PRNG key"):
+    jax.eval_shape(lambda a, b: batch_loss(a, b, None, addons, T, None, jnp.asarray(1)), z, z)
+
+
+def test_ns_features_of_the_wrong_shape_raise():
+  # One row of NS features per anchor: (2B, M, d), not (B, M, d).
+  z = jax.ShapeDtypeStruct((B, DIM), jnp.float32)
+  t = jax.ShapeDtypeStruct((B, 1, DIM), jnp.float32)
+  addons = from_config(_config(with_ns=True), 1)
+  with pytest.raises(ValueError, match=r"\(N, M, d\) = \(8, M, 5\)"):
     jax.eval_shape(
-        lambda a, b, tt: simclr.simclr_loss(
-            a,
-            b,
-            tt,
-            simclr_cfg,
-            NS,
-            OFF,
-            OFF,
-            ft_cfg=None if ft is None else _ft(ft),
-            ft_rng=ft_rng,
-            score_queries=kwargs.get("score_queries", 0),
-        ),
+        lambda a, b, tt: batch_loss(a, b, tt, addons, T, jax.random.key(0), jnp.asarray(0)),
         z,
         z,
         t,

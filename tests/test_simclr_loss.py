@@ -1,4 +1,5 @@
-"""Tests for simclr.nt_xent_loss and its pieces.
+"""Tests for cl_jax.losses.simclr.nt_xent_loss and its pieces: pair_contrast, the contrast
+of the two views, and the InfoNCE and statistics of cl_jax.losses.contrast it feeds.
 
 The reference is a NumPy float64 double loop over the 2B anchors u = [z1; z2]:
   l_i = -log( exp(s_ip/T) / (sum_{k != i} exp(s_ik/T) + sum_m exp(e_im)) ),
@@ -149,21 +150,24 @@ def test_score_statistics_match_numpy():
   np.testing.assert_allclose(stats["neg_var"], np.mean(variances), rtol=1e-5, atol=1e-7)
 
 
-def test_pair_scores_layout():
+def test_pair_contrast_layout():
   rng = np.random.default_rng(4)
   b = 3
   z1, z2 = _unit(rng, b, 4), _unit(rng, b, 4)
-  scores = jax.jit(simclr.pair_scores)(*_f32(z1, z2))
+  anchors, contrast = jax.jit(simclr.pair_contrast)(*_f32(z1, z2))
   chex.assert_shape(
-      [scores.pos, scores.sim, scores.neg_mask], [(2 * b,), (2 * b, 2 * b), (2 * b, 2 * b)]
+      [contrast.pos, contrast.batch, contrast.batch_mask],
+      [(2 * b,), (2 * b, 2 * b), (2 * b, 2 * b)],
   )
   u = np.concatenate([z1, z2])
-  np.testing.assert_allclose(scores.sim, u @ u.T, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(scores.pos, np.concatenate([np.sum(z1 * z2, 1)] * 2), rtol=1e-5)
+  np.testing.assert_allclose(anchors, u, rtol=1e-6)
+  assert contrast.queue is None and contrast.extra == ()
+  np.testing.assert_allclose(contrast.batch, u @ u.T, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(contrast.pos, np.concatenate([np.sum(z1 * z2, 1)] * 2), rtol=1e-5)
   expected_mask = np.ones((2 * b, 2 * b), bool)
   for i in range(2 * b):
     expected_mask[i, i] = expected_mask[i, (i + b) % (2 * b)] = False
-  np.testing.assert_array_equal(scores.neg_mask, expected_mask)
+  np.testing.assert_array_equal(contrast.batch_mask, expected_mask)
 
 
 def test_large_logits_stay_finite():
@@ -199,7 +203,7 @@ def test_batch_sharded_over_eight_devices_gives_the_same_loss_and_gradients():
         ((4, 3), (5, 3), None, "same shape"),
         ((4,), (4,), None, r"\(B, d\)"),
         ((1, 3), (1, 3), None, "B >= 2"),
-        ((4, 3), (4, 3), (4, 2), "extra_negative_logits"),
+        ((4, 3), (4, 3), (4, 2), r"extra negatives must be \(N, M\) with N = 8"),
     ],
 )
 def test_bad_shapes_raise(z1_shape, z2_shape, extra_shape, match):

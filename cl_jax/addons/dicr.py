@@ -21,11 +21,11 @@ Variants: DIRR replaces sim(o1, o2) by a constant s; ICR first maps every region
 representation through a projector of its own (the encoder's region head).
 """
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from cl_jax.addons.dicr_regions import overlap_in_views, roi_mean
 from cl_jax.models.heads import l2_normalize
@@ -65,9 +65,9 @@ def regions_of(batch: dict) -> Regions:
   return Regions(o1, o2, jnp.stack([s_o1, 1.0 - s_o1, s_o2, 1.0 - s_o2], axis=1))
 
 
-def epsilon_fraction(cfg: ml_collections.ConfigDict, image_size: int) -> float:
-  """Eq. 7's threshold as a fraction of the view: dicr.epsilon_area (view pixels) / S^2."""
-  return cfg.epsilon_area / float(image_size * image_size)
+def epsilon_fraction(epsilon_area: float, image_size: int) -> float:
+  """Eq. 7's threshold as a fraction of the view: epsilon_area (view pixels) / S^2."""
+  return epsilon_area / float(image_size * image_size)
 
 
 def region_representations(
@@ -162,14 +162,16 @@ def dicr_loss(
   return loss, stats
 
 
-def dicr_weight(step: jax.Array, steps_per_epoch: int, cfg: ml_collections.ConfigDict) -> jax.Array:
-  """lambda of Eq. 8 at `step`: 0 in epoch 0, raised linearly once per epoch to cfg.weight at
-  epoch cfg.warmup_epochs and kept there; cfg.warmup_epochs = 0 gives cfg.weight throughout.
+def dicr_weight(
+    step: jax.Array, steps_per_epoch: int, weight: float, warmup_epochs: int
+) -> jax.Array:
+  """lambda of Eq. 8 at `step`: 0 in epoch 0, raised linearly once per epoch to `weight` at
+  epoch `warmup_epochs` and kept there; warmup_epochs = 0 gives `weight` throughout.
   """
-  if cfg.warmup_epochs == 0:
-    return jnp.float32(cfg.weight)
+  if warmup_epochs == 0:
+    return jnp.float32(weight)
   epoch = (step // steps_per_epoch).astype(jnp.float32)
-  return cfg.weight * jnp.minimum(epoch / cfg.warmup_epochs, 1.0)
+  return weight * jnp.minimum(epoch / warmup_epochs, 1.0)
 
 
 def stacked_regions(out1: dict, out2: dict, regions: Regions, epsilon: float) -> jax.Array:
@@ -191,3 +193,48 @@ def stacked_regions(out1: dict, out2: dict, regions: Regions, epsilon: float) ->
       out2["feature_map"], out2["pooled"], regions.o2, regions.areas[:, 2], epsilon
   )
   return jnp.stack([h_o1, h_n1, h_o2, h_n2], axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DICR:
+  """The DICR term of a run (the `dicr` config block): L = L_SSL + lambda L_DICR (Eq. 8).
+
+  variant: "dicr", "dirr" (sim(o1, o2) replaced by dirr_similarity) or "icr" (regions
+    projected by the encoder's region head first).
+  weight, warmup_epochs, steps_per_epoch: lambda's schedule, dicr_weight.
+  temperature: tau of Eq. 5.
+  epsilon: Eq. 7's threshold as a fraction of the view (epsilon_fraction).
+  """
+
+  variant: str
+  weight: float
+  warmup_epochs: int
+  steps_per_epoch: int
+  temperature: float
+  epsilon: float
+  dirr_similarity: float
+
+  def regularise(
+      self, encoder, params, batch_stats, step: jax.Array, out1: dict, out2: dict, regions
+  ):
+    """(lambda L_DICR, batch_stats, stats) of the online outputs out1, out2 of the two views
+    (with feature_map and pooled) and their Regions.
+
+    ICR's projection runs in train-mode batch norm, whose statistics come back in
+    batch_stats. stats: dicr_loss's, and dicr/weight (lambda).
+    """
+    h = stacked_regions(out1, out2, regions, self.epsilon)  # (B, 4, C)
+    if self.variant == "icr":
+      b, r, c = h.shape
+      z, mutated = encoder.apply(
+          {"params": params, "batch_stats": batch_stats},
+          h.reshape(b * r, c),
+          train=True,
+          method="project_regions",
+          mutable=["batch_stats"],
+      )
+      h, batch_stats = z.reshape(b, r, -1), mutated["batch_stats"]
+    positive = self.dirr_similarity if self.variant == "dirr" else None
+    loss, stats = dicr_loss(h, regions.areas, self.epsilon, self.temperature, positive)
+    weight = dicr_weight(step, self.steps_per_epoch, self.weight, self.warmup_epochs)
+    return weight * loss, batch_stats, {**stats, "dicr/weight": weight}

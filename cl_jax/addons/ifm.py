@@ -10,24 +10,38 @@ and training minimises (L + alpha L_eps) / 2 (Sec. 3; alpha = 1 by default,
 where it equals the (L + alpha L_eps) / (1 + alpha) of the authors' code).
 """
 
+import dataclasses
+from typing import Callable
+
 import jax
 
-
-def adversarial_similarities(
-    pos: jax.Array, neg: jax.Array | None, epsilon: float
-) -> tuple[jax.Array, jax.Array | None]:
-  """(s+ - eps, s_i + eps): the similarities of Eq. 2, any shapes, before the temperature."""
-  return pos - epsilon, (None if neg is None else neg + epsilon)
+from cl_jax.losses.contrast import Contrast
 
 
-def shifted_logsumexp(lse: jax.Array, epsilon: float, temperature: float) -> jax.Array:
-  """log sum_i exp((s_i + eps) / T) from lse = log sum_i exp(s_i / T): lse + eps / T.
+def adversarial(contrast: Contrast, epsilon: float, temperature: float) -> Contrast:
+  """The contrast of Eq. 2: s+ - eps, and s + eps for every negative of every kind.
 
-  Lets the adversarial loss reuse the log-sum-exp over the sharded queue.
+  The queue's reduced log-sum-exp moves by eps / T, since
+  log sum_j exp((s_j + eps) / T) = LSE + eps / T; the score statistics stay.
   """
-  return lse + epsilon / temperature
+  c = contrast
+  pos, batch = c.pos - epsilon, None if c.batch is None else c.batch + epsilon
+  extra = tuple(e._replace(sim=e.sim + epsilon) for e in c.extra)
+  queue = None if c.queue is None else c.queue._replace(lse=c.queue.lse + epsilon / temperature)
+  return Contrast(pos=pos, queue=queue, batch=batch, batch_mask=c.batch_mask, extra=extra)
 
 
-def combine(loss: jax.Array, adversarial: jax.Array, alpha: float) -> jax.Array:
-  """(L + alpha L_eps) / 2, the IFM objective of Sec. 3."""
-  return (loss + alpha * adversarial) / 2
+@dataclasses.dataclass(frozen=True)
+class IFM:
+  """IFM of a run (the `ifm` config block): epsilon, the similarity shift; alpha, L_eps's weight."""
+
+  epsilon: float
+  alpha: float
+
+  def loss(
+      self, loss_of: Callable[[Contrast], jax.Array], contrast: Contrast, temperature: float
+  ) -> jax.Array:
+    """(L + alpha L_eps) / 2 with L = loss_of(contrast) and L_eps = loss_of(adversarial)."""
+    loss = loss_of(contrast)
+    adv = loss_of(adversarial(contrast, self.epsilon, temperature))
+    return (loss + self.alpha * adv) / 2

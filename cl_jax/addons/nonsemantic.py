@@ -2,11 +2,15 @@
 
 A non-semantic (NS) image keeps the local statistics of the query view but not
 its global layout. Its key-encoder feature t enters the query's contrast as one
-extra negative logit per NS image, scaled by alpha.
+extra negative logit per NS image, scaled by alpha (NonSemantic.negatives).
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
+
+from cl_jax.losses.contrast import Contrast, with_extra
 
 ALPHA_MODES = ("in", "out")
 
@@ -108,3 +112,53 @@ def patch_negatives(
   layout = sample_patch_layout(rng, bsz * num_ns, s, d_min, d_max)
   src = jnp.repeat(views, num_ns, axis=0)
   return render_patches(src, layout).reshape((bsz, num_ns) + views.shape[1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class NonSemantic:
+  """The non-semantic negatives of a run (the `nonsemantic` config block).
+
+  kind: "patch" (Sec. 2.3, built from each view) or "texture" (Sec. 2.2, given).
+  num_ns: M, NS images per view ("texture": 1).
+  alpha, alpha_mode: the logit of an NS negative, ns_logits.
+  patch_min, patch_max: the patch sizes of patch_negatives.
+  """
+
+  kind: str
+  num_ns: int
+  alpha: float
+  alpha_mode: str
+  patch_min: int
+  patch_max: int
+
+  def images(self, rng: jax.Array, views: jax.Array, texture: jax.Array | None) -> jax.Array:
+    """(B, M, S, S, 3) NS images of (B, S, S, 3) views: patch images drawn with rng, or the
+    views' texture images (B, S, S, 3) under the views' own augmentation ("texture")."""
+    if self.kind == "texture":
+      if texture is None:
+        raise ValueError("nonsemantic.kind 'texture' needs the views' texture images")
+      return texture[:, None]
+    return patch_negatives(rng, views, self.num_ns, self.patch_min, self.patch_max)
+
+  def negatives(
+      self, contrast: Contrast, anchors: jax.Array, t: jax.Array, temperature: float
+  ) -> Contrast:
+    """The contrast with each anchor's NS negatives appended (Eq. 1).
+
+    Args:
+      contrast: the contrast of N anchors.
+      anchors: (N, d) the anchors its similarities come from (after any transform).
+      t: (N, M, d) unit NS features of each anchor's own view; no gradient flows into them.
+      temperature: T of the contrast.
+
+    Returns:
+      contrast with an Extra block r_im = anchor_i . t_im, logits ns_logits(r), stat ns_mean.
+    """
+    n, d = anchors.shape
+    if t.ndim != 3 or t.shape[0] != n or t.shape[2] != d:
+      raise ValueError(
+          f"NS features must be (N, M, d) = ({n}, M, {d}), one row per anchor; got {t.shape}"
+      )
+    sim = jnp.einsum("nd,nmd->nm", anchors, jax.lax.stop_gradient(t).astype(jnp.float32))
+    logits = lambda r: ns_logits(r, self.alpha, temperature, self.alpha_mode)
+    return with_extra(contrast, sim, logits, "ns_mean")

@@ -19,6 +19,8 @@ NT-Xent (the clamp cannot engage for logits of unit vectors, s_ik >= -1/T).
 import jax
 import jax.numpy as jnp
 
+from cl_jax.losses.contrast import Contrast
+
 
 def check_logit_shapes(pos_logits: jax.Array, neg_logits: jax.Array, neg_mask: jax.Array) -> None:
   """Raise ValueError unless pos_logits is (N,), neg_logits (N, K) and neg_mask (N, K)."""
@@ -93,3 +95,20 @@ def hcl_loss_from_logits(
     log_debiased = log_debiased - jnp.log1p(-tau_plus)
   log_ng = jnp.maximum(log_debiased, log_count - 1.0 / temperature)
   return jnp.mean(jnp.logaddexp(pos, log_ng) - pos)
+
+
+def hcl_loss(contrast: Contrast, temperature: float, beta: float, tau_plus: float) -> jax.Array:
+  """hcl_loss_from_logits of a contrast's in-batch negatives: logits s+_i / T and s_ik / T.
+
+  The estimator takes the place of InfoNCE's negative term, so the contrast holds
+  in-batch negatives only (no queue, no extra blocks).
+  """
+  c = contrast
+  if c.batch is None or c.queue is not None or c.extra:
+    raise ValueError(
+        "hard-negative sampling weighs in-batch negatives only: the contrast must hold a "
+        "batch block and no queue or extra negatives"
+    )
+  return hcl_loss_from_logits(
+      c.pos / temperature, c.batch / temperature, c.batch_mask, beta, tau_plus, temperature
+  )

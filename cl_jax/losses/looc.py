@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from cl_jax.losses import queue_contrast
+from cl_jax.losses import contrast as contrast_lib
+from cl_jax.losses import moco
 
 
 def looc_loss(
@@ -63,20 +64,17 @@ def looc_loss(
   losses, stats = [], {}
   for i in range(heads):
     qi = q[:, i]
-    pos = jnp.sum(qi * k[:, i, i], axis=1).astype(jnp.float32)
-    terms = queue_contrast.queue_terms(qi, queue[:, i], temperature, mesh)
-    parts = [pos[:, None] / temperature, terms.lse[:, None]]
+    c = moco.moco_contrast(qi, k[:, i, i], [(queue[:, i], None)], temperature, mesh)
     if i > 0:
       others = [j for j in range(heads) if j != i]
       same = jnp.einsum("bd,bjd->bj", qi, k[:, i, jnp.asarray(others)]).astype(jnp.float32)
-      parts.append(same / temperature)
-      stats[f"looc/same_head{i}"] = same[:n].mean()
-    lse = jax.nn.logsumexp(jnp.concatenate(parts, axis=1), axis=1)
-    losses.append(jnp.mean(lse - pos / temperature))
+      c = contrast_lib.with_extra(c, same, lambda s: s / temperature, f"looc/same_head{i}")
+    losses.append(contrast_lib.info_nce(c, temperature))
+    head = contrast_lib.contrast_stats(c, n)
     stats[f"looc/loss_head{i}"] = losses[-1]
-    stats[f"looc/pos_head{i}"] = pos[:n].mean()
+    stats[f"looc/pos_head{i}"] = head["pos_mean"]
     if i == 0:
-      stats.update(
-          pos_mean=pos[:n].mean(), neg_mean=terms.mean[:n].mean(), neg_var=terms.var[:n].mean()
-      )
+      stats.update(head)  # pos_mean, neg_mean, neg_var
+    else:
+      stats[f"looc/same_head{i}"] = head[f"looc/same_head{i}"]
   return sum(losses) / heads, jax.lax.stop_gradient(stats)

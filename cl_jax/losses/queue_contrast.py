@@ -96,3 +96,24 @@ def queue_terms(
   return jax.shard_map(
       local, mesh=mesh, in_specs=(spec, spec), out_specs=QueueTerms(spec, spec, spec)
   )(q, queue)
+
+
+def union(terms: list[QueueTerms], active: jax.Array | bool = True) -> QueueTerms:
+  """QueueTerms of the union of equal-sized negative sets.
+
+  Log-sum-exp of the log-sum-exps, mean of the means, and the pooled variance
+  (mean of the variances plus the variance of the means). While `active` is
+  False the terms of the first set alone, exactly: a transformation not yet
+  switched on leaves the K plain negatives, not the queue counted twice. One
+  set is returned as it is.
+  """
+  if len(terms) == 1:
+    return terms[0]
+  means = jnp.stack([t.mean for t in terms])
+  variances = jnp.stack([t.var for t in terms])
+  pooled = QueueTerms(
+      lse=jax.nn.logsumexp(jnp.stack([t.lse for t in terms]), axis=0),
+      mean=means.mean(axis=0),
+      var=variances.mean(axis=0) + means.var(axis=0),
+  )
+  return jax.tree.map(lambda u, first: jnp.where(active, u, first), pooled, terms[0])

@@ -1,15 +1,17 @@
-"""What the methods' objectives share: their inputs (Views), and the forward passes:
-online features with their batch-norm update, no-gradient target features (with
-shuffle-BN), and the features of the non-semantic images of a batch of views."""
+"""What the methods' objectives share: their inputs (Views), the forward passes (online
+features with their batch-norm update, no-gradient target features with shuffle-BN, the
+features of the non-semantic images of a batch of views), the gradient of a loss with its
+batch statistics, and the DICR term added to any method's loss."""
 
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
+import optax
 from jax.sharding import Mesh
 
-from cl_jax.addons import dicr, nonsemantic
+from cl_jax.addons import dicr
+from cl_jax.addons.nonsemantic import NonSemantic
 from cl_jax.runtime import parallel
 
 
@@ -97,6 +99,40 @@ def encode_keys(
   return jax.lax.stop_gradient(z), batch_stats
 
 
+def target_keys(
+    encoder,
+    params,
+    batch_stats,
+    views: list[jax.Array],
+    rng: jax.Array,
+    shuffle: bool,
+    mesh: Mesh | None = None,
+    output: Callable[[dict], jax.Array] = _unit_embedding,
+) -> tuple[list[jax.Array], dict]:
+  """encode_keys of each view in turn, view j with the PRNG key fold_in(rng, j); the batch
+  statistics pass from one view's forward to the next. Returns (keys, batch_stats)."""
+  keys = []
+  for j, images in enumerate(views):
+    k, batch_stats = encode_keys(
+        encoder, params, batch_stats, images, jax.random.fold_in(rng, j), shuffle, output, mesh
+    )
+    keys.append(k)
+  return keys, batch_stats
+
+
+def momentum_target(state, momentum: float | jax.Array):
+  """The EMA target parameters, theta_k <- m theta_k + (1 - m) theta_q (He et al. 2020,
+  Eq. 2; Grill et al. 2020, Sec. 3.1), of a state with params and target_params."""
+  return optax.incremental_update(state.params, state.target_params, 1.0 - momentum)
+
+
+def momentum_updates(batch_stats, target_params, target_batch_stats) -> dict:
+  """The state updates of a method with a momentum target."""
+  return dict(
+      batch_stats=batch_stats, target_params=target_params, target_batch_stats=target_batch_stats
+  )
+
+
 def _split_over(x: jax.Array, mesh: Mesh | None) -> jax.Array:
   """x with its rows constrained to be split over mesh's data axis (x itself without a mesh)."""
   return x if mesh is None else jax.lax.with_sharding_constraint(x, parallel.batch_sharding(mesh))
@@ -108,38 +144,94 @@ def ns_features(
     batch_stats,
     views: jax.Array,
     rng: jax.Array,
-    ns: ml_collections.ConfigDict,
+    ns: NonSemantic,
     shuffle: bool,
     texture: jax.Array | None = None,
     mesh: Mesh | None = None,
-):
-  """Features of the M NS images of each view (Ge et al. 2021, Sec. 2.2-2.3).
-
-  ns.kind "patch": M patch-based NS images built from each augmented view
-  (Sec. 2.3); "texture": M = 1, the view's texture image (Sec. 2.2), given.
+) -> jax.Array:
+  """Features of the M NS images of each view (Ge et al. 2021, Sec. 2.2-2.3), without
+  gradient; the forward's batch statistics are not kept (the running statistics follow
+  the real views only).
 
   Args:
     views: (B, S, S, 3) augmented views the patch NS images are built from.
-    ns: the `nonsemantic` config block (kind, num_ns, patch_min, patch_max).
+    ns: the run's NonSemantic (kind, M, patch sizes).
     texture: (B, S, S, 3) the views' texture images under the views' own augmentation
-      parameters (ns.kind "texture"), else None.
+      parameters (kind "texture"), else None.
     mesh: the device mesh, which keeps a shuffled forward data-parallel (encode_keys).
   Returns:
-    ((B, M, d) unit features without gradient, updated batch_stats).
+    (B, M, d) unit features.
   """
   r_patch, r_shuffle = jax.random.split(rng)
-  if ns.kind == "texture":
-    if texture is None:
-      raise ValueError("nonsemantic.kind 'texture' needs the views' texture images")
-    images, num = texture, 1
-  else:
-    images = nonsemantic.patch_negatives(r_patch, views, ns.num_ns, ns.patch_min, ns.patch_max)
-    num = ns.num_ns
+  images = ns.images(r_patch, views, texture)
   flat = images.reshape((-1,) + views.shape[1:])
-  t, batch_stats = encode_keys(encoder, params, batch_stats, flat, r_shuffle, shuffle, mesh=mesh)
-  return t.reshape(views.shape[0], num, -1), batch_stats
+  t, _ = encode_keys(encoder, params, batch_stats, flat, r_shuffle, shuffle, mesh=mesh)
+  return t.reshape(views.shape[0], images.shape[1], -1)
+
+
+def ns_keys(
+    encoder,
+    params,
+    batch_stats,
+    views: list[jax.Array],
+    x: Views,
+    ns: NonSemantic | None,
+    shuffle: bool,
+    mesh: Mesh | None = None,
+) -> list[jax.Array | None]:
+  """ns_features of each view i (0: v1, 1: v2) with the PRNG key fold_in(x.r_ns, i) and
+  view i's texture images; [None] * len(views) without NS negatives (ns None)."""
+  if ns is None:
+    return [None] * len(views)
+  return [
+      ns_features(
+          encoder,
+          params,
+          batch_stats,
+          v,
+          jax.random.fold_in(x.r_ns, i),
+          ns,
+          shuffle,
+          texture_of(x, i),
+          mesh,
+      )
+      for i, v in enumerate(views)
+  ]
 
 
 def texture_of(x: Views, i: int) -> jax.Array | None:
   """The texture NS images of view i (0: v1, 1: v2), or None without texture negatives."""
   return x.textures[i] if x.textures else None
+
+
+def value_and_grad(loss_fn: Callable, params) -> tuple[jax.Array, dict, dict, dict]:
+  """(loss, batch_stats, stats, grads) of loss_fn(params) -> (loss, (batch_stats, stats))."""
+  (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+  return loss, batch_stats, stats, grads
+
+
+def online_step(loss_fn: Callable, params) -> tuple[jax.Array, dict, dict, dict]:
+  """(loss, grads, {"batch_stats"}, stats) of a method without a target network, from
+  loss_fn(params) -> (loss, (batch_stats, stats))."""
+  loss, batch_stats, stats, grads = value_and_grad(loss_fn, params)
+  return loss, grads, {"batch_stats": batch_stats}, stats
+
+
+def regularised(
+    term: dicr.DICR | None,
+    loss: jax.Array,
+    stats: dict,
+    batch_stats,
+    encoder,
+    params,
+    step: jax.Array,
+    outs: tuple[dict, dict],
+    regions: dicr.Regions | None,
+) -> tuple[jax.Array, tuple[dict, dict]]:
+  """(loss + lambda L_DICR, (batch_stats, stats with DICR's)), a loss function's value with
+  its auxiliaries, for the two views' online outputs outs (2025 submission, Eq. 8); without
+  DICR (term None) (loss, (batch_stats, stats))."""
+  if term is None:
+    return loss, (batch_stats, stats)
+  value, batch_stats, extra = term.regularise(encoder, params, batch_stats, step, *outs, regions)
+  return loss + value, (batch_stats, {**stats, **extra})

@@ -12,13 +12,12 @@
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 from jax.sharding import Mesh
 
-from cl_jax import memory_queue as queue_lib
 from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import looc
-from cl_jax.objectives.forward import Views, encode, encode_keys
+from cl_jax.objectives import forward, moco
+from cl_jax.objectives.forward import Views, encode
 from cl_jax.state import TrainState
 
 
@@ -35,24 +34,19 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh):
   queries and k_0 keys.
   """
   shuffle = config.model.bn_mode == "shuffle"
-  m = config.moco.momentum
 
   def objective(state: TrainState, x: Views):
-    target_params = optax.incremental_update(state.params, state.target_params, 1.0 - m)
-    target_bs = state.target_batch_stats
-    keys = []
-    for j, vk in enumerate((x.v2,) + tuple(x.extra)):
-      k, target_bs = encode_keys(
-          encoder,
-          target_params,
-          target_bs,
-          vk,
-          jax.random.fold_in(x.r_key, j),
-          shuffle,
-          output=head_embeddings,
-          mesh=mesh,
-      )
-      keys.append(k)
+    target_params = forward.momentum_target(state, config.moco.momentum)
+    keys, target_bs = forward.target_keys(
+        encoder,
+        target_params,
+        state.target_batch_stats,
+        [x.v2, *x.extra],
+        x.r_key,
+        shuffle,
+        mesh,
+        output=head_embeddings,
+    )
     keys = jnp.stack(keys, axis=2)  # (B, H, V, d): keys[b, i, j] = z_i^{k_j}
 
     def loss_fn(params):
@@ -63,16 +57,9 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh):
       )
       return loss, (bs, {**stats, **embedding_health(q[:, 0], keys[:, 0, 0])})
 
-    (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    loss, batch_stats, stats, grads = forward.value_and_grad(loss_fn, state.params)
     heads = keys.shape[1]
     own = keys[:, jnp.arange(heads), jnp.arange(heads)]  # (B, H, d): z_i^{k_i}
-    new_queue = queue_lib.enqueue(state.queue, own, state.step, mesh)
-    updates = dict(
-        batch_stats=batch_stats,
-        target_params=target_params,
-        target_batch_stats=target_bs,
-        queue=new_queue,
-    )
-    return loss, grads, updates, stats
+    return loss, grads, moco.updates(state, batch_stats, target_params, target_bs, own, mesh), stats
 
   return objective

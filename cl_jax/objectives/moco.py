@@ -1,23 +1,25 @@
-"""The MoCo step (He et al. 2020, Alg. 1; Chen et al. 2020 for v2), with NS, FT and IFM.
+"""The MoCo step (He et al. 2020, Alg. 1; Chen et al. 2020 for v2), with its add-ons.
 
 1. EMA update of the key encoder, theta_k <- m theta_k + (1 - m) theta_q;
 2. keys of the other view (and of the NS images) from the key encoder,
    without gradient, under shuffle-BN when model.bn_mode = "shuffle";
-3. loss and gradient of the query encoder (cl_jax.losses.moco.moco_loss);
+3. loss and gradient of the query encoder: pair_loss composes MoCo's contrast
+   (cl_jax.losses.moco) with the add-ons (cl_jax.addons);
 4. the step's keys replace the oldest keys of the queue.
 """
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 from jax.sharding import Mesh
 
 from cl_jax import memory_queue as queue_lib
+from cl_jax.addons.from_config import AddOns
 from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import moco
-from cl_jax.objectives import dicr
-from cl_jax.objectives.forward import Views, encode, encode_keys, ns_features, texture_of
+from cl_jax.losses.contrast import contrast_stats
+from cl_jax.objectives import forward
+from cl_jax.objectives.forward import Views, encode
 from cl_jax.state import TrainState
 
 
@@ -26,93 +28,126 @@ def keys_per_step(config: ml_collections.ConfigDict) -> int:
   return config.optim.batch_size * (2 if config.moco.symmetric else 1)
 
 
-def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, steps_per_epoch: int):
+def pair_loss(
+    q: jax.Array,
+    k: jax.Array,
+    queue: jax.Array,
+    t: jax.Array | None,
+    addons: AddOns,
+    temperature: float,
+    mesh: Mesh,
+    rng: jax.Array,
+    step: jax.Array,
+    num_keys: int,
+    score_queries: int = 0,
+) -> tuple[jax.Array, dict]:
+  """The loss of one (query view, key view) pair with the run's add-ons, and its statistics.
+
+  1. feature transformation: q, k and the negative sets transformed (Zhu et al. 2021,
+     Sec. 4; FeatureTransform.on_queue);
+  2. MoCo's contrast of the queries against the queue (losses.moco.moco_contrast);
+  3. non-semantic negatives: each query's NS keys appended (Ge et al. 2021, Eq. 1);
+  4. the contrast's loss, InfoNCE or with IFM (Robinson et al. 2021, Eq. 2)
+     (AddOns.contrast_loss).
+
+  Args:
+    q: (B, d) unit queries with gradient; k: (B, d) unit keys without.
+    queue: (K, d) unit queued keys, rows sharded over the mesh's `data` axis.
+    t: (B, M, d) unit NS keys without gradient, or None without NS negatives.
+    addons: the run's add-ons.
+    temperature: T.
+    mesh: the device mesh.
+    rng: PRNG key of the feature transformation's coefficients.
+    step: () the step (the transformation's start).
+    num_keys: P of the queue layout (keys_per_step).
+    score_queries: statistics over the first n queries (0: all).
+
+  Returns:
+    (loss, stats): contrast_stats on the transformed features (pos_mean, neg_mean, neg_var
+    over all the negatives, 2K of them for the union; ns_mean with NS).
+  """
+  k = jax.lax.stop_gradient(k)
+  negatives, active = [(queue, None)], True
+  if addons.ft is not None:
+    active = addons.ft.active(step)
+    q, k, negatives = addons.ft.on_queue(q, k, queue, rng, active, mesh, num_keys)
+  c = moco.moco_contrast(q, k, negatives, temperature, mesh, active)
+  if t is not None:
+    c = addons.nonsemantic.negatives(c, q, t, temperature)
+  return addons.contrast_loss(c, temperature), contrast_stats(c, score_queries or q.shape[0])
+
+
+def updates(
+    state: TrainState, batch_stats, target_params, target_batch_stats, new_keys: jax.Array, mesh
+) -> dict:
+  """The state updates of a step with a momentum encoder and a queue: batch_stats, the EMA
+  target and the queue with new_keys (P, ...) in place of its oldest keys."""
+  return dict(
+      forward.momentum_updates(batch_stats, target_params, target_batch_stats),
+      queue=queue_lib.enqueue(state.queue, new_keys, state.step, mesh),
+  )
+
+
+def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, addons: AddOns):
   """objective(state, views) -> (loss, grads, state updates, stats) of one MoCo step.
 
   The updates are the new batch_stats, target_params, target_batch_stats and
-  queue; stats are moco_loss's score statistics (the mean over the pairs when
-  symmetric) and cl_jax.analysis.collapse.embedding_health of the first pair's queries and
-  keys, before any feature transformation. With DICR (symmetric MoCo only) the loss adds
-  lambda L_DICR of the two views' online outputs (cl_jax.objectives.dicr).
+  queue; stats are pair_loss's (the mean over the pairs when symmetric) and
+  cl_jax.analysis.collapse.embedding_health of the first pair's queries and keys,
+  before any feature transformation. With DICR (symmetric MoCo only) the loss
+  adds lambda L_DICR of the two views' online outputs.
   """
-  ns = config.nonsemantic
   shuffle = config.model.bn_mode == "shuffle"
-  m = config.moco.momentum
-  ft_start = config.ft.start_epoch * steps_per_epoch
-  num_keys = keys_per_step(config)
-  regularise = dicr.make_regulariser(config, encoder, steps_per_epoch)
+  temperature, num_keys = config.moco.temperature, keys_per_step(config)
+  ns = addons.nonsemantic
 
   def objective(state: TrainState, x: Views):
     pairs = [(x.v1, x.v2), (x.v2, x.v1)] if config.moco.symmetric else [(x.v1, x.v2)]
-    target_params = optax.incremental_update(state.params, state.target_params, 1.0 - m)
-    target_bs = state.target_batch_stats
-    keys, ns_feats = [], []
-    for i, (vq, vk) in enumerate(pairs):
-      k, target_bs = encode_keys(
-          encoder, target_params, target_bs, vk, jax.random.fold_in(x.r_key, i), shuffle, mesh=mesh
-      )
-      keys.append(k)
-      # The NS forward's batch statistics are not kept: the running statistics
-      # follow the real views only.
-      ns_feats.append(
-          ns_features(
-              encoder,
-              target_params,
-              target_bs,
-              vq,
-              jax.random.fold_in(x.r_ns, i),
-              ns,
-              shuffle,
-              texture_of(x, i),
-              mesh,
-          )[0]
-          if ns.enabled
-          else None
-      )
+    target_params = forward.momentum_target(state, config.moco.momentum)
+    keys, target_bs = forward.target_keys(
+        encoder,
+        target_params,
+        state.target_batch_stats,
+        [vk for _, vk in pairs],
+        x.r_key,
+        shuffle,
+        mesh,
+    )
+    ns_keys = forward.ns_keys(
+        encoder, target_params, target_bs, [vq for vq, _ in pairs], x, ns, shuffle, mesh
+    )
 
     def loss_fn(params):
-      bs = state.batch_stats
-      losses, stats, outs = [], [], []
-      for (vq, _), k, t in zip(pairs, keys, ns_feats):
+      bs, losses, stats, outs = state.batch_stats, [], [], []
+      for i, ((vq, _), k, t) in enumerate(zip(pairs, keys, ns_keys)):
         out, bs = encode(encoder, params, bs, vq)
         outs.append(out)
-        loss, st = moco.moco_loss(
+        loss, st = pair_loss(
             out["z"],
             k,
             state.queue,
             t,
-            config.moco,
-            ns,
-            config.ifm,
+            addons,
+            temperature,
             mesh,
+            jax.random.fold_in(x.r_ft, i),
+            state.step,
+            num_keys,
             config.train.score_queries,
-            ft_cfg=config.ft,
-            ft_rng=jax.random.fold_in(x.r_ft, len(losses)),
-            ft_active=state.step >= ft_start,
-            keys_per_step=num_keys,
         )
         losses.append(loss)
         stats.append(st)
       mean = lambda xs: sum(xs) / len(xs)
       loss, stats = mean(losses), jax.tree.map(lambda *xs: mean(xs), *stats)
-      if regularise is not None:  # symmetric: outs holds the online outputs of v1 and v2
-        term, bs, dicr_stats = regularise(params, bs, state.step, outs[0], outs[1], x.regions)
-        loss, stats = loss + term, {**stats, **dicr_stats}
-      health = embedding_health(outs[0]["z"], keys[0])
-      return loss, (bs, {**stats, **health})
+      stats = {**stats, **embedding_health(outs[0]["z"], keys[0])}
+      return forward.regularised(
+          addons.dicr, loss, stats, bs, encoder, params, state.step, outs[:2], x.regions
+      )
 
-    (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    loss, batch_stats, stats, grads = forward.value_and_grad(loss_fn, state.params)
     # The keys of one example stay adjacent, (B, V, d) -> (B * V, d), so the
     # rows a device holds stay on that device.
-    new_queue = queue_lib.enqueue(
-        state.queue, jnp.stack(keys, axis=1).reshape(-1, k.shape[-1]), state.step, mesh
-    )
-    updates = dict(
-        batch_stats=batch_stats,
-        target_params=target_params,
-        target_batch_stats=target_bs,
-        queue=new_queue,
-    )
-    return loss, grads, updates, stats
+    new_keys = jnp.stack(keys, axis=1).reshape(-1, keys[0].shape[-1])
+    return loss, grads, updates(state, batch_stats, target_params, target_bs, new_keys, mesh), stats
 
   return objective

@@ -1,5 +1,6 @@
 """The SimCLR step (Chen et al. 2020, Alg. 1): one network, both views, NT-Xent over the
-global batch, with NS negatives, FT, IFM or hard-negative sampling from the config.
+global batch, composed with the run's add-ons (NS negatives, FT, IFM, hard-negative
+sampling, DICR).
 
 Each view goes through the encoder in its own forward, so batch-norm statistics
 are those of one view's global batch (as for MoCo's queries); concatenating the
@@ -10,70 +11,100 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from cl_jax.addons.from_config import AddOns
 from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import simclr
-from cl_jax.objectives import dicr
-from cl_jax.objectives.forward import Views, encode, ns_features, texture_of
+from cl_jax.losses.contrast import contrast_stats
+from cl_jax.objectives import forward
+from cl_jax.objectives.forward import Views, encode
 from cl_jax.state import TrainState
 
 
-def make_objective(config: ml_collections.ConfigDict, encoder, steps_per_epoch: int):
+def batch_loss(
+    z1: jax.Array,
+    z2: jax.Array,
+    t: jax.Array | None,
+    addons: AddOns,
+    temperature: float,
+    rng: jax.Array,
+    step: jax.Array,
+    score_queries: int = 0,
+) -> tuple[jax.Array, dict]:
+  """NT-Xent of the global batch with the run's add-ons, and its statistics.
+
+  1. the contrast of the anchors u = [z1; z2] against each other (losses.simclr.
+     pair_contrast), or with the feature transformation, of the extrapolated pairs against
+     the mixed negatives (Zhu et al. 2021, Sec. 4, App. E.1; FeatureTransform.on_batch);
+  2. non-semantic negatives: each anchor's NS features appended (Ge et al. 2021, Eq. 1);
+  3. the contrast's loss: InfoNCE, hard-negative sampling's estimator (Robinson, Chuang,
+     Sra & Jegelka 2021), and with IFM (L + alpha L_eps) / 2 (AddOns.contrast_loss).
+  With every add-on off, the loss is simclr.nt_xent_loss(z1, z2, T)'s, bit for bit.
+
+  Args:
+    z1, z2: (B, d) unit projections of the two views, both with gradient.
+    t: (2B, M, d) unit NS features of each anchor's own view, anchor order
+      [view-1 anchors; view-2 anchors], no gradient; None without NS negatives.
+    addons: the run's add-ons.
+    temperature: T.
+    rng: PRNG key of the feature transformation's coefficients and permutation.
+    step: () the step (the transformation's start).
+    score_queries: n with 0 < n < B takes the statistics over the first n view-1 anchors;
+      0, or n >= B, over all 2B anchors.
+
+  Returns:
+    (loss, stats): contrast_stats on the transformed features (over each anchor's
+    negatives, the union's 2(2B - 2) when on; ns_mean with NS).
+  """
+  bsz = z1.shape[0]
+  if addons.ft is not None:
+    anchors, c = addons.ft.on_batch(z1, z2, rng, jnp.asarray(addons.ft.active(step)))
+  else:
+    anchors, c = simclr.pair_contrast(z1, z2)
+  if t is not None:
+    c = addons.nonsemantic.negatives(c, anchors, t, temperature)
+  rows = score_queries if 0 < score_queries < bsz else 2 * bsz
+  return addons.contrast_loss(c, temperature), contrast_stats(c, rows)
+
+
+def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
   """objective(state, views) -> (loss, grads, {"batch_stats"}, stats) of one SimCLR step.
 
-  stats: simclr_loss's score statistics and cl_jax.analysis.collapse.embedding_health of the
-  two views' projections z1, z2, before any feature transformation.
+  stats: batch_loss's and cl_jax.analysis.collapse.embedding_health of the two views'
+  projections z1, z2, before any feature transformation. With DICR the loss adds lambda
+  L_DICR of the two views.
 
-  With DICR the loss adds lambda L_DICR of the two views (cl_jax.objectives.dicr).
-
-  Non-semantic negatives (Ge et al. 2021, Eq. 1) are the online network's
-  features of each view's NS images, without gradient (they play the part of
-  MoCo's NS keys); their forward's batch statistics are not kept.
+  Non-semantic negatives (Ge et al. 2021, Eq. 1) are the online network's features of each
+  view's NS images, without gradient (they play the part of MoCo's NS keys).
   """
-  ns = config.nonsemantic
-  ft_start = config.ft.start_epoch * steps_per_epoch
-  regularise = dicr.make_regulariser(config, encoder, steps_per_epoch)
+  ns = addons.nonsemantic
 
   def objective(state: TrainState, x: Views):
     t = None
-    if ns.enabled:
+    if ns is not None:  # (2B, M, d), the anchors' order
       t = jnp.concatenate(
-          [
-              ns_features(
-                  encoder,
-                  state.params,
-                  state.batch_stats,
-                  v,
-                  jax.random.fold_in(x.r_ns, i),
-                  ns,
-                  shuffle=False,
-                  texture=texture_of(x, i),
-              )[0]
-              for i, v in enumerate((x.v1, x.v2))
-          ]
-      )  # (2B, M, d)
+          forward.ns_keys(
+              encoder, state.params, state.batch_stats, [x.v1, x.v2], x, ns, shuffle=False
+          )
+      )
 
     def loss_fn(params):
       out1, bs = encode(encoder, params, state.batch_stats, x.v1)
       out2, bs = encode(encoder, params, bs, x.v2)
-      loss, stats = simclr.simclr_loss(
+      loss, stats = batch_loss(
           out1["z"],
           out2["z"],
           t,
-          config.simclr,
-          ns,
-          config.ifm,
-          config.hcl,
-          ft_cfg=config.ft,
-          ft_rng=x.r_ft,
-          ft_active=state.step >= ft_start,
-          score_queries=config.train.score_queries,
+          addons,
+          config.simclr.temperature,
+          x.r_ft,
+          state.step,
+          config.train.score_queries,
       )
-      if regularise is not None:
-        term, bs, dicr_stats = regularise(params, bs, state.step, out1, out2, x.regions)
-        loss, stats = loss + term, {**stats, **dicr_stats}
-      return loss, (bs, {**stats, **embedding_health(out1["z"], out2["z"])})
+      stats = {**stats, **embedding_health(out1["z"], out2["z"])}
+      return forward.regularised(
+          addons.dicr, loss, stats, bs, encoder, params, state.step, (out1, out2), x.regions
+      )
 
-    (loss, (batch_stats, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    return loss, grads, {"batch_stats": batch_stats}, stats
+    return forward.online_step(loss_fn, state.params)
 
   return objective

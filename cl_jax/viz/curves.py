@@ -1,7 +1,7 @@
 """Score statistics against the training step, several runs overlaid (Zhu et al. 2021, Sec. 3).
 
-The statistics are those logged by the train step (cl_jax.losses.moco.moco_loss,
-cl_jax.losses.simclr.simclr_loss), similarities before the temperature:
+The statistics are those logged by the train step (cl_jax.losses.contrast.contrast_stats
+of the MoCo and SimCLR objectives), similarities before the temperature:
 pos_mean = mean_i q_i.k_i+, neg_mean = mean_i mean_j q_i.n_j, neg_var = mean_i
 var_j q_i.n_j over the negatives n_j (MoCo's queue, SimCLR's other in-batch
 features) and, with non-semantic negatives, ns_mean = mean_{i,m} q_i.t_im. Each run is labelled by
