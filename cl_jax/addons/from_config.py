@@ -20,7 +20,8 @@ from cl_jax.losses.contrast import Contrast, info_nce
 from cl_jax.losses.hard_negatives import hcl_loss
 
 
-class HardNegativeSampling(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class HardNegativeSampling:
   """Hard-negative sampling in place of InfoNCE's negative term (the `hcl` block; SimCLR)."""
 
   beta: float
@@ -81,9 +82,9 @@ def from_config(config: ml_collections.ConfigDict, steps_per_epoch: int) -> AddO
       if ft.enabled
       else None,
       ifm=_record(IFM, ifm) if ifm.enabled else None,
-      hcl=HardNegativeSampling(hcl.beta, hcl.tau_plus) if hcl.enabled else None,
+      hcl=_record(HardNegativeSampling, hcl) if hcl.enabled else None,
       dicr=_record(DICR, dicr, steps_per_epoch=steps_per_epoch, epsilon=epsilon)
       if dicr.enabled
       else None,
-      looc_views=looc_augmentations(config) if config.looc.enabled else None,
+      looc_views=tuple(config.looc.augmentations) if config.looc.enabled else None,
   )
