@@ -11,6 +11,7 @@ import pytest
 from cl_jax import train
 from cl_jax import train_step as step_lib
 from cl_jax.bench import step as bench
+from cl_jax.bench import synthetic_step
 from cl_jax.runtime import parallel
 from configs import dicr, looc, mocov2_patchns
 
@@ -55,7 +56,7 @@ def test_measure_times_the_training_step():
       parallel.state_sharding(state, mesh),
       parallel.batch_sharding(mesh),
   )
-  batch = bench.synthetic_batch(c, 32, np.random.default_rng(0))
+  batch = synthetic_step.synthetic_batch(c, 32, np.random.default_rng(0))
   assert set(batch) == {"view1", "view2", "box1", "box2", "flip1", "flip2"}
   for _ in range(1 + 1 + 2):
     state, metrics = step(state, jax.device_put(batch, parallel.batch_sharding(mesh)))
@@ -150,9 +151,9 @@ def test_step_flops_match_a_hand_count_of_the_convolutions():
       step_lib.make_train_step(c, encoder, tx, schedule, mesh, 1), state, mesh
   )
   batch = jax.device_put(
-      bench.synthetic_batch(c, 8, np.random.default_rng(0)), parallel.batch_sharding(mesh)
+      synthetic_step.synthetic_batch(c, 8, np.random.default_rng(0)), parallel.batch_sharding(mesh)
   )
-  counted = bench.step_flops(step.lower(state, batch).compile())
+  counted = synthetic_step.step_flops(step.lower(state, batch).compile())
   forward = [
       2 * 8 * c_in * c_out * _valid_taps(side, k, s)[1] ** 2
       for c_in, c_out, k, s, side in _resnet18_cifar_convs(32, 64)
@@ -170,3 +171,80 @@ def test_peak_table_names_the_accelerators():
   assert device_peaks.peak_tflops("TPU v5 lite") == 197.0
   assert device_peaks.peak_tflops("TPU v4") == 275.0
   assert device_peaks.peak_tflops("cpu") is None
+
+
+def _tiny_resnet18_config(dtype: str, size: int = 8):
+  c = mocov2_patchns.get_config(None)
+  c.nonsemantic.enabled = False
+  c.data.image_size = size
+  c.model.update(
+      depth=18, stem="cifar", width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8,
+      dtype=dtype,
+  )  # fmt: skip
+  return c
+
+
+@pytest.mark.parametrize("dtype, itemsize", [("float32", 4), ("bfloat16", 2)])
+def test_online_residuals_match_a_hand_count(dtype, itemsize):
+  """CIFAR ResNet-18 at width 8, 8 px: per image, the backward keeps each BN's input (a
+  convolution's output) and each ReLU's output (which the next convolution reads), in the
+  compute dtype, and nothing else of full size; bfloat16 adds the image's bfloat16 copy."""
+  from cl_jax.bench import memory
+
+  convs = _resnet18_cifar_convs(8, 8)
+  conv_out = sum(c_out * _valid_taps(side, k, s)[0] ** 2 for _, c_out, k, s, side in convs)
+  # ReLUs: the stem's, then two per block (after BN1, after the residual sum), at the width
+  # and side of the block's output.
+  block_out = [(planes, 8 // 2**stage) for stage, planes in enumerate([8, 16, 32, 64])]
+  relu_out = 8 * 8**2 + sum(2 * 2 * planes * side**2 for planes, side in block_out)
+  head_hidden = 16  # the head's hidden ReLU, float32
+  out = memory.online_residuals(_tiny_resnet18_config(dtype), 4)
+  ops = out["by_op"]
+  assert ops[f"conv_general_dilated {dtype}"] == conv_out * itemsize
+  relu = ops[f"custom_vjp_call {dtype}"]
+  if dtype == "float32":
+    assert relu == (relu_out + head_hidden) * 4
+  else:
+    assert relu == relu_out * 2 and ops["custom_vjp_call float32"] == head_hidden * 4
+    assert ops["convert_element_type bfloat16"] == 8 * 8 * 3 * 2
+  # The rest: the pooled features and the head's normalisation, (B, <= 128) each.
+  rest = out["per_image_bytes"] - sum(v for k, v in ops.items() if k.split()[0] in (
+      "conv_general_dilated", "custom_vjp_call", "convert_element_type"))  # fmt: skip
+  assert 0 < rest <= 128 * 4
+  assert sum(out["by_dtype"].values()) == out["per_image_bytes"]
+  assert "float32" not in out["by_dtype"] or dtype == "float32" or out["by_dtype"]["float32"] < 1e3
+
+
+def test_largest_batch_fits_a_line_through_two_peaks():
+  from cl_jax.bench import memory
+
+  fit = memory.largest_batch({64: 10 * 2**30 + 64 * 2**28, 128: 10 * 2**30 + 128 * 2**28},
+                             80 * 2**30, 8)  # fmt: skip
+  # fixed 10 GiB + 0.25 GiB per image: 280 images fit in 80 GiB.
+  assert fit["fixed_bytes"] == 10 * 2**30 and fit["per_image_bytes"] == 2**28
+  assert fit["batch"] == 280
+  # 12.5 bytes per image: 88 images fit in 1100 bytes, 80 in multiples of 16.
+  assert memory.largest_batch({8: 100, 16: 200}, 1100, 16)["batch"] == 80
+
+
+def test_efficiency_flop_ratio_matches_a_hand_count():
+  """The supervised step is one forward and backward of the same backbone (3 forward costs
+  less the stem's input gradient); the MoCo step adds the key encoder's forward. Times are
+  measured and positive; their ratio is not asserted (timings are not tests)."""
+  from cl_jax.bench import efficiency
+
+  c = mocov2_patchns.get_config(None)
+  c.nonsemantic.enabled = False
+  c.data.image_size = 32
+  c.model.update(depth=18, stem="cifar", width_multiplier=1.0, dtype="float32")
+  c.moco.update(queue_size=512, symmetric=False)
+  c.optim.batch_size = 8
+  out = efficiency.measure(c, rounds=1, steps=1)
+  forward = [
+      2 * c_in * c_out * _valid_taps(side, k, s)[1] ** 2
+      for c_in, c_out, k, s, side in _resnet18_cifar_convs(32, 64)
+  ]
+  supervised, moco = 3 * sum(forward) - forward[0], 4 * sum(forward) - forward[0]
+  assert supervised <= 1e9 * out["supervised_gflop_per_image"] <= 1.02 * supervised
+  assert 0.99 * moco / supervised <= out["flop_ratio"] <= 1.03 * moco / supervised
+  assert out["step_ms"] > 0 and out["supervised_ms"] > 0 and out["time_ratio"] > 0

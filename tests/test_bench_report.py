@@ -73,8 +73,60 @@ def test_part_commands():
       "--input=jpeg",
       "--jpeg_images=64",
   ]
+  assert bench_report.part_command("memory", "/o", ["--config=c.py"], 5, 1, 64)[1:] == [
+      "-m",
+      "cl_jax.bench.memory",
+      "--config=c.py",
+      "--json",
+  ]
+  # 20 steps: 5 alternating rounds of 4 steps each; fewer steps still give 3 rounds.
+  assert bench_report.part_command("efficiency", "/o", [], 20, 1, 64)[-2:] == [
+      "--rounds=5",
+      "--steps=4",
+  ]
+  assert bench_report.part_command("efficiency", "/o", [], 1, 1, 64)[-2:] == [
+      "--rounds=3",
+      "--steps=1",
+  ]
   with pytest.raises(ValueError, match="part must be one of"):
     bench_report.part_command("disk", "/o", [], 5, 1, 64)
+
+
+MEMORY = {
+    "device_kind": "cpu",
+    "setup": "moco: 50-layer ResNet, 224 px",
+    "residuals": {
+        "per_image_bytes": 48.2e6,
+        "by_dtype": {"bfloat16": 48.0e6, "float32": 0.2e6},
+        "by_op": {"conv_general_dilated bfloat16": 22.2e6, "add float32": 1e3},
+        "fixed_bytes": 50e6,
+        "argument_bytes": 1e8,
+    },
+    "memory": {"argument": 2**30, "output": 2**30, "alias": 2**30, "temp": 3 * 2**30,
+               "peak": 4 * 2**30},
+    "largest_batch": {"batch": 1024, "budget_gib": 80.0, "fitted_batches": [128, 256],
+                      "per_image_bytes": 1.0, "fixed_bytes": 1.0},
+}  # fmt: skip
+EFFICIENCY = {
+    "device_kind": "cpu",
+    "setup": "moco: 18-layer ResNet",
+    "step_ms": 10.0,
+    "supervised_ms": 7.5,
+    "time_ratio": 1.333,
+    "time_ratio_range": [1.3, 1.4],
+    "flop_ratio": 1.346,
+}
+
+
+def test_memory_and_efficiency_sections():
+  text = bench_report.report({"memory": MEMORY, "efficiency": EFFICIENCY}, "cpu")
+  assert "Saved residuals of the online backward: 48.2 MB per image (+ 50.0 MB per step)." in text
+  assert "| bfloat16 | 48.00 |" in text and "| conv_general_dilated bfloat16 | 22.20 |" in text
+  assert "add float32" not in text  # below 0.05 MB per image
+  assert "| 1.000 | 1.000 | 1.000 | 3.000 | 4.000 |" in text
+  assert "Largest batch in 80 GiB (estimate from the compiled step at batches [128, 256]" in text
+  assert "| 10.00 | 7.50 | 1.333 (1.300-1.400) | 1.346 |" in text
+  assert bench_report._device_name({"memory": MEMORY}) == "cpu"
 
 
 def test_report_tables_and_verdict():
@@ -120,8 +172,13 @@ def test_the_one_command_runs_every_part_on_cpu(tmp_path):
   assert torch["compare"]["jax"]["img_per_s"] > 0
   text = (out / "report.md").read_text()
   assert text.startswith("## cl_jax benchmark on cpu") and text in proc.stdout
-  for section in ("### Step", "### PyTorch reference", "### JPEG end to end"):
+  for section in ("### Step", "### PyTorch reference", "### JPEG end to end", "### Memory",
+                  "### Step efficiency"):  # fmt: skip
     assert section in text
+  memory = json.loads((out / "memory.json").read_text())
+  assert memory["residuals"]["per_image_bytes"] > 0 and memory["largest_batch"]["batch"] > 0
+  efficiency = json.loads((out / "efficiency.json").read_text())
+  assert efficiency["flop_ratio"] > 1 and efficiency["time_ratio"] > 0
   # Without torch installed the torch rows say why they failed; with it they are timed.
   for mode in ("eager", "compiled"):
     row = torch["compare"][f"torch_{mode}"]

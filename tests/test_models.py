@@ -7,9 +7,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax.models.batchnorm import GroupBatchNorm
+from cl_jax.models.batchnorm import GroupBatchNorm, group_normalise
 from cl_jax.models.encoder import build_encoder
 from cl_jax.models.heads import MLPHead, l2_normalize
+from cl_jax.models.relu import relu
 from cl_jax.models.resnet import ResidualBlock, ResNet, ResNet18, ResNet50, resnet_feature_dim
 
 
@@ -171,6 +172,127 @@ def test_group_batchnorm_sharded_batch_matches_single_device():
       GroupBatchNorm(num_groups=2).apply(
           variables, sharded, use_running_average=False, mutable=['batch_stats']
       )
+
+
+def _numpy_bn_objective(x, scale, bias, groups, eps, w, a, b):
+  """float64 sum(w * y) + sum(a * mu) + sum(b * var) of the per-group batch norm."""
+  y, mean, var = _numpy_group_bn(x, scale, bias, groups, eps)
+  return np.sum(w * y) + np.sum(a * mean) + np.sum(b * var)
+
+
+def _numerical_gradient(f, value, step=1e-6):
+  """Central differences of the float64 scalar function f at value, elementwise."""
+  value = np.asarray(value, np.float64)
+  grad = np.zeros_like(value)
+  for i in np.ndindex(value.shape):
+    up, down = value.copy(), value.copy()
+    up[i] += step
+    down[i] -= step
+    grad[i] = (f(up) - f(down)) / (2 * step)
+  return grad
+
+
+def _bn_problem(seed, shape, groups):
+  rng = np.random.default_rng(seed)
+  x = (rng.normal(size=shape) * 2 + 0.5).astype(np.float32)
+  scale = rng.normal(size=shape[-1]).astype(np.float32)
+  bias = rng.normal(size=shape[-1]).astype(np.float32)
+  w = rng.normal(size=shape).astype(np.float32)
+  a = rng.normal(size=(groups, shape[-1])).astype(np.float32)
+  b = rng.normal(size=(groups, shape[-1])).astype(np.float32)
+  return x, scale, bias, w, a, b
+
+
+def _jax_bn_gradients(x, scale, bias, w, a, b, groups, dtype=jnp.float32):
+  def objective(x, scale, bias):
+    y, mean, var = group_normalise(x, scale, bias, groups, 1e-5, jnp.dtype(dtype))
+    return jnp.sum(w * y.astype(jnp.float32)) + jnp.sum(a * mean) + jnp.sum(b * var)
+
+  return jax.grad(objective, argnums=(0, 1, 2))(x.astype(dtype), scale, bias)
+
+
+@pytest.mark.parametrize('groups', [1, 4])
+def test_group_normalise_gradients_match_numpy_central_differences(groups):
+  """The hand-written backward (the normalised output and both statistics) equals float64
+  central differences of the NumPy forward, for the input, the scale and the bias."""
+  x, scale, bias, w, a, b = _bn_problem(7, (8, 3, 2, 5), groups)
+  dx, dscale, dbias = _jax_bn_gradients(x, scale, bias, w, a, b, groups)
+  x64, s64, b64 = (np.asarray(v, np.float64) for v in (x, scale, bias))
+  f = lambda xx, ss, bb: _numpy_bn_objective(xx, ss, bb, groups, 1e-5, w, a, b)
+  np.testing.assert_allclose(dx, _numerical_gradient(lambda v: f(v, s64, b64), x64), atol=2e-5)
+  np.testing.assert_allclose(
+      dscale, _numerical_gradient(lambda v: f(x64, v, b64), s64), rtol=1e-5, atol=1e-5
+  )
+  np.testing.assert_allclose(
+      dbias, _numerical_gradient(lambda v: f(x64, s64, v), b64), rtol=1e-5, atol=1e-5
+  )
+
+
+def test_group_normalise_gradients_in_bfloat16_within_rounding():
+  """bfloat16 input and output: the input gradient comes back in bfloat16 and agrees with
+  the float64 central differences at bfloat16's precision; scale and bias stay float32."""
+  x, scale, bias, w, a, b = _bn_problem(8, (8, 4, 4, 3), 2)
+  x = np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32))  # representable input
+  dx, dscale, dbias = _jax_bn_gradients(x, scale, bias, w, a, b, 2, jnp.bfloat16)
+  assert dx.dtype == jnp.bfloat16 and dscale.dtype == jnp.float32
+  x64, s64, b64 = (np.asarray(v, np.float64) for v in (x, scale, bias))
+  f = lambda xx, ss, bb: _numpy_bn_objective(xx, ss, bb, 2, 1e-5, w, a, b)
+  ref = _numerical_gradient(lambda v: f(v, s64, b64), x64)
+  np.testing.assert_allclose(np.asarray(dx, np.float32), ref, rtol=2e-2, atol=2e-2)
+  # Scale and bias see y only through its bfloat16 cast: bfloat16 rounding of w-weighted sums.
+  np.testing.assert_allclose(
+      dscale, _numerical_gradient(lambda v: f(x64, v, b64), s64), rtol=2e-2, atol=5e-2
+  )
+
+
+def test_group_normalise_equals_autodiff_of_the_plain_formula():
+  """Forward bit-identical, gradients within float32 rounding of autodiff through the
+  textbook formula (what GroupBatchNorm computed before its backward was hand-written)."""
+  x, scale, bias, w, _, _ = _bn_problem(9, (16, 4, 4, 6), 4)
+
+  def plain(x, scale, bias):
+    grouped = x.reshape((4, 4) + x.shape[1:])
+    mean = jnp.mean(grouped, axis=(1, 2, 3), keepdims=True)
+    var = jnp.mean(jnp.square(grouped - mean), axis=(1, 2, 3), keepdims=True)
+    return ((grouped - mean) * jax.lax.rsqrt(var + 1e-5)).reshape(x.shape) * scale + bias
+
+  ours = lambda x, scale, bias: group_normalise(x, scale, bias, 4, 1e-5, jnp.dtype(jnp.float32))[0]
+  np.testing.assert_array_equal(jax.jit(ours)(x, scale, bias), jax.jit(plain)(x, scale, bias))
+  grads = [
+      jax.jit(jax.grad(lambda *v, f=f: jnp.sum(w * f(*v)), argnums=(0, 1, 2)))(x, scale, bias)
+      for f in (ours, plain)
+  ]
+  for got, want in zip(*grads):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('groups', [1, 8])
+def test_group_normalise_gradients_on_8_devices_equal_one_device(groups):
+  """The batch sharded over 8 devices (one group per device, or one group over all of them)
+  gives the one-device output, statistics and gradients."""
+  mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Explicit,))
+  x, scale, bias, w, a, b = _bn_problem(10, (16, 3, 3, 4), groups)
+  one = _jax_bn_gradients(x, scale, bias, w, a, b, groups)
+  spec = jax.sharding.PartitionSpec('data')
+  xs, ws = (jax.device_put(v, jax.sharding.NamedSharding(mesh, spec)) for v in (x, w))
+  with jax.set_mesh(mesh):
+    many = jax.jit(_jax_bn_gradients, static_argnums=6)(xs, scale, bias, ws, a, b, groups)
+  assert many[0].sharding.spec[0] == 'data'
+  for got, want in zip(many, one):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_relu_forward_and_gradient_equal_jax_nn_relu():
+  """The output-only ReLU: same values and gradient as jax.nn.relu, zeros and signs included."""
+  x = jnp.asarray([[-2.0, -0.0, 0.0, 1e-30, 3.0], [5.0, -1e-30, 0.5, -7.0, 2.0]], jnp.float32)
+  g = jnp.arange(10, dtype=jnp.float32).reshape(2, 5) + 1
+  for dtype in (jnp.float32, jnp.bfloat16):
+    xd, gd = x.astype(dtype), g.astype(dtype)
+    np.testing.assert_array_equal(relu(xd), jax.nn.relu(xd))
+    ours = jax.vjp(relu, xd)[1](gd)[0]
+    theirs = jax.vjp(jax.nn.relu, xd)[1](gd)[0]
+    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(np.asarray(ours, np.float32)[0], [0, 0, 0, 4, 5])
 
 
 def test_group_batchnorm_rejects_indivisible_batch():

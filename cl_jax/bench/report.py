@@ -11,6 +11,10 @@ runs, each in its own process, on this machine's first device:
      eager and compiled (cl_jax.bench.torch_reference; needs torch and torchvision), and the ratios;
   3. jpeg: `cl_jax.bench.step --input=jpeg`: the loop on generated ImageNet-size JPEGs beside the
      loop on batches in memory (cl_jax.bench.input);
+  4. memory: `cl_jax.bench.memory`: the online backward's saved residuals per image by dtype
+     and op, the compiled step's memory analysis, and the largest batch that fits 80 GiB;
+  5. efficiency: `cl_jax.bench.efficiency`: the step's time over a plain supervised step of the
+     same backbone, timed alternately, beside the ratio of their FLOPs;
 and writes DIR/<part>.json (each command's JSON output), DIR/report.md (the tables below,
 with the device's name) and prints the report. --config* flags go to every part unchanged;
 --parts picks some of them. A part that fails is reported with its error and the others
@@ -28,7 +32,7 @@ from ml_collections import config_flags
 from cl_jax.bench import input as bench_input
 from cl_jax.runtime import cli
 
-PARTS = ("step", "torch", "jpeg")
+PARTS = ("step", "torch", "jpeg", "memory", "efficiency")
 # MoCo-v2 ResNet-50 224 px bf16 on one H100: the speed target in img/s, and the factor over
 # the PyTorch step on the same device.
 TARGET_IMG_PER_S = 3900
@@ -36,7 +40,13 @@ TARGET_TORCH_RATIO = 2.0
 
 def part_command(part: str, out: str, config_args: list[str], steps: int, warmup: int,
                  jpeg_images: int) -> list[str]:  # fmt: skip
-  """The cl_jax.bench.step command line of one part."""
+  """The command line of one part (cl_jax.bench.step, memory or efficiency)."""
+  if part == "memory":
+    return [sys.executable, "-m", "cl_jax.bench.memory", *config_args, "--json"]
+  if part == "efficiency":
+    rounds = max(3, steps // 4)
+    return [sys.executable, "-m", "cl_jax.bench.efficiency", *config_args, "--json",
+            f"--rounds={rounds}", f"--steps={max(1, steps // rounds)}"]  # fmt: skip
   command = [sys.executable, "-m", "cl_jax.bench.step", *config_args, "--json"]
   command += [f"--steps={steps}", f"--warmup={warmup}"]
   if part == "step":
@@ -143,6 +153,56 @@ def jpeg_section(result: dict) -> list[str]:
   return lines + ["", bench_input.verdict(result), ""]
 
 
+def memory_section(result: dict) -> list[str]:
+  """The online backward's residuals, the compiled step's buffers, the largest batch."""
+  if "failed" in result:
+    return ["### Memory", "", f"failed: {result['failed']}", ""]
+  res, mem, fit = result["residuals"], result["memory"], result["largest_batch"]
+  lines = [
+      "### Memory",
+      "",
+      result["setup"],
+      "",
+      f"Saved residuals of the online backward: {res['per_image_bytes'] / 1e6:.1f} MB per image "
+      f"(+ {res['fixed_bytes'] / 1e6:.1f} MB per step).",
+      "",
+      "| residuals by | MB per image |",
+      "|---|---:|",
+  ]
+  lines += [f"| {k} | {v / 1e6:.2f} |" for k, v in res["by_dtype"].items()]
+  lines += [f"| {k} | {v / 1e6:.2f} |" for k, v in res["by_op"].items() if v >= 5e4]
+  lines += [
+      "",
+      "| argument GiB | output GiB | aliased GiB | temp GiB | peak GiB |",
+      "|---:|---:|---:|---:|---:|",
+      "| " + " | ".join(f"{mem[k] / 2**30:.3f}" for k in ("argument", "output", "alias",
+                                                         "temp", "peak")) + " |",
+      "",
+      f"Largest batch in {fit['budget_gib']:g} GiB (estimate from the compiled step at batches "
+      f"{fit['fitted_batches']} on this device): {fit['batch']}.",
+      "",
+  ]  # fmt: skip
+  return lines
+
+
+def efficiency_section(result: dict) -> list[str]:
+  """The step's time and FLOPs over a plain supervised step's."""
+  if "failed" in result:
+    return ["### Step efficiency", "", f"failed: {result['failed']}", ""]
+  low, high = result["time_ratio_range"]
+  return [
+      "### Step efficiency",
+      "",
+      result["setup"],
+      "",
+      "| step ms | supervised ms | time ratio | FLOP ratio |",
+      "|---:|---:|---:|---:|",
+      f"| {result['step_ms']:.2f} | {result['supervised_ms']:.2f} | "
+      f"{result['time_ratio']:.3f} ({low:.3f}-{high:.3f}) | {result['flop_ratio']:.3f} |",
+      "",
+  ]
+
+
 def verdict(results: dict) -> list[str]:
   """The speed target against what was measured (on any device; the target is an H100's)."""
   step, torch = results.get("step", {}), results.get("torch", {})
@@ -171,7 +231,13 @@ def verdict(results: dict) -> list[str]:
 
 def report(results: dict, device: str) -> str:
   """report.md: the device, then a section per part that ran, then the verdict."""
-  sections = {"step": step_section, "torch": torch_section, "jpeg": jpeg_section}
+  sections = {
+      "step": step_section,
+      "torch": torch_section,
+      "jpeg": jpeg_section,
+      "memory": memory_section,
+      "efficiency": efficiency_section,
+  }
   lines = [f"## cl_jax benchmark on {device}", ""]
   for part, result in results.items():
     lines += sections[part](result)
@@ -183,6 +249,9 @@ def _device_name(results: dict) -> str:
   for result in results.values():
     for row in result.get("rows", []):
       return row["device_kind"]
+  for result in results.values():
+    if "device_kind" in result:
+      return result["device_kind"]
   return "an unknown device (every part failed)"
 
 

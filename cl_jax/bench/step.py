@@ -26,16 +26,13 @@ import sys
 import time
 
 import jax
-import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from cl_jax import config_check, train
-from cl_jax import train_step as step_lib
-from cl_jax.bench import device_peaks
+from cl_jax import config_check
+from cl_jax.bench import device_peaks, synthetic_step
 from cl_jax.bench import profile as step_profile
-from cl_jax.data import geometric
-from cl_jax.runtime import cli, parallel
+from cl_jax.runtime import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -75,38 +72,6 @@ _PROFILE_STEPS = flags.DEFINE_integer(
 flags.mark_flag_as_required("config")
 
 
-def synthetic_batch(config, batch: int, rng: np.random.Generator) -> dict:
-  """A host batch shaped like the pipeline's: random uint8 views (all of LooC's), their crop
-  boxes and flips drawn as the pipeline draws them from a source twice the view's side (DICR
-  reads them), and the texture images of texture negatives."""
-  size = config.data.image_size
-  host = {}
-  for v in range(1, step_lib.num_views(config) + 1):
-    host[f"view{v}"] = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
-    crops = [
-        geometric.sample_crop(rng, 2 * size, 2 * size, scale=tuple(config.data.crop_scale))
-        for _ in range(batch)
-    ]
-    host[f"box{v}"] = np.stack([c.box for c in crops]).astype(np.float32)
-    host[f"flip{v}"] = np.array([c.flip for c in crops])
-  if config.nonsemantic.enabled and config.nonsemantic.kind == "texture":
-    for v in (1, 2):
-      host[f"texture{v}"] = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
-  return host
-
-
-def step_flops(compiled) -> float:
-  """FLOPs of one call of a compiled step on one device, from XLA's cost analysis of the
-  partitioned (per-device) program; convolutions count 2 per multiply-add over the taps that
-  fall inside the image (padding excluded), as a hand count does."""
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
-    analysis = analysis[0]
-  if not analysis or "flops" not in analysis:
-    raise RuntimeError("XLA's cost analysis of the step reports no FLOP count on this backend")
-  return float(analysis["flops"])
-
-
 def measure(
     config,
     devices: int,
@@ -131,21 +96,13 @@ def measure(
   time), mfu (tflops_per_device / the device's peak, cl_jax.bench.device_peaks; None where
   unknown), and peak_mb_per_device where the backend reports it.
   """
-  mesh = parallel.make_mesh(jax.devices()[:devices])
-  config_check.validate(config, num_devices=devices, reads_data=False)
   batch = config.optim.batch_size
-  encoder, tx, schedule, make_state, _ = train.build(config, batch, mesh)
-  state = make_state()
-  step = step_lib.jit_on_mesh(
-      step_lib.make_train_step(config, encoder, tx, schedule, mesh, 1, statistics), state, mesh
-  )
-  host = synthetic_batch(config, batch, np.random.default_rng(0))
-  data = jax.device_put(host, parallel.batch_sharding(mesh))
+  step, state, data = synthetic_step.build(config, devices, statistics)
 
   start = time.perf_counter()
   compiled = step.lower(state, data).compile()
   compile_s = time.perf_counter() - start
-  flops_per_device = step_flops(compiled)
+  flops_per_device = synthetic_step.step_flops(compiled)
   for _ in range(warmup + 1):
     state, metrics = compiled(state, data)
   jax.block_until_ready(metrics)

@@ -10,6 +10,7 @@ updates the running statistics. On a mesh with Explicit axes, a ``num_groups`` t
 split a group across devices is rejected with a ValueError.
 """
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -26,6 +27,92 @@ def _explicit_batch_shards(x: jax.Array) -> int:
     return 1
   axes = axes if isinstance(axes, tuple) else (axes,)
   return math.prod(sharding.mesh.shape[axis] for axis in axes)
+
+
+def _grouped(x: jax.Array, num_groups: int) -> jax.Array:
+  """(B, ..., C) -> (G, B/G, ..., C) in float32."""
+  return x.astype(jnp.float32).reshape((num_groups, x.shape[0] // num_groups) + x.shape[1:])
+
+
+def _group_axes(grouped: jax.Array) -> tuple[int, ...]:
+  """The axes a group's statistics reduce: all but the group axis and the channels."""
+  return tuple(range(1, grouped.ndim - 1))
+
+
+def _forward(x, scale, bias, num_groups, epsilon, dtype):
+  """(y, mean, var, rstd): y as in group_normalise; mean, var, rstd (G, 1, ..., 1, C)."""
+  grouped = _grouped(x, num_groups)
+  axes = _group_axes(grouped)
+  mean = jnp.mean(grouped, axis=axes, keepdims=True)
+  var = jnp.mean(jnp.square(grouped - mean), axis=axes, keepdims=True)
+  rstd = jax.lax.rsqrt(var + epsilon)
+  y = ((grouped - mean) * rstd).reshape(x.shape) * scale + bias
+  return y.astype(dtype), mean, var, rstd
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def group_normalise(x, scale, bias, num_groups: int, epsilon: float, dtype):
+  """Batch norm of x (B, ..., C) over G = num_groups contiguous groups, with its gradient.
+
+  Forward, per group g of N = B/G x (spatial size) values per channel (Ioffe & Szegedy 2015,
+  Alg. 1), in float32 whatever x's dtype:
+    mu_g = mean(x_g),  var_g = mean((x_g - mu_g)^2),  r_g = 1 / sqrt(var_g + epsilon)
+    y_g  = (x_g - mu_g) r_g * scale + bias                       (cast to dtype)
+  Backward (the same paper's Sec. 3 chain rule, summed per group), with xhat = (x - mu_g) r_g
+  recomputed from the saved x, and dy's per-group sums S1 = sum(dy), S2 = sum(dy xhat):
+    dx_g = r_g scale (dy - S1 / N - xhat S2 / N) + dmu_g / N + dvar_g 2 (x - mu_g) / N
+    dscale = sum_g S2,  dbias = sum_g S1
+  The residuals are x in its own dtype (bfloat16 in mixed precision) and the (G, C)
+  statistics, instead of the float32 full-size intermediates that autodiff of the forward
+  would keep.
+
+  Args:
+    x: (B, ..., C), B divisible by num_groups.
+    scale, bias: (C,) float32.
+    num_groups: G.
+    epsilon: added to the variance.
+    dtype: the dtype of y.
+
+  Returns:
+    (y (B, ..., C) in dtype, mu (G, C), var (G, C)); var is the biased variance.
+  """
+  y, mean, var, _ = _forward(x, scale, bias, num_groups, epsilon, dtype)
+  channels = x.shape[-1]
+  return y, mean.reshape(num_groups, channels), var.reshape(num_groups, channels)
+
+
+def _group_normalise_fwd(x, scale, bias, num_groups, epsilon, dtype):
+  y, mean, var, rstd = _forward(x, scale, bias, num_groups, epsilon, dtype)
+  channels = x.shape[-1]
+  out = (y, mean.reshape(num_groups, channels), var.reshape(num_groups, channels))
+  return out, (x, scale, mean, rstd)
+
+
+def _group_normalise_bwd(num_groups, epsilon, dtype, residuals, cotangents):
+  del epsilon, dtype
+  x, scale, mean, rstd = residuals
+  dy, dmean, dvar = cotangents
+  grouped = _grouped(x, num_groups)
+  axes = _group_axes(grouped)
+  count = math.prod(grouped.shape[a] for a in axes)
+  centred = grouped - mean
+  xhat = centred * rstd
+  dy = _grouped(dy, num_groups)
+  s1 = jnp.sum(dy, axis=axes, keepdims=True)
+  s2 = jnp.sum(dy * xhat, axis=axes, keepdims=True)
+  stat_shape = mean.shape
+  dx = (
+      (rstd * scale) * (dy - s1 / count - xhat * (s2 / count))
+      + dmean.reshape(stat_shape) / count
+      + dvar.reshape(stat_shape) * (2 / count) * centred
+  )
+  channels = x.shape[-1]
+  dscale = s2.reshape(num_groups, channels).sum(axis=0)
+  dbias = s1.reshape(num_groups, channels).sum(axis=0)
+  return dx.reshape(x.shape).astype(x.dtype), dscale, dbias
+
+
+group_normalise.defvjp(_group_normalise_fwd, _group_normalise_bwd)
 
 
 class GroupBatchNorm(nn.Module):
@@ -87,36 +174,33 @@ class GroupBatchNorm(nn.Module):
     ra_mean = self.variable('batch_stats', 'mean', jnp.zeros, (channels,), jnp.float32)
     ra_var = self.variable('batch_stats', 'var', jnp.ones, (channels,), jnp.float32)
 
-    x32 = x.astype(jnp.float32)
-    if use_running_average:
-      y = (x32 - ra_mean.value) * jax.lax.rsqrt(ra_var.value + self.epsilon)
-    else:
-      if batch % self.num_groups:
-        raise ValueError(
-            f'batch size {batch} is not divisible by num_groups {self.num_groups}; '
-            'choose a batch size that is a multiple of the number of BN groups'
-        )
-      shards = _explicit_batch_shards(x)
-      if self.num_groups > 1 and self.num_groups % shards:
-        raise ValueError(
-            f'num_groups {self.num_groups} must be 1 or a multiple of the {shards} shards of '
-            'the batch axis, so that every group lies on one device'
-        )
-      grouped = x32.reshape((self.num_groups, batch // self.num_groups) + x.shape[1:])
-      axes = tuple(range(1, grouped.ndim - 1))
-      mean = jnp.mean(grouped, axis=axes, keepdims=True)
-      var = jnp.mean(jnp.square(grouped - mean), axis=axes, keepdims=True)
-      y = ((grouped - mean) * jax.lax.rsqrt(var + self.epsilon)).reshape(x.shape)
-      if not self.is_initializing():
-        group_mean = mean.reshape(self.num_groups, channels).mean(axis=0)
-        group_var = var.reshape(self.num_groups, channels).mean(axis=0)
-        ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * group_mean
-        ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * group_var
-
+    scale = jnp.ones((channels,), jnp.float32)
     if self.use_scale:
       scale = self.param('scale', self.scale_init, (channels,), self.param_dtype)
-      y = y * scale.astype(jnp.float32)
+    bias = jnp.zeros((channels,), jnp.float32)
     if self.use_bias:
       bias = self.param('bias', self.bias_init, (channels,), self.param_dtype)
-      y = y + bias.astype(jnp.float32)
-    return y.astype(self.dtype)
+    scale, bias = scale.astype(jnp.float32), bias.astype(jnp.float32)
+
+    if use_running_average:
+      x32 = x.astype(jnp.float32)
+      y = (x32 - ra_mean.value) * jax.lax.rsqrt(ra_var.value + self.epsilon)
+      return (y * scale + bias).astype(self.dtype)
+    if batch % self.num_groups:
+      raise ValueError(
+          f'batch size {batch} is not divisible by num_groups {self.num_groups}; '
+          'choose a batch size that is a multiple of the number of BN groups'
+      )
+    shards = _explicit_batch_shards(x)
+    if self.num_groups > 1 and self.num_groups % shards:
+      raise ValueError(
+          f'num_groups {self.num_groups} must be 1 or a multiple of the {shards} shards of '
+          'the batch axis, so that every group lies on one device'
+      )
+    y, mean, var = group_normalise(
+        x, scale, bias, self.num_groups, self.epsilon, jnp.dtype(self.dtype)
+    )
+    if not self.is_initializing():
+      ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * mean.mean(axis=0)
+      ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * var.mean(axis=0)
+    return y

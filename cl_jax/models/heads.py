@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from cl_jax.models.batchnorm import GroupBatchNorm
+from cl_jax.models.relu import relu
 from cl_jax.models.resnet import _STAGES, base_width, residual_stage
 
 # torch.nn.Linear's default kernel init, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), which the MoCo
@@ -66,7 +67,7 @@ class MLPHead(nn.Module):
       x = nn.Dense(self.hidden_dim, kernel_init=dense_init, name=f'hidden{layer + 1}')(x)
       if self.use_bn:
         x = GroupBatchNorm(num_groups=self.bn_groups, name=f'bn{layer + 1}')(x, not train)
-      x = nn.relu(x)
+      x = relu(x)
     x = nn.Dense(self.out_dim, kernel_init=dense_init, name='out')(x)
     if self.out_bn:
       x = GroupBatchNorm(num_groups=self.bn_groups, name='out_bn')(x, not train)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from cl_jax.models.batchnorm import GroupBatchNorm
+from cl_jax.models.relu import relu
 
 # (block type, blocks per stage) for each supported depth.
 _STAGES = {18: ('basic', (2, 2, 2, 2)), 50: ('bottleneck', (3, 4, 6, 3))}
@@ -85,21 +86,21 @@ class ResidualBlock(nn.Module):
     out_features = self.planes * _EXPANSION[self.kind]
     if self.kind == 'basic':
       y = _conv(self.planes, 3, self.stride, self.dtype, 'conv1')(x)
-      y = nn.relu(norm(name='bn1')(y, not train))
+      y = relu(norm(name='bn1')(y, not train))
       y = _conv(self.planes, 3, 1, self.dtype, 'conv2')(y)
       y = norm(scale_init=last_scale_init, name='bn2')(y, not train)
     else:
       y = _conv(self.planes, 1, 1, self.dtype, 'conv1')(x)
-      y = nn.relu(norm(name='bn1')(y, not train))
+      y = relu(norm(name='bn1')(y, not train))
       y = _conv(self.planes, 3, self.stride, self.dtype, 'conv2')(y)
-      y = nn.relu(norm(name='bn2')(y, not train))
+      y = relu(norm(name='bn2')(y, not train))
       y = _conv(out_features, 1, 1, self.dtype, 'conv3')(y)
       y = norm(scale_init=last_scale_init, name='bn3')(y, not train)
     shortcut = x
     if self.stride != 1 or x.shape[-1] != out_features:
       shortcut = _conv(out_features, 1, self.stride, self.dtype, 'proj_conv')(x)
       shortcut = norm(name='proj_bn')(shortcut, not train)
-    return nn.relu(y + shortcut)
+    return relu(y + shortcut)
 
 
 class ResNet(nn.Module):
@@ -157,7 +158,7 @@ class ResNet(nn.Module):
     else:
       x = _conv(width, 3, 1, self.dtype, 'stem_conv')(x)
     x = GroupBatchNorm(num_groups=self.bn_groups, dtype=self.dtype, name='stem_bn')(x, not train)
-    x = nn.relu(x)
+    x = relu(x)
     if self.stem == 'imagenet':
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for stage in range(self.stages):
