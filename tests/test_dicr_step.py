@@ -163,8 +163,18 @@ def test_one_and_eight_devices_take_the_same_step(name, blocks):
   _, _, eight, m8 = _step(config, devices=8)
   for key in ("loss", "dicr/loss", "dicr/pos_sim", "dicr/neg_sim"):
     np.testing.assert_allclose(m8[key], m1[key], rtol=1e-5, err_msg=key)
-  for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(eight.params)):
-    np.testing.assert_allclose(b, a, rtol=1e-4, atol=max(1e-6, 1e-4 * np.abs(a).max()))
+  for (path, a), b in zip(
+      jax.tree_util.tree_leaves_with_path(one.params), jax.tree.leaves(eight.params)
+  ):
+    name = jax.tree_util.keystr(path)
+    if "hidden" in name and name.endswith("['bias']"):
+      # A dense bias that feeds batch norm gets gradient 0 (the norm removes any shift); its
+      # update is summation rounding, whose pattern depends on the device split. Both stay 0.
+      assert np.abs(a).max() < 1e-5 and np.abs(b).max() < 1e-5, name
+      continue
+    np.testing.assert_allclose(
+        b, a, rtol=1e-4, atol=max(1e-6, 1e-4 * np.abs(a).max()), err_msg=name
+    )
 
 
 @pytest.mark.parametrize(
