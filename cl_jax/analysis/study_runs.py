@@ -46,7 +46,8 @@ def train_subprocess(
   """Pretrain and probe (or resume) with cl_jax.main unless the final probe report exists,
   then the `analyses` (study.ANALYSES) not yet done, each in a process of its own; a failure stops
   the study with the command that failed. Returns cl_jax.main's wall time (None if it did
-  not run): start-up, compilation, training and the probe."""
+  not run): start-up, compilation, training and the probe; a resumed run's time counts only the
+  part after the resume."""
   where = os.path.abspath(str(directory)) if "://" not in str(directory) else str(directory)
   main = [sys.executable, "-m", "cl_jax.main", *main_flags(arm_, seed, extra)]
   step = total_steps(arm_config(arm_, seed, extra))
