@@ -19,6 +19,10 @@ claims, <results>/claims.md, one row per claim with its verdict.
 --set applies FIELD=VALUE (a Python literal, else a string) to every arm, e.g. a smaller model
 for a smoke test; such runs need their own --workdir and --results. --report_only rebuilds the
 outputs from the records without training.
+
+Ctrl-C or SIGTERM (a scheduler's preemption) is passed on to the run in progress, which stops at
+the end of its step with a checkpoint; the study then ends with that run's exit status
+(130 Ctrl-C, 143 SIGTERM) and the same command resumes it.
 """
 
 import ast
@@ -29,7 +33,7 @@ from absl import app, flags, logging
 from etils import epath
 
 from cl_jax.analysis import study as study_lib
-from cl_jax.analysis import study_summary
+from cl_jax.analysis import study_runs, study_summary
 from cl_jax.runtime import cli, metrics
 from cl_jax.runtime.errors import UsageError
 
@@ -110,7 +114,13 @@ def main(argv):
         study_lib.write_outputs(s, records, _RESULTS.value)
         summary = study_summary.summarise(s, records)
       else:
-        summary = study_lib.run(s, _SEEDS.value, _WORKDIR.value, _RESULTS.value, extra, _ARMS.value)
+        try:
+          summary = study_lib.run(
+              s, _SEEDS.value, _WORKDIR.value, _RESULTS.value, extra, _ARMS.value
+          )
+        except study_runs.StudyStopped as e:
+          print(e, file=sys.stderr)
+          sys.exit(e.code)
       print("\n" + study_summary.markdown(s, summary))
       summaries.append(summary)
   claims = [(s, m) for s, m in zip(studies, summaries) if s.is_claim]

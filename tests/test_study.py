@@ -1,9 +1,12 @@
 """cl_jax.analysis.intervals against scipy and hand-computed numbers; the verdict rules on
-hand-made intervals; the study runner's resume, added seeds and refusals on fake runs; the
-claims registry; and a tiny study end to end through the command."""
+hand-made intervals; the study runner's resume, added seeds and refusals on fake runs; its
+stop signals passed on to a fake child; the claims registry; and a tiny study end to end through
+the command."""
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 
@@ -311,3 +314,48 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path):
   assert summary["failed"] == ["arm base seed 0 failed: cl_jax.main ..."]
   assert sorted(c[:2] for c in calls) == [("base", 1), ("ns", 0), ("ns", 1)]
   assert summary["arms"]["base"]["seeds"] == [1] and summary["comparisons"][0]["seeds"] == [1]
+
+
+# A stand-in for cl_jax.main: on SIGINT or SIGTERM it notes the signal and its process group (as
+# if saving a checkpoint) and exits with 128 + the signal; it asks its parent for the signal.
+FAKE_CHILD = """
+import os, signal, sys, time
+def stop(signum, frame):
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{signal.Signals(signum).name} {os.getpgid(0)}\\n")
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+if sys.argv[2] != "0":
+    os.kill(os.getppid(), int(sys.argv[2]))
+    time.sleep(60)
+sys.exit(int(sys.argv[3]))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_is_passed_to_the_run_and_stops_the_study(tmp_path, signum):
+  script, saved = tmp_path / "child.py", tmp_path / "saved.txt"
+  script.write_text(FAKE_CHILD)
+  before = signal.getsignal(signum)
+  with pytest.raises(study_runs.StudyStopped, match=signal.Signals(signum).name) as stopped:
+    study_runs.run_child([sys.executable, str(script), str(saved), str(int(signum)), "0"])
+  assert stopped.value.code == 128 + signum
+  name, group = saved.read_text().split()  # the child got the signal once, and saved
+  assert name == signal.Signals(signum).name
+  assert int(group) != os.getpgid(0)  # a terminal's Ctrl-C reaches the runner only
+  assert signal.getsignal(signum) is before
+
+
+def test_a_child_without_a_signal_gives_its_status_and_a_stop_is_not_a_failed_run(tmp_path):
+  script = tmp_path / "child.py"
+  script.write_text(FAKE_CHILD)
+  assert study_runs.run_child([sys.executable, str(script), "unused", "0", "3"]) == 3
+
+  def stopped(arm_, seed, extra, directory, analyses):
+    raise study_runs.StudyStopped("study stopped by SIGTERM: ...", 143)
+
+  with pytest.raises(study_runs.StudyStopped):
+    study.run(
+        STUDY, 2, str(tmp_path / "runs"), str(tmp_path / "res"), study_fakes.TINY, train=stopped
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,14 +41,61 @@ class RunFailed(UsageError):
   """A run of the study (its training, probe or analysis) ended with an error."""
 
 
+class StudyStopped(Exception):
+  """The runner was asked to stop (Ctrl-C, SIGTERM) while a run's process worked; that process
+  got the signal, saved what it had (cl_jax.main: a checkpoint) and ended. `code` is the exit
+  status to end the study with: the child's, else 128 + the signal's number."""
+
+  def __init__(self, message: str, code: int):
+    super().__init__(message)
+    self.code = code
+
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def run_child(cmd: list[str]) -> int:
+  """Run `cmd` and return its exit status. The child has its own process group, so a terminal's
+  Ctrl-C reaches this process only; while it runs, SIGINT and SIGTERM sent here are passed on to
+  it (cl_jax.main then stops at the end of its step with a checkpoint) and the wait goes on
+  until it has ended. Raises StudyStopped after such a signal."""
+  received, pending, child = [], [], []  # pending: came before the child started
+
+  def forward(signum, frame):
+    del frame
+    received.append(signum)
+    if child:
+      child[0].send_signal(signum)
+    else:
+      pending.append(signum)
+
+  previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+  try:
+    child.append(subprocess.Popen(cmd, process_group=0))
+    while pending:
+      child[0].send_signal(pending.pop(0))
+    code = child[0].wait()
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+  if received:
+    name = signal.Signals(received[0]).name
+    raise StudyStopped(
+        f"study stopped by {name}: {' '.join(cmd[1:])} ended with status {code}; run the "
+        "same command again to resume",
+        code if code > 0 else 128 + (-code or received[0]),
+    )
+  return code
+
+
 def train_subprocess(
     arm_: Arm, seed: int, extra, directory: epath.Path, analyses=()
 ) -> float | None:
   """Pretrain and probe (or resume) with cl_jax.main unless the final probe report exists,
-  then the `analyses` (study.ANALYSES) not yet done, each in a process of its own; a failure stops
-  the study with the command that failed. Returns cl_jax.main's wall time (None if it did
-  not run): start-up, compilation, training and the probe; a resumed run's time counts only the
-  part after the resume."""
+  then the `analyses` (study.ANALYSES) not yet done, each in a process of its own (run_child); a
+  command that fails raises RunFailed naming it, a stop signal StudyStopped. Returns cl_jax.main's
+  wall time (None if it did not run): start-up, compilation, training and the probe; a resumed
+  run's time counts only the part after the resume."""
   where = os.path.abspath(str(directory)) if "://" not in str(directory) else str(directory)
   main = [sys.executable, "-m", "cl_jax.main", *main_flags(arm_, seed, extra)]
   step = total_steps(arm_config(arm_, seed, extra))
@@ -62,7 +110,7 @@ def train_subprocess(
   wall_s = None
   for cmd in commands:
     start = time.perf_counter()
-    if subprocess.run(cmd).returncode != 0:
+    if run_child(cmd) != 0:
       raise RunFailed(f"arm {arm_.name} seed {seed} failed: {' '.join(cmd[1:])}")
     if cmd[:3] == main[:3]:
       wall_s = time.perf_counter() - start
