@@ -1,7 +1,10 @@
-"""Write faults become one line naming what, where, why and the free space; others pass."""
+"""Write faults become one line naming what, where, why and the free space; others pass; a
+failed save leaves no warning behind its line."""
 
 import errno
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -78,3 +81,32 @@ def test_thread_write_faults_are_kept_and_others_passed_on(monkeypatch):
       thread.join()
   assert len(faults) == 1 and faults[0].errno == errno.ENOSPC
   assert [str(e) for e in passed_on] == ["a defect"]  # printed by the usual hook
+
+
+# A save whose write coroutines were made but never run, in a block that fails (or not).
+_ABANDONED_WRITE = """
+import sys
+from cl_jax.runtime import checkpoint
+
+async def write_fragment():
+  pass
+
+try:
+  with checkpoint.quiet_failed_saves():
+    pending = [write_fragment()]
+    if sys.argv[1] == "fails":
+      raise OSError(28, "No space left on device")
+except OSError:
+  pass
+del pending
+"""
+
+
+@pytest.mark.parametrize("outcome", ["fails", "succeeds"])
+def test_a_failed_save_leaves_no_coroutine_warning(outcome):
+  out = subprocess.run(
+      [sys.executable, "-c", _ABANDONED_WRITE, outcome], capture_output=True, text=True
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  # After a failure the fault's own line is all; otherwise the warning is still shown.
+  assert ("was never awaited" in out.stderr) == (outcome == "succeeds"), out.stderr[-2000:]

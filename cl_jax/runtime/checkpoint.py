@@ -20,6 +20,7 @@ import logging as std_logging
 import os
 import re
 import sys
+import warnings
 
 import grain
 import jax
@@ -205,13 +206,21 @@ def quiet_failed_saves():
   save leaves behind (orbax's writer threads, their asyncio tasks) are dropped: the
   failure itself reaches the caller from save() or wait_until_finished(), which
   report it once. When the block raises, the filters stay for the rest of the process
-  (the failed writes' tasks report when they are collected, up to exit)."""
+  (the failed writes' tasks report when they are collected, up to exit), joined by one for
+  the RuntimeWarning of the write coroutines an aborted save never started (cl_jax itself
+  has no coroutines)."""
   hook = sys.unraisablehook
   loggers = [std_logging.getLogger(name) for name in _ABORTED_READ_LOGGERS]
   for logger in loggers:
     logger.addFilter(_drop_failed_save_logs)
   sys.unraisablehook = _quiet_aborted_reads
-  yield  # on an exception, the filters stay: the failed writes report on until exit
+  try:
+    yield
+  except BaseException:  # the filters stay: the failed writes report on until exit
+    warnings.filterwarnings(
+        "ignore", message=r"coroutine '.*' was never awaited", category=RuntimeWarning
+    )
+    raise
   sys.unraisablehook = hook
   for logger in loggers:
     logger.removeFilter(_drop_failed_save_logs)
