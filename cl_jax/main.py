@@ -37,7 +37,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from cl_jax import train
-from cl_jax.runtime import cli, distributed_startup, stop_requests
+from cl_jax.runtime import cli, distributed_startup, logs, stop_requests
 from cl_jax.runtime.errors import UsageError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -150,6 +150,9 @@ def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  # orbax's warning when a save waited for the previous one (a slow disk or a loaded machine)
+  # is advice on the checkpoint cadence, not a fault, and would break a stop's one line.
+  logs.drop("Waiting for previous save to complete took")
   explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   with cli.report(train.TrainingDiverged):
     stop_signal = _signal_number(_STOP_SIGNAL.value)

@@ -1,5 +1,5 @@
-"""Test-wide settings: 8 simulated CPU devices, a private Trifeature cache, a compilation cache
-shared by the session and its subprocesses, and the repository on sys.path.
+"""Test-wide settings: 8 simulated CPU devices, private caches shared by the session, its
+pytest-xdist workers and their subprocesses, and the repository on sys.path.
 
 Tests that are not about sharding build their mesh over one device; the
 8 devices serve the one-device-vs-many equivalence tests.
@@ -7,7 +7,12 @@ The device count is set through jax.config, not XLA_FLAGS, so subprocesses
 (the end-to-end runs) start with the machine's own single CPU device.
 """
 
+import atexit
+import fcntl
+import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -15,26 +20,105 @@ import jax
 import pytest
 
 jax.config.update("jax_num_cpu_devices", 8)
-# JAX's persistent compilation cache, one per test session: the many tests and subprocess runs
-# that compile the same tiny train step compile it once (cl_jax itself sets no cache).
-_COMPILATION_CACHE = tempfile.mkdtemp(prefix="cl_jax_test_xla_cache_")
+
+# One private directory per test run, made by the process pytest was started as and inherited
+# by its xdist workers (they start after this module is imported there), removed at its exit:
+#   xla_cache/  JAX's persistent compilation cache. Every compiled function is written (no
+#               minimum compile time), so the many subprocess runs of the same tiny config
+#               read their ~100 small functions and their train step instead of compiling
+#               them again (cl_jax itself sets no cache). No size limit: a limit makes JAX
+#               list and stat the whole cache at every write.
+#   cl_jax/     $CL_JAX_CACHE: Trifeature renders and random-init probe baselines, not the
+#               user's cache.
+_RUN_DIR_ENV = "CL_JAX_TEST_RUN_DIR"
+if not os.environ.get(_RUN_DIR_ENV):
+  os.environ[_RUN_DIR_ENV] = tempfile.mkdtemp(prefix="cl_jax_test_")
+  atexit.register(shutil.rmtree, os.environ[_RUN_DIR_ENV], True)
+RUN_DIR = os.environ[_RUN_DIR_ENV]
+_COMPILATION_CACHE = os.path.join(RUN_DIR, "xla_cache")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _COMPILATION_CACHE
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+os.environ["CL_JAX_CACHE"] = os.path.join(RUN_DIR, "cl_jax")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from tests import suite_profile, tiny_run  # noqa: E402
 
-@pytest.fixture(scope="session", autouse=True)
-def _private_cache(tmp_path_factory):
-  """Trifeature renders go to a per-session directory, not the user's cache."""
-  old = os.environ.get("CL_JAX_CACHE")
-  os.environ["CL_JAX_CACHE"] = str(tmp_path_factory.mktemp("cl_jax_cache"))
-  yield
-  if old is None:
-    os.environ.pop("CL_JAX_CACHE", None)
-  else:
-    os.environ["CL_JAX_CACHE"] = old
+
+class _SuiteProfile:
+  """With CL_JAX_SUITE_PROFILE=<dir>: one line per test in <dir>/tests.jsonl (its phases'
+  seconds and in-process compilation counts), and its Python subprocesses profiled (see
+  tests/suite_profile.py)."""
+
+  def __init__(self, out_dir):
+    self.out_dir = out_dir
+    self.phases = {}
+    os.makedirs(out_dir, exist_ok=True)
+    site = suite_profile.SITE
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+    suite_profile.listen()
+
+  def pytest_runtest_logreport(self, report):
+    phases = self.phases.setdefault(report.nodeid, {})
+    phases[report.when] = report.duration
+    phases[f"{report.when}_outcome"] = report.outcome
+
+  @pytest.hookimpl(wrapper=True)
+  def pytest_runtest_protocol(self, item, nextitem):
+    before = dict(suite_profile.COUNTS)
+    result = yield
+    record = {"test": item.nodeid, **self.phases.pop(item.nodeid, {})}
+    record.update({k: suite_profile.COUNTS[k] - before[k] for k in before})
+    with open(os.path.join(self.out_dir, "tests.jsonl"), "a") as f:
+      f.write(json.dumps(record) + "\n")
+    return result
+
+
+def pytest_configure(config):
+  if os.environ.get(suite_profile.ENV):
+    config.pluginmanager.register(_SuiteProfile(os.environ[suite_profile.ENV]))
+
+
+@pytest.fixture(scope="session")
+def finished_run() -> subprocess.CompletedProcess:
+  """The shared finished tiny run (tests/tiny_run.py FINISHED), trained once per test run and
+  by one xdist worker (the others wait on a lock and read what it left): its CompletedProcess,
+  with `.args` the command and the workdir in `.workdir`. Read-only: a test that writes into a
+  run takes `finished_run_copy`."""
+  workdir = os.path.join(RUN_DIR, "finished_run")
+  with open(os.path.join(RUN_DIR, "finished_run.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    done = os.path.join(RUN_DIR, "finished_run.json")
+    if not os.path.exists(done):
+      command = tiny_run.command(workdir, tiny_run.FINISHED)
+      proc = subprocess.run(
+          command, cwd=ROOT, env=tiny_run.env(), capture_output=True, text=True, timeout=900
+      )
+      with open(done, "w") as f:
+        json.dump(
+            {
+                "args": command,
+                "returncode": proc.returncode,
+                "stdout": proc.stdout,
+                "stderr": proc.stderr,
+            },
+            f,
+        )
+    with open(done) as f:
+      record = json.load(f)
+  proc = subprocess.CompletedProcess(**record)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc.workdir = workdir
+  return proc
+
+
+@pytest.fixture
+def finished_run_copy(finished_run, tmp_path) -> str:
+  """A copy of the shared finished run's workdir in the test's own tmp_path (its path)."""
+  return shutil.copytree(finished_run.workdir, tmp_path / "run")

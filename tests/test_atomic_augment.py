@@ -105,6 +105,7 @@ def test_rotation_matches_np_rot90():
     np.testing.assert_array_equal(out[i], np.rot90(images[i], i))
 
 
+@pytest.mark.slow
 def test_rotation_is_applied_last():
   """rot90 after the other ops; before the (not rotation-equivariant) random convolution it
   would differ."""
@@ -121,6 +122,7 @@ def test_rotation_is_applied_last():
   assert np.abs(rotated_first[0] - rotated[0]).max() > 0.1
 
 
+@pytest.mark.slow
 def test_sampled_rotation_frequencies():
   n = 20000
   spec = dataclasses.replace(photometric.PhotometricSpec(), rotation_prob=0.5)
@@ -144,6 +146,7 @@ def test_rotation_needs_square_images():
 # ---------------------------------------------------------------- texture randomisation
 
 
+@pytest.mark.slow
 def test_random_conv_matches_numpy():
   images = random_images(seed=7)
   kernels = texture_kernels()
@@ -208,6 +211,7 @@ def test_texture_keeps_a_constant_image():
   np.testing.assert_allclose(apply(images, params, TEXTURE), images, atol=5e-6)  # float32 mean
 
 
+@pytest.mark.slow
 def test_sampled_texture_kernels():
   n = 4000
   p = sampled(10, dataclasses.replace(photometric.PhotometricSpec(), texture_prob=0.5), n)
@@ -319,6 +323,7 @@ def test_share_errors_and_disabled_groups():
   assert copy == plain and copy is not plain
 
 
+@pytest.mark.slow
 def test_share_under_jit():
   @functools.partial(jax.jit, static_argnames="group")
   def key_view(rng_q, rng_k, images, group):
@@ -379,6 +384,7 @@ def aug_plus_apply(images, params, radius):
 @pytest.mark.parametrize(
     "spec", [photometric.PhotometricSpec(), FIXTURE_SPEC], ids=["defaults", "fixture_spec"]
 )
+@pytest.mark.slow
 def test_new_ops_off_reproduce_the_moco_pipeline_bit_for_bit(spec):
   images = random_images(seed=28)
   radius = photometric.blur_radius(SIZE, SIZE, spec)

@@ -49,6 +49,7 @@ def _tiny_config():
   return c
 
 
+@pytest.mark.slow
 def test_folder_holds_the_requested_decodable_imagenet_sized_jpegs(folder):
   names = jpeg_folder.class_names()
   assert sorted(os.listdir(folder)) == sorted([*names, jpeg_folder.MANIFEST])
@@ -186,6 +187,7 @@ def test_pipeline_of_reduced_decoding_gives_views_of_the_view_size(folder):
   assert batch["view1"].dtype == np.uint8 and batch["box1"].shape == (16, 4)
 
 
+@pytest.mark.slow
 def test_measure_times_pipeline_and_loops_and_prints_the_ratio(folder):
   c = _tiny_config()
   mesh = parallel.make_mesh(jax.devices()[:1])

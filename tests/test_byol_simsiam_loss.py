@@ -139,6 +139,7 @@ def test_byol_ns_gradient_matches_numpy_finite_differences():
   np.testing.assert_allclose(g_p, numeric, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_byol_ns_loss_measures_the_ns_term_from_the_anchor():
   """With positive extrapolation the BYOL step passes the extrapolated pair as (p, z) and
   the original prediction as the anchor of Eq. 2's NS term (Zhu et al. App. E.2)."""

@@ -166,6 +166,7 @@ def test_tfds_dataset_needs_data_dir():
     config_check.validate(c)
 
 
+@pytest.mark.slow
 def test_cli_rejects_bad_value_before_training(tmp_path):
   workdir = tmp_path / "run"
   proc = subprocess.run(

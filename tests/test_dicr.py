@@ -73,6 +73,7 @@ def test_h_n_from_eq3_is_the_mean_over_the_non_overlap_region():
   np.testing.assert_allclose(h_n[0], f[~inside].mean(0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_region_representations_match_numpy_on_a_random_map():
   rng = np.random.default_rng(1)
   f = rng.normal(size=(3, 4, 4, 6)).astype(np.float32)
@@ -118,6 +119,7 @@ def test_eq7_replaced_similarities_pass_no_gradient_even_from_zero_vectors():
 
 @pytest.mark.parametrize("constant_positive", [None, 0.7])
 @pytest.mark.parametrize("tau", [0.05, 0.5])
+@pytest.mark.slow
 def test_loss_matches_numpy(constant_positive, tau):
   rng = np.random.default_rng(2)
   h = rng.normal(size=(6, 4, 5)).astype(np.float32)
@@ -156,6 +158,7 @@ def _loss_and_grads(boxes1, boxes2, tau=0.1):
   return out1, out2, loss, stats, grads
 
 
+@pytest.mark.slow
 def test_disjoint_views_repel_their_whole_representations():
   out1, out2, loss, stats, grads = _loss_and_grads([[0, 0, 10, 10]], [[10, 0, 20, 10]], tau=1.0)
   # sim(o1, o2) = 1, the {o, n} pairs 0, and {n1, n2} = cos(h1, h2) of the whole views.
@@ -284,6 +287,7 @@ def test_the_fields_of_a_switched_off_addon_may_change():
     run_config.check_resume(on, longer_on, step=8, workdir="w", allow_change=True)
 
 
+@pytest.mark.slow
 def test_icr_adds_a_region_head_that_the_probe_cache_ignores():
   c = dicr_config.get_config("simclr")
   c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)

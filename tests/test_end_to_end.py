@@ -8,6 +8,7 @@ diverging run stops before saving, and its advice resumes it.
 import glob
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -54,10 +55,10 @@ def _steps(workdir) -> list[int]:
   )
 
 
-def test_pretrain_then_probe_report(tmp_path):
-  workdir = tmp_path / "run"
-  proc = _run(workdir, "--config.optim.epochs=2", "--config.train.checkpoint_every=4")
-  assert proc.returncode == 0, proc.stderr[-3000:]
+def test_pretrain_then_probe_report(finished_run, finished_run_copy):
+  """The shared finished run (tests/tiny_run.py FINISHED): 16 steps, checkpoints every 4, the
+  kNN monitor every 8, the fast probe at the end; then the paper probe on its step 12."""
+  workdir, proc = pathlib.Path(finished_run.workdir), finished_run
   records = metrics.read_metrics(str(workdir))  # the probe's row merged into step 16's
   assert [r["step"] for r in records] == list(range(1, 17))  # 256 // 32 * 2 epochs
   assert {"loss", "probe/fast/shape/top1"} <= set(records[-1])
@@ -113,7 +114,7 @@ def test_pretrain_then_probe_report(tmp_path):
           sys.executable,
           "-m",
           "cl_jax.probe",
-          f"--workdir={workdir}",
+          f"--workdir={finished_run_copy}",
           "--step=12",
           "--protocol=paper",
           "--baseline=false",
@@ -124,7 +125,7 @@ def test_pretrain_then_probe_report(tmp_path):
       timeout=600,
   )
   assert paper.returncode == 0, paper.stderr[-3000:]
-  report = json.loads((workdir / "probe_step12_paper.json").read_text())
+  report = json.loads((finished_run_copy / "probe_step12_paper.json").read_text())
   assert report["step"] == 12 and report["protocol"] == "paper" and "random_init" not in report
   assert set(report["accuracy"]) == {"shape", "texture", "colour"}
 

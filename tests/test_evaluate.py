@@ -112,6 +112,7 @@ def _stderr_of(module: str, *args: str) -> str:
         (["--suite=fewshot"], "--suite is now --evaluator: python -m cl_jax.evaluate"),
     ],
 )
+@pytest.mark.slow
 def test_the_command_reports_in_one_line(tmp_path, args, message):
   stderr = _stderr_of("cl_jax.evaluate", f"--workdir={tmp_path}", *args)
   assert stderr.startswith("error:") and message in stderr

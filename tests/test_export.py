@@ -161,36 +161,25 @@ def test_a_backbone_without_conv5_is_refused():
     torchvision_state_dict(variables["params"], variables["batch_stats"], 18)
 
 
-# A tiny run exported in both formats.
+# The shared finished tiny run (tests/tiny_run.py FINISHED, checkpoints at steps 12 and 16)
+# exported in both formats, each test on its own copy (the export goes into the workdir).
 
 
-@pytest.fixture(scope="module")
-def tiny_workdir(tmp_path_factory):
-  """A finished tiny pretraining run (tests/tiny_run.py): 8 steps, a checkpoint at step 8."""
-  workdir = tmp_path_factory.mktemp("export") / "run"
-  cmd = [sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}", *tiny_run.FLAGS]
-  extra = ["--config.optim.epochs=1", "--config.eval.every=0", "--probe=false"]
-  proc = subprocess.run(
-      [*cmd, *extra], cwd=ROOT, capture_output=True, text=True, timeout=600, env=tiny_run.env()
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return str(workdir)
-
-
-def _restored(workdir: str):
-  """(encoder, step, variables) of the run's latest checkpoint."""
+def _restored(workdir: str, step: int | None = None):
+  """(encoder, step, variables) of the run's checkpoint `step` (default: the latest)."""
   config = run_config.read(workdir)
   encoder = encoder_for(config)
-  step, variables = export.restore_online(config, encoder, workdir)
+  step, variables = export.restore_online(config, encoder, workdir, step)
   return encoder, step, variables
 
 
 @pytest.mark.slow
-def test_torchvision_export_of_a_run(tiny_workdir):
-  result = export.export(tiny_workdir, "torchvision")
-  path = os.path.join(tiny_workdir, "export", "backbone_step8.safetensors")
-  assert result["path"] == path and result["step"] == 8
-  encoder, _, variables = _restored(tiny_workdir)
+def test_torchvision_export_of_a_run(finished_run_copy):
+  workdir = str(finished_run_copy)
+  result = export.export(workdir, "torchvision")
+  path = os.path.join(workdir, "export", "backbone_step16.safetensors")
+  assert result["path"] == path and result["step"] == 16
+  encoder, _, variables = _restored(workdir)
   params, stats = variables["params"]["backbone"], variables["batch_stats"]["backbone"]
   loaded = safetensors.numpy.load_file(path)
   assert result["tensors"] == len(loaded) == len(_torchvision_shapes(18, 8, 3))
@@ -210,20 +199,21 @@ def test_torchvision_export_of_a_run(tiny_workdir):
       "arch": "resnet18",
       "stem": "cifar",
       "width_multiplier": "0.125",
-      "step": "8",
+      "step": "16",
   }
   assert json.loads(metadata["mean"]) == [0.485, 0.456, 0.406]
   assert json.loads(metadata["std"]) == [0.229, 0.224, 0.225]
-  assert metadata["workdir"] == os.path.abspath(tiny_workdir)
-  assert os.listdir(os.path.dirname(path)) == ["backbone_step8.safetensors"]
+  assert metadata["workdir"] == os.path.abspath(workdir)
+  assert os.listdir(os.path.dirname(path)) == ["backbone_step16.safetensors"]
 
 
 @pytest.mark.slow
-def test_flax_export_of_a_run_gives_the_encoders_features(tiny_workdir, tmp_path):
+def test_flax_export_of_a_run_gives_the_encoders_features(finished_run, tmp_path):
+  """Step 12, not the latest, written outside the workdir (so the shared run is read only)."""
   out = str(tmp_path / "backbone.msgpack")
-  result = export.export(tiny_workdir, "flax", step=8, out=out)
+  result = export.export(finished_run.workdir, "flax", step=12, out=out)
   assert result["path"] == out
-  encoder, _, variables = _restored(tiny_workdir)
+  encoder, _, variables = _restored(finished_run.workdir, 12)
   with open(out, "rb") as f:
     restored = flax.serialization.msgpack_restore(f.read())
   backbone = {k: variables[k]["backbone"] for k in ("params", "batch_stats")}
@@ -231,7 +221,7 @@ def test_flax_export_of_a_run_gives_the_encoders_features(tiny_workdir, tmp_path
   assert result["tensors"] == len(jax.tree.leaves(restored))
   with open(f"{out}.json") as f:
     sidecar = json.load(f)
-  assert sidecar["format"] == "flax" and sidecar["step"] == 8 and sidecar["stages"] == 4
+  assert sidecar["format"] == "flax" and sidecar["step"] == 12 and sidecar["stages"] == 4
   module = ResNet(
       depth=sidecar["depth"],
       stem=sidecar["stem"],
@@ -247,9 +237,10 @@ def test_flax_export_of_a_run_gives_the_encoders_features(tiny_workdir, tmp_path
 
 
 @pytest.mark.slow
-def test_the_command_prints_what_it_wrote(tiny_workdir):
+def test_the_command_prints_what_it_wrote(finished_run_copy):
+  workdir = str(finished_run_copy)
   proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.export", f"--workdir={tiny_workdir}", "--format=flax"],
+      [sys.executable, "-m", "cl_jax.export", f"--workdir={workdir}", "--format=flax"],
       cwd=ROOT,
       capture_output=True,
       text=True,
@@ -257,8 +248,8 @@ def test_the_command_prints_what_it_wrote(tiny_workdir):
       env=tiny_run.env(),
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  path = os.path.join(tiny_workdir, "export", "backbone_step8.msgpack")
-  assert f"wrote {path} (flax, step 8): 100 tensors, 175,752 parameters" in proc.stdout
+  path = os.path.join(workdir, "export", "backbone_step16.msgpack")
+  assert f"wrote {path} (flax, step 16): 100 tensors, 175,752 parameters" in proc.stdout
 
 
 # Equality with torchvision.
@@ -318,6 +309,7 @@ def test_loocpp_is_refused_for_torchvision_only(tmp_path):
     export.export(str(tmp_path), "flax")
 
 
+@pytest.mark.slow
 def test_the_command_reports_bad_input_in_one_line(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "cl_jax.export", f"--workdir={tmp_path}", "--format=onnx"],

@@ -295,6 +295,7 @@ def test_siamese_extrapolation_normalizes_then_mixes():
 
 
 @pytest.mark.parametrize("a,b", [(2.0, 2.0), (1.6, 1.6), (2.0, 1.0), (5.0, 2.0)])
+@pytest.mark.slow
 def test_beta_sampling_moments(a, b):
   n = 20000
   x = np.asarray(ft.sample_coefficient(jax.random.key(0), a, b, (n,)), np.float64)
@@ -317,6 +318,7 @@ def test_sample_coefficient_shapes_and_errors():
     ft.sample_coefficient(jax.random.key(1), 2.0, -1.0, ())
 
 
+@pytest.mark.slow
 def test_negative_coefficient_follows_eq5_and_eq7():
   """Interpolation mu ~ Beta(a_in, a_in) (Eq. 5); extrapolation mu ~ 1 + Beta(a_ex, a_ex)
   (App. G.1, Eq. 7). a_in = 0.05 puts the Beta mass near 0 and 1; a_ex = 500 near 0.5."""
@@ -329,6 +331,7 @@ def test_negative_coefficient_follows_eq5_and_eq7():
     ft.negative_coefficient(rng, "hard", 1.0, 1.0, ())
 
 
+@pytest.mark.slow
 def test_positive_interpolation_draws_lam_in_0_1_and_raises_the_positive_score():
   key = jax.random.key(3)
   extrapolate = np.asarray(ft.positive_coefficient(key, 2.0, False, (500,)))

@@ -158,6 +158,7 @@ def test_negative_extrapolation_draws_its_coefficient_from_alpha_ex():
   np.testing.assert_allclose(stats["neg_var"], want, rtol=0.2)
 
 
+@pytest.mark.slow
 def test_positive_extrapolation_lowers_the_positive_score():
   rng = np.random.default_rng(1)
   q, k, queue = _unit(rng, B, DIM), _unit(rng, B, DIM), _unit(rng, K, DIM)
@@ -175,6 +176,7 @@ def test_positive_extrapolation_lowers_the_positive_score():
         ("hard", True, "sample_dimension", True),
     ],
 )
+@pytest.mark.slow
 def test_before_the_start_epoch_the_loss_is_bit_identical_to_ft_off(ft_key):
   rng = np.random.default_rng(2)
   args = [

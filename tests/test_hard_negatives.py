@@ -131,6 +131,7 @@ def test_gradients_match_finite_differences_and_masked_entries_get_none(beta, ta
 
 
 @pytest.mark.parametrize("temperature", [0.5, 0.1])
+@pytest.mark.slow
 def test_uniform_weights_without_debiasing_is_nt_xent(temperature):
   rng = np.random.default_rng(3)
   pos, neg, mask = _simclr_logits(rng, 6, 5, temperature)

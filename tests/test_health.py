@@ -69,6 +69,7 @@ def test_alignment_matches_explicit_norms(alpha):
 
 
 @pytest.mark.parametrize("t", [1.0, 2.0, 5.0])
+@pytest.mark.slow
 def test_uniformity_matches_a_loop_over_distinct_pairs(t):
   z = _random(4, 10, 6)
   u = _unit_np(z)
@@ -78,6 +79,7 @@ def test_uniformity_matches_a_loop_over_distinct_pairs(t):
   np.testing.assert_allclose(health.uniformity(_f32(z), t), want, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_batch_of_one_repeated_vector_is_collapsed():
   rng = np.random.default_rng(5)
   z = _f32(np.tile(rng.normal(size=(1, 16)), (32, 1)))
@@ -114,6 +116,7 @@ def test_embedding_health_keys_and_values():
   )
 
 
+@pytest.mark.slow
 def test_embedding_health_passes_no_gradient():
   za, zb = _f32(_random(10, 8, 4)), _f32(_random(11, 8, 4))
   grads = jax.grad(lambda a, b: sum(health.embedding_health(a, b).values()), argnums=(0, 1))(za, zb)
@@ -130,6 +133,7 @@ def _thresholds():
   return c.min_std_sqrt_d, c.min_rank
 
 
+@pytest.mark.slow
 def test_collapse_warning_names_the_signals_of_a_collapsed_batch():
   rng = np.random.default_rng(12)
   z = rng.normal(size=(1, 64)) + 1e-3 * rng.normal(size=(128, 64))

@@ -101,6 +101,7 @@ def test_looc_loss_rejects_keys_of_the_wrong_shape():
     looc.looc_loss(q, k[:, :, :2], queue, T, mesh)
 
 
+@pytest.mark.slow
 def test_key_view_i_copies_exactly_augmentation_i_from_the_query():
   spec = photometric.PhotometricSpec(rotation_prob=0.5, texture_prob=0.5)
   groups = ("colour", "rotation", "texture")

@@ -228,6 +228,7 @@ def test_group_normalise_gradients_match_numpy_central_differences(groups):
   )
 
 
+@pytest.mark.slow
 def test_group_normalise_gradients_in_bfloat16_within_rounding():
   """bfloat16 input and output: the input gradient comes back in bfloat16 and agrees with
   the float64 central differences at bfloat16's precision; scale and bias stay float32."""
@@ -267,6 +268,7 @@ def test_group_normalise_equals_autodiff_of_the_plain_formula():
 
 
 @pytest.mark.parametrize('groups', [1, 8])
+@pytest.mark.slow
 def test_group_normalise_gradients_on_8_devices_equal_one_device(groups):
   """The batch sharded over 8 devices (one group per device, or one group over all of them)
   gives the one-device output, statistics and gradients."""
@@ -282,6 +284,7 @@ def test_group_normalise_gradients_on_8_devices_equal_one_device(groups):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_relu_forward_and_gradient_equal_jax_nn_relu():
   """The output-only ReLU: same values and gradient as jax.nn.relu, zeros and signs included."""
   x = jnp.asarray([[-2.0, -0.0, 0.0, 1e-30, 3.0], [5.0, -1e-30, 0.5, -7.0, 2.0]], jnp.float32)
@@ -313,6 +316,7 @@ def _shapes(module, size, batch=2):
 
 
 @pytest.mark.parametrize('module, expected', [(ResNet50(), 23_508_032), (ResNet18(), 11_176_512)])
+@pytest.mark.slow
 def test_parameter_count_matches_torchvision(module, expected):
   """torchvision resnet50 / resnet18 parameter counts without the 1000-way fc layer."""
   _, variables = _shapes(module, 32, batch=1)
@@ -370,6 +374,7 @@ def test_resnet_float32_and_bfloat16_forward():
 
 
 @pytest.mark.parametrize('kind, planes, in_channels', [('basic', 8, 8), ('bottleneck', 4, 16)])
+@pytest.mark.slow
 def test_zero_init_residual_block_starts_as_identity(kind, planes, in_channels):
   """With the last BN scale at zero, relu(0 + x) = x for a non-negative input."""
   x = jax.nn.relu(jax.random.normal(_key(2), (4, 6, 6, in_channels)))

@@ -314,6 +314,7 @@ def test_to_float_and_normalize():
   )
 
 
+@pytest.mark.slow
 def test_augment_batch_runs_under_jit():
   images = np.random.default_rng(5).integers(0, 256, (B, SIZE, SIZE, 3), dtype=np.uint8)
   augment = jax.jit(photometric.augment_batch, static_argnames="spec")

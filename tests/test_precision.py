@@ -53,6 +53,7 @@ def lowered():
   return {dtype: _lowered_step(dtype) for dtype in ("bfloat16", "float32")}
 
 
+@pytest.mark.slow
 def test_every_convolution_of_the_bf16_step_runs_in_bf16(lowered):
   convs = {d: _CONV.findall(text) for d, (text, _) in lowered.items()}
   # ResNet-18 has 20 convolutions: the query forward (20), its kernel gradients (20) and

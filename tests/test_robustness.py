@@ -319,6 +319,7 @@ class _Expected:
     return images, wnids, float(np.mean(correct)), matters
 
 
+@pytest.mark.slow
 def test_suite_on_mocked_datasets_matches_numpy(tmp_path, imagenet):
   rng = np.random.default_rng(0)
   data_dir, workdir, folder = tmp_path / "data", tmp_path / "run", tmp_path / "stylized"

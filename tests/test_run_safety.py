@@ -6,9 +6,11 @@ them)."""
 import glob
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
+import types
 
 import jax
 import ml_collections
@@ -24,7 +26,8 @@ from configs import mocov2_patchns
 from tests import tiny_run
 from tests.conftest import ROOT
 
-EXTRA = ("--config.optim.epochs=2", "--config.train.checkpoint_every=4", "--probe=false")
+# The shared finished run's flags after tiny_run.FLAGS (its config), without its probe.
+EXTRA = (*tiny_run.FINISHED[len(tiny_run.FLAGS) :], "--probe=false")
 
 
 def _run(workdir, *extra, cwd=ROOT):
@@ -57,13 +60,11 @@ def _snapshot(workdir) -> dict[str, bytes]:
   return out
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-  """A finished tiny run: 16 steps, checkpoints at 12 and 16, one metrics row per step."""
-  workdir = tmp_path_factory.mktemp("runs") / "base"
-  proc = _run(workdir, *EXTRA)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return workdir
+@pytest.fixture
+def finished(finished_run) -> pathlib.Path:
+  """The shared finished tiny run (tests/tiny_run.py FINISHED): 16 steps, checkpoints at 12
+  and 16, one training row per step. Read only: the tests copy it."""
+  return pathlib.Path(finished_run.workdir)
 
 
 # The resume rule, on configs (no training).
@@ -148,9 +149,9 @@ def test_tuple_fields_read_back_as_tuples(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_changed_config_and_touches_nothing(finished_run, tmp_path):
+def test_resume_refuses_a_changed_config_and_touches_nothing(finished, tmp_path):
   workdir = tmp_path / "run"
-  shutil.copytree(finished_run, workdir)
+  shutil.copytree(finished, workdir)
   before = _snapshot(workdir)
   refused = _run(
       workdir, *EXTRA, "--config.moco.temperature=0.5", "--config.model.width_multiplier=0.25"
@@ -158,7 +159,7 @@ def test_resume_refuses_a_changed_config_and_touches_nothing(finished_run, tmp_p
   line = _error_line(refused)
   assert "moco.temperature: 0.2 -> 0.5" in line and "model.width_multiplier: 0.125 -> 0.25" in line
   assert "another --workdir" in line
-  longer = ("--config.optim.epochs=3", "--config.train.checkpoint_every=4", "--probe=false")
+  longer = [f.replace("optim.epochs=2", "optim.epochs=3") for f in EXTRA]
   line = _error_line(_run(workdir, *longer))
   assert "optim.epochs: 2 -> 3" in line and "--allow_config_change" in line
   assert _snapshot(workdir) == before  # neither attempt changed a byte
@@ -169,7 +170,8 @@ def test_resume_refuses_a_changed_config_and_touches_nothing(finished_run, tmp_p
   assert run_config.read(workdir).optim.epochs == 3
   assert json.loads((workdir / "config.step0.json").read_text())["optim"]["epochs"] == 2
   assert json.loads((workdir / "config.step16.json").read_text())["optim"]["epochs"] == 3
-  assert [r["step"] for r in metrics.read_jsonl(workdir / "metrics.jsonl")] == list(range(1, 25))
+  rows = metrics.read_jsonl(workdir / "metrics.jsonl")
+  assert [r["step"] for r in rows if "loss" in r] == list(range(1, 25))  # not the probe's row
 
 
 def test_failed_start_leaves_the_stored_config(tmp_path):
@@ -209,9 +211,9 @@ DAMAGE = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished_run, tmp_path, damage):
+def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished, tmp_path, damage):
   workdir = tmp_path / "run"
-  shutil.copytree(finished_run, workdir)
+  shutil.copytree(finished, workdir)
   DAMAGE[damage](str(workdir / "checkpoints" / "16"))
   proc = _run(workdir, *EXTRA)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -229,7 +231,8 @@ def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished_run, tmp_path
   assert sorted(os.listdir(workdir / "checkpoints")) == ["12", "16"]
   # Steps 13-16 ran again from step 12: one row each, equal to the first run's.
   rows = metrics.read_jsonl(workdir / "metrics.jsonl")
-  first = {r["step"]: r["loss"] for r in metrics.read_jsonl(finished_run / "metrics.jsonl")}
+  rows_before = metrics.read_jsonl(finished / "metrics.jsonl")
+  first = {r["step"]: r["loss"] for r in rows_before if "loss" in r}  # not the probe's row
   assert [r["step"] for r in rows] == list(range(1, 17))
   assert {r["step"]: r["loss"] for r in rows} == first
 
@@ -292,7 +295,7 @@ def test_only_bad_input_becomes_one_line():
 
 
 @pytest.mark.slow
-def test_probe_reads_only_the_encoder_variables(finished_run, tmp_path, monkeypatch):
+def test_probe_reads_only_the_encoder_variables(finished, tmp_path, monkeypatch):
   """The probe needs the online encoder's params and batch statistics, and the probe
   splits: it neither opens the pretraining split nor restores the optimizer or queue. Its
   accuracies join the run's metrics at the checkpoint's step and its classifier is saved."""
@@ -308,7 +311,7 @@ def test_probe_reads_only_the_encoder_variables(finished_run, tmp_path, monkeypa
 
   monkeypatch.setattr(sources, "open_source", open_source)
   workdir = tmp_path / "run"
-  shutil.copytree(finished_run, workdir)
+  shutil.copytree(finished, workdir)
   (report,) = registry.evaluate(str(workdir), ("linear_probe",), baseline=False)
   assert report["step"] == 16 and "pretrain" not in opened
   row = metrics.read_metrics(str(workdir))[-1]
@@ -317,7 +320,45 @@ def test_probe_reads_only_the_encoder_variables(finished_run, tmp_path, monkeypa
     assert row[f"probe/fast/{label}/top1"] == acc["top1"]
   saved = linear_classifier.LinearClassifier.load(workdir / "probe_step16_fast_classifier.npz")
   assert set(saved.weights) == set(report["accuracy"])
-  manager = checkpoint.make_manager(str(finished_run), read_only=True)
-  template = jax.eval_shape(features.setup(run_config.read(finished_run)).init_variables)
+  manager = checkpoint.make_manager(str(finished), read_only=True)
+  template = jax.eval_shape(features.setup(run_config.read(finished)).init_variables)
   step, variables = checkpoint.restore_variables(manager, template)
   assert step == 16 and set(variables) == {"params", "batch_stats"}
+
+
+def test_the_summary_names_dicr_and_its_variant():
+  """The start-up summary's add-on line for DICR and for its ICR variant, from the config."""
+  from cl_jax.runtime import run_summary
+  from configs import dicr as dicr_config
+
+  c = dicr_config.get_config("simclr")
+  d = c.dicr
+  tail = (
+      f"lambda {d.weight} reached at epoch {d.warmup_epochs}, tau {d.temperature}, "
+      f"epsilon {d.epsilon_area} px)"
+  )
+  assert f"intra-image regularisation (DICR, {tail}" in run_summary.addons(c)
+  c.dicr.variant, c.dicr.icr_layers = "icr", 2
+  assert f"intra-image regularisation (ICR, 2-layer projector, {tail}" in run_summary.addons(c)
+  c.dicr.enabled = False
+  assert not any("intra-image" in line for line in run_summary.addons(c))
+
+
+def test_aborted_read_leftovers_are_dropped_and_the_rest_reported(monkeypatch):
+  """The unraisable hook of a failed restore drops "Event loop is closed" and what orbax's
+  read coroutines leave, and hands anything else to Python's default hook."""
+  from cl_jax.runtime import checkpoint
+
+  reported = []
+  monkeypatch.setattr(sys, "__unraisablehook__", reported.append)
+  closed = types.SimpleNamespace(exc_value=RuntimeError("Event loop is closed"), object=None)
+  orbax_read = types.SimpleNamespace(
+      exc_value=OSError("read"),
+      object=types.SimpleNamespace(
+          cr_code=types.SimpleNamespace(co_filename=f"{os.sep}orbax{os.sep}x.py")
+      ),
+  )
+  other = types.SimpleNamespace(exc_value=ValueError("a bug"), object=None)
+  for unraisable in (closed, orbax_read, other):
+    checkpoint._quiet_aborted_reads(unraisable)
+  assert reported == [other]

@@ -259,6 +259,7 @@ def test_every_add_on_off_is_bit_identical_to_nt_xent():
 
 
 @pytest.mark.parametrize("ft_key,with_others", [(FT_INTERPOLATE, False), (FT_UNION, True)])
+@pytest.mark.slow
 def test_inactive_feature_transformation_is_bit_identical_to_off(ft_key, with_others):
   # Before ft.start_epoch (step 0 < start step 1) the loss is FT off's bit for bit;
   # statistics and gradients to float32 rounding (summed in another order).
@@ -343,6 +344,7 @@ def test_feature_transformation_matches_numpy(ft_key):
   assert float(stats["pos_mean"]) < _np_loss(z1, z2)[1]["pos_mean"] - 1e-3
 
 
+@pytest.mark.slow
 def test_all_add_ons_but_hcl_combine():
   # NS + IFM + FT with negative extrapolation, the union, per-dimension
   # coefficients and re-normalisation; the statistics pool the union's negatives.
@@ -418,6 +420,7 @@ def test_statistics_over_the_first_view_one_anchors(score_queries, rows):
     assert abs(float(stats["neg_var"]) - everything["neg_var"]) > 1e-4
 
 
+@pytest.mark.slow
 def test_batch_sharded_over_eight_devices_matches_numpy():
   # One pair per device: the permutation's gather and the similarity matrix cross
   # shards. Negative interpolation alone, with NS and IFM.

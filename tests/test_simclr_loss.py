@@ -181,6 +181,7 @@ def test_large_logits_stay_finite():
   assert np.all(np.isfinite(g1)) and np.all(np.isfinite(g2))
 
 
+@pytest.mark.slow
 def test_batch_sharded_over_eight_devices_gives_the_same_loss_and_gradients():
   rng = np.random.default_rng(6)
   b, dim = 16, 8

@@ -122,6 +122,7 @@ def _fake_trainer(calls: list):
   return train
 
 
+@pytest.mark.slow
 def test_records_are_read_not_retrained_and_more_seeds_are_added(tmp_path):
   work, results, calls = str(tmp_path / "runs"), str(tmp_path / "results"), []
   run = lambda seeds: study.run(
@@ -299,6 +300,7 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
   assert "| not run yet | 0 of 8 |" in empty
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path):
   calls, trainer = [], None
 

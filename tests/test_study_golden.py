@@ -8,6 +8,7 @@ runner looks for them, the runner is run with a stand-in for training, and its t
 compared with the old ones byte for byte.
 """
 
+import pytest
 from etils import epath
 
 from cl_jax.analysis import study, study_records
@@ -46,6 +47,7 @@ def _table(text: bytes) -> bytes:
   return text[text.index(b"\n| run |") + 1 :]
 
 
+@pytest.mark.slow
 def test_suppression_tables_match_the_old_runner(tmp_path):
   workdir, results = tmp_path / "runs", tmp_path / "results"
   arms = {a.name: a for a in suppression.STUDY.arms}
@@ -82,6 +84,7 @@ def test_suppression_tables_match_the_old_runner(tmp_path):
   ).read_bytes()
 
 
+@pytest.mark.slow
 def test_recipe_table_matches_the_old_runner(tmp_path):
   workdir, results = tmp_path / "runs", tmp_path / "results"
   arms = {a.name: a for a in recipe.STUDY.arms}

@@ -229,6 +229,7 @@ def test_plot_draws_the_means_and_writes_a_png_of_the_stated_size(tmp_path):
     suppression_plot.plot_suppression([])
 
 
+@pytest.mark.slow
 def test_results_hold_the_standard_table_and_the_grid_figure(tmp_path):
   study.write_outputs(suppression.STUDY, _records(2), str(tmp_path))
   assert (

@@ -55,6 +55,7 @@ def test_texture_views_take_their_view_crop_and_flip():
     np.testing.assert_array_equal(small["texture1"][n], expected)
 
 
+@pytest.mark.slow
 def test_texture_images_take_their_view_photometric_parameters():
   rng = np.random.default_rng(1)
   view1, view2 = rng.integers(0, 256, (2, 6, 16, 16, 3), dtype=np.uint8)

@@ -370,6 +370,7 @@ def test_imagenet100_from_array_record_files(tmp_path):
     np.testing.assert_allclose(example["image"], 20 * index, atol=2)
 
 
+@pytest.mark.slow
 def test_cifar10_from_array_record_files_through_a_grain_worker(tmp_path):
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, size=(5, 32, 32, 3), dtype=np.uint8)

@@ -289,6 +289,7 @@ def _mock_features(ctx, variables, name):
   return out
 
 
+@pytest.mark.slow
 def test_fewshot_end_to_end_matches_numpy_prototypes(probe, data_dir, monkeypatch):
   ctx = _context(probe, data_dir, datasets="flowers102", shots="3,1", episodes=3)
   computed = []
@@ -336,6 +337,7 @@ def test_fewshot_end_to_end_matches_numpy_prototypes(probe, data_dir, monkeypatc
   assert "random init" in text and f"{100 * entry['accuracy']['3']['mean']:.2f} +- " in text
 
 
+@pytest.mark.slow
 def test_fewshot_n_way_episodes_on_cub(probe, data_dir):
   ctx = _context(probe, data_dir, datasets=["cub200"], shots=(2,), ways=2, baseline=False)
   entry = _report(fewshot, ctx)["datasets"]["cub200"]

@@ -3,6 +3,7 @@ and `python -m cl_jax.viz` on a tiny real run plus a hand-written one."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,8 +19,8 @@ from configs import default
 from tests import tiny_run
 from tests.conftest import ROOT
 
-TINY = [*tiny_run.FLAGS, "--config.optim.epochs=2", "--probe=false"]  # 16 steps
-# Layers of the TINY encoder, in the sorted order a logged metrics dict has them.
+# Layers of the tiny run's encoder (tests/tiny_run.py), in the sorted order a logged metrics
+# dict has them.
 LAYERS = ("backbone/stage1_block1/conv1", "backbone/stem_bn", "backbone/stem_conv", "head/out")
 NETWORK_ORDER = (
     "backbone/stem_conv",
@@ -27,10 +28,6 @@ NETWORK_ORDER = (
     "backbone/stage1_block1/conv1",
     "head/out",
 )
-
-
-def _env() -> dict:
-  return tiny_run.env(1)
 
 
 def test_run_labels_name_the_fields_that_differ():
@@ -191,18 +188,11 @@ def _write_run(workdir, config: dict, momentum: float, grad_norms: bool, seed: i
 
 
 @pytest.mark.slow
-def test_cli_renders_every_plot(tmp_path):
+def test_cli_renders_every_plot(finished_run, tmp_path):
+  """The shared finished tiny run (tests/tiny_run.py FINISHED, 16 steps), copied under the
+  momentum sweep's name, beside two runs written by hand."""
   real, out = tmp_path / "m099", tmp_path / "plots"
-  proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.main", f"--workdir={real}", *TINY],
-      cwd=ROOT,
-      env=_env(),
-      capture_output=True,
-      text=True,
-      timeout=300,
-      check=False,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  shutil.copytree(finished_run.workdir, real)
   # Two more runs of the momentum sweep, written by hand, without checkpoints: one with
   # per-layer gradient norms, one from before they were logged.
   config = json.loads((real / "config.json").read_text())
@@ -222,7 +212,7 @@ def test_cli_renders_every_plot(tmp_path):
           "--batches=2",
       ],
       cwd=ROOT,
-      env=_env(),
+      env=tiny_run.env(),
       capture_output=True,
       text=True,
       timeout=300,

@@ -103,6 +103,7 @@ del pending
 
 
 @pytest.mark.parametrize("outcome", ["fails", "succeeds"])
+@pytest.mark.slow
 def test_a_failed_save_leaves_no_coroutine_warning(outcome):
   out = subprocess.run(
       [sys.executable, "-c", _ABANDONED_WRITE, outcome], capture_output=True, text=True

@@ -75,3 +75,18 @@ def start(workdir, flags, processes: int = 1) -> list[subprocess.Popen]:
       )
       for c in commands
   ]
+
+
+# The finished run the read-only tests share (tests/conftest.py, fixture `finished_run`): 2 epochs
+# = 16 steps, checkpoints at steps 12 and 16, the kNN monitor at steps 8 and 16, and the fast
+# probe's report (with its random-init baseline) at step 16.
+FINISHED = [
+    *FLAGS,
+    "--config.optim.epochs=2",
+    "--config.train.checkpoint_every=4",
+    "--config.eval.every=8",
+    "--config.eval.knn_k=20",
+    "--config.probe.epochs=5",
+    "--config.probe.batch_size=64",
+    "--config.probe.decay_epochs=(3,)",
+]
