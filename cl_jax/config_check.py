@@ -10,6 +10,7 @@ import ml_collections
 from cl_jax.addons import dicr
 from cl_jax.data import photometric
 from cl_jax.evaluators import MONITORS
+from cl_jax.models import resnet
 from cl_jax.runtime.config_fields import ConfigError as ConfigError  # callers catch it here
 from cl_jax.runtime.config_fields import boolean, choice, fail, get, integer, interval, number
 from cl_jax.runtime.errors import UsageError
@@ -149,7 +150,7 @@ def _check_data(c, reads_data: bool) -> None:
 def _check_model(c) -> None:
   """The network (backbone, heads, predictor, BN) and the MoCo, SimCLR and BYOL blocks."""
   method = get(c, "method")
-  choice(c, "model.depth", (18, 50))
+  choice(c, "model.depth", resnet.DEPTHS)
   choice(c, "model.stem", ("imagenet", "cifar"))
   width = number(c, "model.width_multiplier", 0.0, 16.0, lo_open=True)
   if (64 * width) != int(64 * width) or 64 * width < 1:

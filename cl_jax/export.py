@@ -33,7 +33,7 @@ from etils import epath
 
 from cl_jax.data import photometric
 from cl_jax.models.encoder import Encoder, encoder_for
-from cl_jax.models.torchvision_export import arch_name, torchvision_state_dict
+from cl_jax.models.torchvision_export import TORCHVISION_DEPTHS, arch_name, torchvision_state_dict
 from cl_jax.runtime import checkpoint, cli, parallel, run_config, write_faults
 from cl_jax.runtime.errors import UsageError
 from cl_jax.runtime.metrics import write_atomically
@@ -128,6 +128,12 @@ def export(workdir: str, fmt: str, step: int | None = None, out: str | None = No
     raise UsageError(
         f"the backbone of {workdir} stops after conv4 (LooC++, looc.conv5_heads: each "
         "projection head has its own conv5), which torchvision's ResNet cannot hold; "
+        "use --format=flax to export it"
+    )
+  if fmt == "torchvision" and config.model.depth not in TORCHVISION_DEPTHS:
+    raise UsageError(
+        f"the backbone of {workdir} is a ResNet-{config.model.depth}, which torchvision does "
+        f"not build (it has ResNet-{' and ResNet-'.join(map(str, TORCHVISION_DEPTHS))}); "
         "use --format=flax to export it"
     )
   step, variables = restore_online(config, encoder, workdir, step)

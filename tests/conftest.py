@@ -80,6 +80,13 @@ class _SuiteProfile:
     return result
 
 
+def pytest_collection_modifyitems(config, items):
+  """The tests marked slow first, each group in its collected order: with pytest-xdist's
+  worksteal scheduling the workers then end on quick tests, and neither waits long for the
+  other to finish a slow one."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_configure(config):
   if os.environ.get(suite_profile.ENV):
     config.pluginmanager.register(_SuiteProfile(os.environ[suite_profile.ENV]))

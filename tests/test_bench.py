@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minute
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
     "--config.data.image_size=16",
+    "--config.model.depth=10",
     "--config.model.width_multiplier=0.125",
     "--config.model.head_hidden_dim=16",
     "--config.model.head_out_dim=8",
@@ -31,7 +32,7 @@ TINY = [
 def test_measure_reports_the_queue_shard_of_one_device():
   c = mocov2_patchns.get_config(None)
   c.data.image_size = 16
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
   c.moco.queue_size, c.optim.batch_size = 256, 32
   out = bench.measure(c, devices=4, steps=2, warmup=0)
   assert out["devices"] == 4 and out["global_batch"] == 32 and out["backend"] == "cpu"
@@ -45,7 +46,7 @@ def test_measure_times_the_training_step():
   on the benchmark's synthetic batch, its loss is the one the training path reaches."""
   c = mocov2_patchns.get_config(None)
   c.data.image_size = 16
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
   c.moco.queue_size, c.optim.batch_size = 256, 32
   out = bench.measure(c, devices=1, steps=2, warmup=1)
   mesh = parallel.make_mesh(jax.devices()[:1])
@@ -68,7 +69,7 @@ def test_measure_times_the_training_step():
 def test_measure_runs_the_steps_that_read_boxes_or_extra_views(name):
   c = (dicr if name == "dicr" else looc).get_config(None)
   c.data.image_size = 16
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
   c.moco.queue_size, c.optim.batch_size = 256, 32
   c.dicr.warmup_epochs = 0
   out = bench.measure(c, devices=1, steps=1, warmup=0)

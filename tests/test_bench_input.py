@@ -22,6 +22,7 @@ from configs import mocov2_patchns
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {
     "image_size": 16,
+    "depth": 10,
     "width_multiplier": 0.125,
     "head_hidden_dim": 16,
     "head_out_dim": 8,
@@ -41,6 +42,7 @@ def _tiny_config():
   c = mocov2_patchns.get_config(None)
   c.data.image_size = TINY["image_size"]
   c.model.update(
+      depth=TINY["depth"],
       width_multiplier=TINY["width_multiplier"],
       head_hidden_dim=TINY["head_hidden_dim"],
       head_out_dim=TINY["head_out_dim"],
@@ -245,6 +247,7 @@ def test_bench_command_with_jpeg_input_prints_the_ratio(tmp_path):
           "--steps=1",
           "--warmup=0",
           f"--config.data.image_size={TINY['image_size']}",
+          f"--config.model.depth={TINY['depth']}",
           f"--config.model.width_multiplier={TINY['width_multiplier']}",
           f"--config.model.head_hidden_dim={TINY['head_hidden_dim']}",
           f"--config.model.head_out_dim={TINY['head_out_dim']}",

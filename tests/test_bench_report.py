@@ -14,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [
     "--config=configs/mocov2_patchns.py",
     "--config.data.image_size=16",
+    "--config.model.depth=10",
     "--config.model.width_multiplier=0.125",
     "--config.model.head_hidden_dim=16",
     "--config.model.head_out_dim=8",

@@ -37,11 +37,13 @@ RTOL, LOSS_ATOL, SUM_ATOL = 1e-5, 1e-6, 1e-4
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "base_steps_v1.npz")
 
 
-def _config(name, **blocks):
+def _config(name, depth=10, **blocks):
+  """The method's config on the test's batch: ResNet-10 x0.125 unless `depth` says (the
+  recorded steps are ResNet-18's)."""
   module, base = BASE[name]
   c = module.get_config(None)
   c.data.image_size = S
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.model.update(depth=depth, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
   if c.model.predictor_hidden_dim:
     c.model.predictor_hidden_dim = 16
   c.optim.update(batch_size=B, epochs=2)
@@ -79,7 +81,7 @@ def _step(config, devices=1):
 @pytest.mark.parametrize("name", list(BASE))
 def test_switched_off_each_base_method_takes_its_recorded_step(name):
   reference = np.load(FIXTURE)
-  _, _, after, metrics = _step(_config(name))
+  _, _, after, metrics = _step(_config(name, depth=18))
   np.testing.assert_allclose(metrics["loss"], reference[f"{name}_loss"], RTOL, LOSS_ATOL)
   sums = [np.sum(np.asarray(x, np.float64)) for x in jax.tree.leaves(after.params)]
   np.testing.assert_allclose(sums, reference[f"{name}_params"], RTOL, SUM_ATOL)

@@ -309,6 +309,18 @@ def test_loocpp_is_refused_for_torchvision_only(tmp_path):
     export.export(str(tmp_path), "flax")
 
 
+def test_resnet10_is_refused_for_torchvision_only(tmp_path):
+  config = mocov2_patchns.get_config()
+  config.model.depth = 10
+  run_config.save_start(config, str(tmp_path), 0)
+  with pytest.raises(
+      UsageError, match="is a ResNet-10, which torchvision does not build .* use --format=flax"
+  ):
+    export.export(str(tmp_path), "torchvision")
+  with pytest.raises(UsageError, match="no checkpoint"):  # the flax export goes on
+    export.export(str(tmp_path), "flax")
+
+
 @pytest.mark.slow
 def test_the_command_reports_bad_input_in_one_line(tmp_path):
   proc = subprocess.run(

@@ -323,7 +323,7 @@ def test_all_add_ons_combine_in_one_step():
   # MoCo-v2 + patch NS + FT + IFM: one step of the combined config trains.
   c = mocov2_patchns_ft_ifm.get_config(None)
   c.data.image_size = 16
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
   c.moco.queue_size = 64
   c.nonsemantic.update(patch_min=2, patch_max=6)
   c.optim.batch_size = 16

@@ -182,7 +182,7 @@ B, S = 8, 16
 def _tiny(module):
   c = module.get_config(None)
   c.data.image_size = S
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
   if c.model.predictor_hidden_dim:
     c.model.predictor_hidden_dim = 16
   else:

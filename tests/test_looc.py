@@ -143,7 +143,7 @@ def test_rotation_key_view_has_the_query_rotation_on_pixels():
 
 def test_encoder_heads_and_loocpp_conv5_features():
   c = default.base_config()
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8, bn_groups=1)
+  c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8, bn_groups=1)
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 16, 16, 3)), jnp.float32)
   plain = build_encoder(c.model)
   v_plain = plain.init(jax.random.key(0), x, train=False)
@@ -267,7 +267,7 @@ def test_looc_without_augmentations_is_the_moco_step_bit_for_bit():
 
   def small(c):
     c.data.image_size = s
-    c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+    c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
     c.moco.queue_size = 32
     c.optim.update(batch_size=b, epochs=2)
     return c
@@ -291,7 +291,7 @@ def test_looc_step_on_8_devices_equals_one_device():
   b, s = 8, 16
   c = _looc(looc={"augmentations": ("colour", "rotation")}, model={"bn_mode": "local"})
   c.data.image_size = s
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8, bn_groups=8)
+  c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8, bn_groups=8)
   c.moco.queue_size = 32
   c.optim.update(batch_size=b, epochs=2)
   views = np.random.default_rng(1).integers(0, 256, (4, b, s, s, 3), dtype=np.uint8)

@@ -22,7 +22,7 @@ B, S = 8, 16
 def _config(module, **blocks):
   c = module.get_config(None)
   c.data.image_size = S
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
   if c.model.predictor_hidden_dim:
     c.model.predictor_hidden_dim = 16  # wide enough that no row of p is exactly 0
   c.nonsemantic.update(patch_min=2, patch_max=6)

@@ -315,10 +315,17 @@ def _shapes(module, size, batch=2):
   return jax.eval_shape(forward, jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32))
 
 
-@pytest.mark.parametrize('module, expected', [(ResNet50(), 23_508_032), (ResNet18(), 11_176_512)])
+# ResNet-10 is ResNet-18 less the second basic block of each stage: two 3x3 convs c -> c and
+# two BNs (scale and bias) per block, c = 64, 128, 256, 512, i.e.
+# 11,176,512 - sum(2 * 9 * c^2 + 4 * c) = 11,176,512 - 6,270,720.
+@pytest.mark.parametrize(
+    'module, expected',
+    [(ResNet50(), 23_508_032), (ResNet18(), 11_176_512), (ResNet(depth=10), 4_905_792)],
+)
 @pytest.mark.slow
 def test_parameter_count_matches_torchvision(module, expected):
-  """torchvision resnet50 / resnet18 parameter counts without the 1000-way fc layer."""
+  """torchvision resnet50 / resnet18 parameter counts without the 1000-way fc layer, and
+  ResNet-10's by hand from ResNet-18's."""
   _, variables = _shapes(module, 32, batch=1)
   assert _param_count(variables['params']) == expected
 
@@ -327,6 +334,7 @@ def test_parameter_count_matches_torchvision(module, expected):
     'depth, stem, width, size, hw, channels',
     [
         (18, 'cifar', 0.125, 32, 4, 64),
+        (10, 'cifar', 0.125, 32, 4, 64),
         (18, 'imagenet', 0.25, 32, 1, 128),
         (50, 'cifar', 0.25, 32, 4, 512),
         (50, 'imagenet', 0.125, 32, 1, 256),
@@ -495,7 +503,7 @@ def test_encoder_outputs_normalised_projection_of_pooled_features():
 @pytest.mark.parametrize(
     'overrides, message',
     [
-        ({'depth': 34}, 'model.depth must be 18 or 50, got 34'),
+        ({'depth': 34}, r'model.depth must be one of \(10, 18, 50\), got 34'),
         ({'stem': 'tiny'}, 'model.stem'),
         ({'width_multiplier': 0.1}, 'model.width_multiplier'),
         ({'dtype': 'float16'}, 'model.dtype'),

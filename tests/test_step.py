@@ -18,7 +18,7 @@ B, S, K = 8, 16, 32
 def _config(ns: bool):
   c = mocov2_patchns.get_config(None)
   c.data.image_size = S
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8, bn_groups=2)
+  c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8, bn_groups=2)
   c.moco.update(queue_size=K, momentum=0.9)
   c.nonsemantic.update(enabled=ns, patch_min=2, patch_max=6)
   c.optim.update(batch_size=B, epochs=1)

@@ -156,7 +156,7 @@ def test_bench_profile_traces_the_step(tmp_path):
   convolutions take time, and the trace and the HLO are left in the folder."""
   c = mocov2_patchns.get_config(None)
   c.data.image_size = 16
-  c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
+  c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
   c.moco.queue_size, c.optim.batch_size = 256, 32
   out = bench.measure(c, 1, steps=1, warmup=0, profile_dir=str(tmp_path), profile_steps=2)
   profile = out["profile"]

@@ -8,12 +8,13 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# MoCo-v2 + patch negatives on 16 px Trifeature, ResNet-18 x0.125, batch 32 (8 steps/epoch).
+# MoCo-v2 + patch negatives on 16 px Trifeature, ResNet-10 x0.125, batch 32 (8 steps/epoch).
 FLAGS = [
     "--config=configs/mocov2_patchns.py",
     "--config.data.image_size=16",
     "--config.data.trifeature_train=256",
     "--config.data.trifeature_test=128",
+    "--config.model.depth=10",
     "--config.model.width_multiplier=0.125",
     "--config.model.head_hidden_dim=32",
     "--config.model.head_out_dim=16",
@@ -79,9 +80,11 @@ def start(workdir, flags, processes: int = 1) -> list[subprocess.Popen]:
 
 # The finished run the read-only tests share (tests/conftest.py, fixture `finished_run`): 2 epochs
 # = 16 steps, checkpoints at steps 12 and 16, the kNN monitor at steps 8 and 16, and the fast
-# probe's report (with its random-init baseline) at step 16.
+# probe's report (with its random-init baseline) at step 16. A ResNet-18, which torchvision
+# also builds, so that its export is checked too.
 FINISHED = [
     *FLAGS,
+    "--config.model.depth=18",
     "--config.optim.epochs=2",
     "--config.train.checkpoint_every=4",
     "--config.eval.every=8",

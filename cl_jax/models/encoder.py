@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from cl_jax.models.heads import Conv5Head, MLPHead, l2_normalize
-from cl_jax.models.resnet import ResNet, base_width
+from cl_jax.models.resnet import DEPTHS, ResNet, base_width
 
 _DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -129,8 +129,8 @@ def _check_model_fields(model_cfg: ml_collections.ConfigDict) -> None:
   if missing:
     raise ValueError(f'model config is missing field(s) {missing}')
   depth = model_cfg.depth
-  if isinstance(depth, bool) or not isinstance(depth, int) or depth not in (18, 50):
-    raise ValueError(f'model.depth must be 18 or 50, got {depth!r}')
+  if isinstance(depth, bool) or not isinstance(depth, int) or depth not in DEPTHS:
+    raise ValueError(f'model.depth must be one of {DEPTHS}, got {depth!r}')
   if model_cfg.stem not in ('imagenet', 'cifar'):
     raise ValueError(f"model.stem must be 'imagenet' or 'cifar', got {model_cfg.stem!r}")
   try:
@@ -179,7 +179,7 @@ def build_encoder(
   > 0 adds ICR's region projector, an MLP head of that many layers like the projection head
   (0: none).
 
-  Fields: depth (18 | 50), stem ('imagenet' | 'cifar'), width_multiplier (64 * w a positive
+  Fields: depth (10 | 18 | 50), stem ('imagenet' | 'cifar'), width_multiplier (64 * w a positive
   integer), head_hidden_dim, head_out_dim, head_layers (positive integers), head_bn,
   head_out_bn (bools), predictor_hidden_dim (0: no predictor; else the hidden width of a
   Linear-BN-ReLU-Linear predictor back to head_out_dim), dtype ('float32' | 'bfloat16'),

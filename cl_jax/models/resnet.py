@@ -1,4 +1,6 @@
-"""ResNet-18 and ResNet-50 backbones (He et al. 2016), torchvision v1.5 layout, NHWC.
+"""ResNet-18 and ResNet-50 backbones (He et al. 2016), torchvision v1.5 layout, NHWC, and
+ResNet-10, the ResNet-18 layout with one basic block per stage (not in He et al.: a small
+network for quick runs and tests).
 
 Layout: stem -> four stages of residual blocks (64, 128, 256, 512 base channels times
 ``width_multiplier``; stride 1, 2, 2, 2) -> global average pooling. Bottleneck blocks put
@@ -19,7 +21,12 @@ from cl_jax.models.batchnorm import GroupBatchNorm
 from cl_jax.models.relu import relu
 
 # (block type, blocks per stage) for each supported depth.
-_STAGES = {18: ('basic', (2, 2, 2, 2)), 50: ('bottleneck', (3, 4, 6, 3))}
+_STAGES = {
+    10: ('basic', (1, 1, 1, 1)),
+    18: ('basic', (2, 2, 2, 2)),
+    50: ('bottleneck', (3, 4, 6, 3)),
+}
+DEPTHS = tuple(sorted(_STAGES))
 _EXPANSION = {'basic': 1, 'bottleneck': 4}
 _STEMS = ('imagenet', 'cifar')
 _BASE_WIDTH = 64
@@ -42,7 +49,7 @@ def base_width(width_multiplier: float) -> int:
 
 
 def resnet_feature_dim(depth: int, width_multiplier: float) -> int:
-  """Channels of the pooled feature: 512 * w (ResNet-18) or 2048 * w (ResNet-50)."""
+  """Channels of the pooled feature: 512 * w (ResNet-10, ResNet-18) or 2048 * w (ResNet-50)."""
   if depth not in _STAGES:
     raise ValueError(f'ResNet depth must be one of {sorted(_STAGES)}, got {depth!r}')
   return 8 * base_width(width_multiplier) * _EXPANSION[_STAGES[depth][0]]
@@ -107,7 +114,8 @@ class ResNet(nn.Module):
   """ResNet backbone without the classifier.
 
   Attributes:
-    depth: 18 (basic blocks [2, 2, 2, 2]) or 50 (bottlenecks [3, 4, 6, 3], expansion 4).
+    depth: 10 (basic blocks [1, 1, 1, 1]), 18 (basic blocks [2, 2, 2, 2]) or 50 (bottlenecks
+      [3, 4, 6, 3], expansion 4).
     stem: 'imagenet' (7x7/2 conv, BN, ReLU, 3x3/2 max-pool) or 'cifar' (3x3/1 conv, BN,
       ReLU, no pool).
     width_multiplier: scales every channel count (base 64); 64 * w must be an integer.

@@ -47,6 +47,7 @@ import numpy as np
 
 # (torchvision constructor, residual blocks per stage, convs per block) per depth.
 _ARCHS = {18: ("resnet18", (2, 2, 2, 2), 2), 50: ("resnet50", (3, 4, 6, 3), 3)}
+TORCHVISION_DEPTHS = tuple(sorted(_ARCHS))
 
 
 def arch_name(depth: int) -> str:
