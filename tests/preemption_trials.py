@@ -207,9 +207,12 @@ def stop_once(workdir, moment: tuple, sig: int, *extra: str, processes=1, target
   }
 
 
-def trial(workdir, moment: tuple, sig: int, reference: dict, *extra, processes=1, target=0):
+def trial(
+    workdir, moment: tuple, sig: int, reference: dict, *extra, processes=1, target=0, total=TOTAL
+):
   """stop_once at `moment` (with the `extra` flags), then the run's command again to the
-  end; the checks as booleans (a signal that came after the last step ends nothing). The
+  end, `total` steps (the `extra` flags may shorten the run); the checks as booleans (a
+  signal that came after the last step ends nothing). The
   signalled process exits with 128 + `sig`; in a multi-process run the others stop at
   the same step for JAX's preemption service's SIGTERM (143)."""
   stopped = stop_once(workdir, moment, sig, *extra, processes=processes, target=target)
@@ -232,7 +235,7 @@ def trial(workdir, moment: tuple, sig: int, reference: dict, *extra, processes=1
   checks = {
       **after_stop,
       "resumed_ok": resumed.returncode == 0,
-      "one_row_per_step": rows == list(range(1, TOTAL + 1)),
+      "one_row_per_step": rows == list(range(1, total + 1)),
       "no_tmp_at_end": not tmp_folders(workdir),
       "state_bit_identical": same_state(final_state(workdir), reference),
   }

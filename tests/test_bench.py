@@ -25,7 +25,7 @@ TINY = [
     "--config.model.head_hidden_dim=16",
     "--config.model.head_out_dim=8",
     "--config.moco.queue_size=256",
-    "--config.optim.batch_size=32",
+    "--config.optim.batch_size=16",  # as tests/test_bench_report.py's: one compiled step
 ]
 
 

@@ -78,14 +78,23 @@ def test_two_processes_resume_and_match_one_process(tmp_path):
 
 
 def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_bit_for_bit(tmp_path):
-  """SIGTERM reaches process 1 only, 1 s after the first checkpoint; JAX's preemption
-  service makes both processes stop after the same step with one checkpoint (each exits
-  143 with one line), and the resumed run ends in the state of a run never stopped."""
-  straight = preemption_trials.run(tmp_path / "straight", processes=2)
+  """SIGTERM reaches process 1 only, 1 s after the first checkpoint (step 4 of 16); JAX's
+  preemption service makes both processes stop after the same step with one checkpoint
+  (each exits 143 with one line), and the resumed run ends in the state of a run never
+  stopped."""
+  shorter = "--config.optim.epochs=2"  # 16 steps: 2-process steps are slow on 2 cores
+  straight = preemption_trials.run(tmp_path / "straight", shorter, processes=2)
   assert straight.returncode == 0, straight.stderr[-3000:]
   reference = preemption_trials.final_state(tmp_path / "straight")
   got = preemption_trials.trial(
-      tmp_path / "stopped", ("delay", 1.0), signal.SIGTERM, reference, processes=2, target=1
+      tmp_path / "stopped",
+      ("delay", 1.0),
+      signal.SIGTERM,
+      reference,
+      shorter,
+      processes=2,
+      target=1,
+      total=16,
   )
   assert all(got["checks"].values()), (got, got["resume_stderr"])
   assert got["status"] == [143, 143]

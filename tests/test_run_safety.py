@@ -244,6 +244,7 @@ def test_damaged_latest_checkpoint_falls_back_and_is_kept(finished, tmp_path, da
 def test_stop_at_step_chunk_does_not_probe(tmp_path):
   proc = _run(
       tmp_path / "run",
+      "--config.model.depth=18",  # the shared finished run's step: compiled once for both
       "--config.optim.epochs=2",
       "--config.train.checkpoint_every=4",
       "--stop_at_step=4",
