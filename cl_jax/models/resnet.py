@@ -51,7 +51,7 @@ def base_width(width_multiplier: float) -> int:
 def resnet_feature_dim(depth: int, width_multiplier: float) -> int:
   """Channels of the pooled feature: 512 * w (ResNet-10, ResNet-18) or 2048 * w (ResNet-50)."""
   if depth not in _STAGES:
-    raise ValueError(f'ResNet depth must be one of {sorted(_STAGES)}, got {depth!r}')
+    raise ValueError(f'ResNet depth must be one of {list(DEPTHS)}, got {depth!r}')
   return 8 * base_width(width_multiplier) * _EXPANSION[_STAGES[depth][0]]
 
 
@@ -137,7 +137,7 @@ class ResNet(nn.Module):
 
   def __post_init__(self):
     if self.depth not in _STAGES:
-      raise ValueError(f'ResNet depth must be one of {sorted(_STAGES)}, got {self.depth!r}')
+      raise ValueError(f'ResNet depth must be one of {list(DEPTHS)}, got {self.depth!r}')
     if self.stem not in _STEMS:
       raise ValueError(f'ResNet stem must be one of {_STEMS}, got {self.stem!r}')
     base_width(self.width_multiplier)
