@@ -83,6 +83,33 @@ def test_thread_write_faults_are_kept_and_others_passed_on(monkeypatch):
   assert [str(e) for e in passed_on] == ["a defect"]  # printed by the usual hook
 
 
+def test_thread_write_faults_after_a_failed_block_are_dropped(monkeypatch):
+  """A writer thread that fails on the full disk after the block failed on it repeats the
+  reported fault: nothing more is printed. Other exceptions are still printed."""
+  passed_on = []
+  monkeypatch.setattr(threading, "excepthook", lambda args: passed_on.append(args.exc_value))
+
+  def fail(error):
+    raise error
+
+  with pytest.raises(OSError):
+    with write_faults.in_threads():
+      raise OSError(errno.ENOSPC, "No space left on device")
+  for error in (OSError(errno.ENOSPC, "No space left on device"), ValueError("a defect")):
+    thread = threading.Thread(target=fail, args=(error,))
+    thread.start()
+    thread.join()
+  assert [str(e) for e in passed_on] == ["a defect"]
+
+
+def test_a_block_that_ends_cleanly_restores_the_thread_hook(monkeypatch):
+  usual = lambda args: None
+  monkeypatch.setattr(threading, "excepthook", usual)
+  with write_faults.in_threads():
+    assert threading.excepthook is not usual
+  assert threading.excepthook is usual
+
+
 # A save whose write coroutines were made but never run, in a block that fails (or not).
 _ABANDONED_WRITE = """
 import sys

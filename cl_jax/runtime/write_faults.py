@@ -159,7 +159,12 @@ def _filename(e: BaseException) -> str | None:
 def in_threads():
   """Inside, a write fault that ends a background thread (TensorBoard's event writer, a
   checkpoint writer) is kept in the yielded list instead of printed as a traceback, for
-  the caller to report; any other exception of a thread is printed as usual."""
+  the caller to report; any other exception of a thread is printed as usual.
+
+  When the block itself fails, write faults of threads that outlive it are dropped from
+  then on: the block's own failure is the one reported, and a writer thread left running
+  on the same full disk (TensorBoard's, whose close stops at its failed flush) can only
+  repeat it."""
   faults = []
   previous = threading.excepthook
 
@@ -172,7 +177,10 @@ def in_threads():
   threading.excepthook = hook
   try:
     yield faults
-  finally:
+  except BaseException:
+    faults = []  # kept by `hook` from now on, read by no one
+    raise
+  else:
     threading.excepthook = previous
 
 
