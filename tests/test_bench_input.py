@@ -244,6 +244,7 @@ def test_bench_command_with_jpeg_input_prints_the_ratio(tmp_path):
           "--input=jpeg",
           f"--jpeg_dir={tmp_path / 'jpeg'}",
           "--jpeg_images=24",
+          "--jpeg_pipeline_images=48",
           "--steps=1",
           "--warmup=0",
           f"--config.data.image_size={TINY['image_size']}",

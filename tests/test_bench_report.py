@@ -58,7 +58,7 @@ def _torch(eager: float | None, compiled: float | None) -> dict:
 
 
 def test_part_commands():
-  cmd = bench_report.part_command("step", "/o", ["--config=c.py"], 5, 1, 64)
+  cmd = bench_report.part_command("step", "/o", ["--config=c.py"], 5, 1, 64, 768)
   assert cmd[1:] == [
       "-m",
       "cl_jax.bench.step",
@@ -69,28 +69,29 @@ def test_part_commands():
       "--devices=1",
       "--profile=/o/profile",
   ]
-  assert bench_report.part_command("torch", "/o", [], 5, 1, 64)[-1] == "--compare=torch"
-  assert bench_report.part_command("jpeg", "/o", [], 5, 1, 64)[-2:] == [
+  assert bench_report.part_command("torch", "/o", [], 5, 1, 64, 768)[-1] == "--compare=torch"
+  assert bench_report.part_command("jpeg", "/o", [], 5, 1, 64, 96)[-3:] == [
       "--input=jpeg",
       "--jpeg_images=64",
+      "--jpeg_pipeline_images=96",
   ]
-  assert bench_report.part_command("memory", "/o", ["--config=c.py"], 5, 1, 64)[1:] == [
+  assert bench_report.part_command("memory", "/o", ["--config=c.py"], 5, 1, 64, 768)[1:] == [
       "-m",
       "cl_jax.bench.memory",
       "--config=c.py",
       "--json",
   ]
   # 20 steps: 5 alternating rounds of 4 steps each; fewer steps still give 3 rounds.
-  assert bench_report.part_command("efficiency", "/o", [], 20, 1, 64)[-2:] == [
+  assert bench_report.part_command("efficiency", "/o", [], 20, 1, 64, 768)[-2:] == [
       "--rounds=5",
       "--steps=4",
   ]
-  assert bench_report.part_command("efficiency", "/o", [], 1, 1, 64)[-2:] == [
+  assert bench_report.part_command("efficiency", "/o", [], 1, 1, 64, 768)[-2:] == [
       "--rounds=3",
       "--steps=1",
   ]
   with pytest.raises(ValueError, match="part must be one of"):
-    bench_report.part_command("disk", "/o", [], 5, 1, 64)
+    bench_report.part_command("disk", "/o", [], 5, 1, 64, 768)
 
 
 MEMORY = {
@@ -157,7 +158,7 @@ def test_the_one_command_runs_every_part_on_cpu(tmp_path):
   out = tmp_path / "report"
   proc = subprocess.run(
       [sys.executable, "-m", "cl_jax.bench.report", f"--out={out}", *TINY]
-      + ["--steps=1", "--warmup=0", "--jpeg_images=24"],
+      + ["--steps=1", "--warmup=0", "--jpeg_images=24", "--jpeg_pipeline_images=48"],
       cwd=ROOT,
       env=env,
       capture_output=True,

@@ -39,7 +39,7 @@ TARGET_IMG_PER_S = 3900
 TARGET_TORCH_RATIO = 2.0
 
 def part_command(part: str, out: str, config_args: list[str], steps: int, warmup: int,
-                 jpeg_images: int) -> list[str]:  # fmt: skip
+                 jpeg_images: int, jpeg_pipeline_images: int) -> list[str]:  # fmt: skip
   """The command line of one part (cl_jax.bench.step, memory or efficiency)."""
   if part == "memory":
     return [sys.executable, "-m", "cl_jax.bench.memory", *config_args, "--json"]
@@ -54,7 +54,8 @@ def part_command(part: str, out: str, config_args: list[str], steps: int, warmup
   if part == "torch":
     return command + ["--compare=torch"]
   if part == "jpeg":
-    return command + ["--input=jpeg", f"--jpeg_images={jpeg_images}"]
+    return command + ["--input=jpeg", f"--jpeg_images={jpeg_images}",
+                      f"--jpeg_pipeline_images={jpeg_pipeline_images}"]  # fmt: skip
   raise ValueError(f"part must be one of {', '.join(PARTS)}; got {part!r}")
 
 
@@ -269,6 +270,9 @@ def _define_flags():
   flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.", lower_bound=0)
   flags.DEFINE_list("parts", list(PARTS), f"Which of {', '.join(PARTS)} to run.")
   flags.DEFINE_integer("jpeg_images", 512, "Images in the generated JPEG folder.", lower_bound=1)
+  flags.DEFINE_integer(
+      "jpeg_pipeline_images", 768, "Images timed per row of the JPEG pipeline.", lower_bound=1
+  )
   flags.mark_flags_as_required(["config", "out"])
 
 
@@ -287,7 +291,9 @@ def main(argv):
     if part not in f.parts:
       continue
     print(f"running {part} ...", flush=True)
-    command = part_command(part, out, config_args, f.steps, f.warmup, f.jpeg_images)
+    command = part_command(
+        part, out, config_args, f.steps, f.warmup, f.jpeg_images, f.jpeg_pipeline_images
+    )
     results[part] = run_part(command)
     with open(os.path.join(out, f"{part}.json"), "w") as handle:
       json.dump(results[part], handle, indent=1)

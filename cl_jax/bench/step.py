@@ -378,6 +378,12 @@ _JPEG_DIR = flags.DEFINE_string(
 _JPEG_IMAGES = flags.DEFINE_integer(
     "jpeg_images", 512, "--input=jpeg: images in the generated folder.", lower_bound=1
 )
+_JPEG_PIPELINE_IMAGES = flags.DEFINE_integer(
+    "jpeg_pipeline_images",
+    768,
+    "--input=jpeg: images timed per row of the input pipeline alone (at least 3 batches).",
+    lower_bound=1,
+)
 
 
 def _main_with_input(argv):
@@ -391,6 +397,7 @@ def _main_with_input(argv):
         _CONFIG.value,
         jpeg_dir=_JPEG_DIR.value,
         jpeg_images=_JPEG_IMAGES.value,
+        pipeline_images=_JPEG_PIPELINE_IMAGES.value,
         steps=_STEPS.value,
         warmup=_WARMUP.value,
         as_json=_JSON.value,
