@@ -138,8 +138,9 @@ def test_eight_devices_take_the_one_device_step(bn_mode, groups, host_batch):
   assert all(s.data.nbytes == eight.queue.nbytes // 8 for s in shards)
 
 
-def _encoder_and_variables(groups):
+def _encoder_and_variables(groups, dtype="float32"):
   config = _config("local", groups)
+  config.model.dtype = dtype
   mesh = parallel.make_mesh(jax.devices()[:1])
   built = train.build(config, 4 * B, mesh)
   encoder, make_state = built.encoder, built.make_state
@@ -210,6 +211,24 @@ def test_shuffle_bn_normalises_keys_with_a_random_group(groups, host_batch):
       [_forward(encoder1, variables, x[g * size : (g + 1) * size])[0] for g in range(groups)]
   )
   assert np.abs(np.asarray(keys) - plain).max() > 1e-3
+
+
+def test_shuffle_bn_permutes_images_in_the_compute_dtype(host_batch):
+  # A bfloat16 encoder's shuffled key forward on 8 devices: the random gather of the images,
+  # which becomes a collective across devices, reads bfloat16 images, not float32 ones
+  # (twice the bytes). Checked in the lowered program: XLA's CPU backend widens bfloat16
+  # gathers and collectives to float32 itself, accelerators keep them.
+  x = jnp.asarray(host_batch["view2"], jnp.float32) / 255.0
+  encoder, variables = _encoder_and_variables(8, dtype="bfloat16")
+  mesh = parallel.make_mesh()
+  fn = jax.jit(
+      lambda v, x: forward.encode_keys(
+          encoder, v["params"], v["batch_stats"], x, jax.random.key(3), shuffle=True, mesh=mesh
+      )
+  )
+  text = fn.lower(variables, jax.device_put(x, parallel.batch_sharding(mesh))).as_text()
+  images = re.findall(rf'"stablehlo.gather"\(.*-> tensor<{B}x{S}x{S}x3x(\w+)>', text)
+  assert images == ["bf16"], images
 
 
 def test_a_run_resumed_on_fewer_devices_keeps_every_key_in_its_slot():
