@@ -155,6 +155,7 @@ def test_random_conv_matches_numpy():
     np.testing.assert_allclose(y, np_random_conv(x.astype(np.float64), kernel), atol=2e-6)
 
 
+@pytest.mark.slow
 def test_texture_matches_numpy():
   images = random_images(seed=8)
   params = neutral_params(B)
@@ -190,6 +191,7 @@ def test_texture_then_colour_blur_solarize_matches_numpy():
     np.testing.assert_allclose(out[i], x, atol=5e-6)
 
 
+@pytest.mark.slow
 def test_texture_outputs_stay_in_unit_interval():
   spec = dataclasses.replace(LOOC, texture_prob=1.0, jitter_prob=0.0, grayscale_prob=0.0)
   for seed in range(8):

@@ -175,6 +175,7 @@ def test_disjoint_views_repel_their_whole_representations():
   assert g1 @ g2 / (np.linalg.norm(g1) * np.linalg.norm(g2)) < c
 
 
+@pytest.mark.slow
 def test_identical_views_attract_their_whole_representations():
   out1, out2, loss, stats, _ = _loss_and_grads([[2, 2, 12, 12]], [[2, 2, 12, 12]], tau=0.1)
   # o_i is the whole view (RoIAlign at the map's resolution: the plain mean), n1, n2 null:

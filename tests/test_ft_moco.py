@@ -292,6 +292,7 @@ def test_hard_negatives_give_the_same_loss_and_grad_on_one_and_four_devices(ft_k
     np.testing.assert_allclose(four[1][name], one[1][name], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_hard_negatives_raise_every_negative_score():
   # App. G.2: for unit vectors and lam in (0, 1), q.h_ij >= q.n_j, so the mean negative
   # score and the loss (increasing in every negative logit, positive unchanged) go up.

@@ -141,6 +141,7 @@ def test_rotation_key_view_has_the_query_rotation_on_pixels():
     np.testing.assert_array_equal(v2[n], np.rot90(np.asarray(v1[n]), turn))
 
 
+@pytest.mark.slow
 def test_encoder_heads_and_loocpp_conv5_features():
   c = default.base_config()
   c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8, bn_groups=1)

@@ -136,6 +136,7 @@ def test_tensorboard_shows_one_scalar_per_step_after_resumes(tmp_path):
   assert scalars() == [(1, 51.0), (2, 52.0)]
 
 
+@pytest.mark.slow
 def test_write_text_logs_a_text_event(tmp_path):
   event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
   writer = metrics.MetricWriter(str(tmp_path))

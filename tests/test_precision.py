@@ -65,6 +65,7 @@ def test_every_convolution_of_the_bf16_step_runs_in_bf16(lowered):
     assert [_element_type(t) for t in types] == ["f32", "f32", "f32"], types
 
 
+@pytest.mark.slow
 def test_batch_norm_statistics_and_pooling_reduce_in_float32(lowered):
   text, _ = lowered["bfloat16"]
   reductions = _REDUCE.findall(text)
@@ -75,6 +76,7 @@ def test_batch_norm_statistics_and_pooling_reduce_in_float32(lowered):
   assert "bf16" not in {dtype for _, dtype in reductions}
 
 
+@pytest.mark.slow
 def test_the_state_stays_float32(lowered):
   _, state = lowered["bfloat16"]
   for tree in (state.params, state.batch_stats, state.opt_state, state.target_params):

@@ -39,6 +39,7 @@ def _archive(path):
     z.writestr(root + "val/images/val_1.JPEG", _jpeg(100))
 
 
+@pytest.mark.slow
 def test_prepared_archive_reads_back_with_sorted_wnid_labels(tmp_path):
   archive = tmp_path / "manual" / tiny_imagenet.ARCHIVE
   archive.parent.mkdir()

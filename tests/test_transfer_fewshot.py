@@ -347,6 +347,7 @@ def test_fewshot_n_way_episodes_on_cub(probe, data_dir):
     fewshot.run(_context(probe, data_dir, datasets="cub200", shots=6))
 
 
+@pytest.mark.slow
 def test_transfer_end_to_end_matches_logistic_regression(probe, data_dir):
   ctx = _context(probe, data_dir)
   report = _report(transfer, ctx)
