@@ -45,6 +45,12 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 os.environ["CL_JAX_CACHE"] = os.path.join(RUN_DIR, "cl_jax")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every Python subprocess starts with tests/subprocess_site/sitecustomize.py: all processes of
+# a multi-process run write the cache above (tests/subprocess_cache.py), and a profiled run
+# (CL_JAX_SUITE_PROFILE) records each process.
+_SITE = os.path.join(ROOT, "tests", "subprocess_site")
+if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+  os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_SITE, os.environ.get("PYTHONPATH")) if p)
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
@@ -60,8 +66,6 @@ class _SuiteProfile:
     self.out_dir = out_dir
     self.phases = {}
     os.makedirs(out_dir, exist_ok=True)
-    site = suite_profile.SITE
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
     suite_profile.listen()
 
   def pytest_runtest_logreport(self, report):

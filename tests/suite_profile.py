@@ -8,10 +8,10 @@ run is untouched):
 
 Each test (tests/conftest.py) appends one JSON line to <dir>/tests.jsonl: its node id, the
 seconds of its setup, call and teardown, and the in-process compilation counts during it. Every
-Python subprocess a test starts (``tests/profile_site`` is put on PYTHONPATH; its sitecustomize
-imports this module) writes one JSON file to <dir>/proc/: its command line, wall seconds, the
-test that started it (pytest's PYTEST_CURRENT_TEST) and its own compilation counts. The counts
-come from JAX's monitoring events: compile requests that could use the persistent cache, cache
+Python subprocess a test starts (tests/subprocess_site/sitecustomize.py imports this module)
+writes one JSON file to <dir>/proc/: its command line, wall seconds, the test that started it
+(pytest's PYTEST_CURRENT_TEST) and its own compilation counts. The counts come from JAX's
+monitoring events: compile requests that could use the persistent cache, cache
 hits, cache writes (misses compiled for at least the cache's minimum time) and the seconds spent
 tracing, lowering and compiling (a cache read counts as compiling). With pytest-xdist the
 workers append to the same files.
@@ -26,7 +26,6 @@ import sys
 import time
 
 ENV = "CL_JAX_SUITE_PROFILE"
-SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_site")
 
 # JAX monitoring event -> counter name.
 _COUNT_EVENTS = {

@@ -1,10 +1,9 @@
-"""The JPEG input benchmark: the generated folder, reduced-size decoding, and the command."""
+"""The JPEG input benchmark: the generated folder, reduced-size decoding, the measurements and
+their table (the command itself runs in tests/test_bench_report.py, as the report's jpeg part)."""
 
 import inspect
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -19,7 +18,6 @@ from cl_jax.runtime import parallel
 from cl_jax.runtime.errors import UsageError
 from configs import mocov2_patchns
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {
     "image_size": 16,
     "depth": 10,
@@ -230,41 +228,3 @@ def test_worker_counts():
   assert bench_input.worker_counts(c, cpus=16) == [0, 1, 2, 4, 8, 16]
   c.data.workers = 3
   assert bench_input.worker_counts(c, cpus=8) == [0, 1, 2, 3, 4, 8]
-
-
-@pytest.mark.slow  # grain worker processes and three compiled loops: about a minute
-def test_bench_command_with_jpeg_input_prints_the_ratio(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "cl_jax.bench.step",
-          "--config=configs/mocov2_patchns.py",
-          "--input=jpeg",
-          f"--jpeg_dir={tmp_path / 'jpeg'}",
-          "--jpeg_images=24",
-          "--jpeg_pipeline_images=48",
-          "--steps=1",
-          "--warmup=0",
-          f"--config.data.image_size={TINY['image_size']}",
-          f"--config.model.depth={TINY['depth']}",
-          f"--config.model.width_multiplier={TINY['width_multiplier']}",
-          f"--config.model.head_hidden_dim={TINY['head_hidden_dim']}",
-          f"--config.model.head_out_dim={TINY['head_out_dim']}",
-          f"--config.moco.queue_size={TINY['queue_size']}",
-          f"--config.optim.batch_size={TINY['batch_size']}",
-      ],
-      cwd=ROOT,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  lines = proc.stdout.splitlines()
-  assert any(line.startswith("ratio = JPEG loop img/s / in-memory loop img/s") for line in lines)
-  rows = [line.split() for line in lines if line.startswith("jpeg ")]
-  assert [r[1] for r in rows] == [d for d in jpeg_decode.DECODES for _ in range(2)]
-  assert all(float(r[-1]) > 0 for r in rows)  # the ratio column
-  assert len(os.listdir(tmp_path / "jpeg" / "class00")) == 3

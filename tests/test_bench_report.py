@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from cl_jax.bench import jpeg_decode
 from cl_jax.bench import report as bench_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -168,8 +169,18 @@ def test_the_one_command_runs_every_part_on_cpu(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   step = json.loads((out / "step.json").read_text())
   assert step["rows"][0]["img_per_s"] > 0 and step["rows"][0]["profile"]["by_phase"]
+  # The jpeg part is `cl_jax.bench.step --input=jpeg --json`: a loop per decode with 0 input
+  # workers and with one per CPU (grain worker processes), each with its ratio, on a generated
+  # folder of 24 images in 8 classes under $CL_JAX_CACHE (the printed table: test_bench_input).
   jpeg = json.loads((out / "jpeg.json").read_text())
+  workers = sorted({0, os.cpu_count() or 1})
+  assert [(r["decode"], r["workers"]) for r in jpeg["loop"]] == [
+      (d, w) for d in jpeg_decode.DECODES for w in workers
+  ]
   assert all(r["ratio"] > 0 for r in jpeg["loop"])
+  assert jpeg["folder"]["images"] == 24
+  assert jpeg["folder"]["root"].startswith(env["CL_JAX_CACHE"])
+  assert len(os.listdir(os.path.join(jpeg["folder"]["root"], "class00"))) == 3
   torch = json.loads((out / "torch.json").read_text())
   assert torch["compare"]["jax"]["img_per_s"] > 0
   text = (out / "report.md").read_text()
