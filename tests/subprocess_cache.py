@@ -8,19 +8,14 @@ again, about a minute on 2 cores. The written executables are the ones process 1
 would use anyway; only the test run's private cache (tests/conftest.py) is written.
 """
 
-import importlib.abc
-import importlib.util
-import sys
+from tests import import_hook
 
 _MODULE = "jax._src.compiler"
 
 
 def every_process_writes() -> None:
   """Patches jax._src.compiler's cache write once it is imported (now, if it already is)."""
-  if _MODULE in sys.modules:
-    _patch(sys.modules[_MODULE])
-  else:
-    sys.meta_path.insert(0, _PatchOnImport())
+  import_hook.after_import(_MODULE, _patch)
 
 
 def _patch(compiler) -> None:
@@ -36,22 +31,3 @@ def _patch(compiler) -> None:
     )
 
   compiler._cache_write = cache_write
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-  """Patches the module right after its first import (a process that never imports jax does
-  not pay for it)."""
-
-  def find_spec(self, name, path, target=None):
-    if name != _MODULE:
-      return None
-    sys.meta_path.remove(self)
-    spec = importlib.util.find_spec(name)
-    exec_module = spec.loader.exec_module
-
-    def exec_and_patch(module):
-      exec_module(module)
-      _patch(module)
-
-    spec.loader.exec_module = exec_and_patch
-    return spec

@@ -18,12 +18,12 @@ workers append to the same files.
 """
 
 import atexit
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
 import time
+
+from tests import import_hook
 
 ENV = "CL_JAX_SUITE_PROFILE"
 
@@ -86,26 +86,4 @@ def start_subprocess_record(out_dir):
       json.dump(record, f)
 
   atexit.register(write)
-  if "jax._src.monitoring" in sys.modules:
-    listen()
-  else:
-    sys.meta_path.insert(0, _ListenOnImport())
-
-
-class _ListenOnImport(importlib.abc.MetaPathFinder):
-  """Registers the listeners right after jax._src.monitoring is first imported (so a process
-  that never imports jax does not pay for it)."""
-
-  def find_spec(self, name, path, target=None):
-    if name != "jax._src.monitoring":
-      return None
-    sys.meta_path.remove(self)
-    spec = importlib.util.find_spec(name)
-    exec_module = spec.loader.exec_module
-
-    def exec_and_listen(module):
-      exec_module(module)
-      listen(module)
-
-    spec.loader.exec_module = exec_and_listen
-    return spec
+  import_hook.after_import("jax._src.monitoring", listen)

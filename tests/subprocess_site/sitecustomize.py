@@ -5,11 +5,11 @@ and with CL_JAX_SUITE_PROFILE set the process is profiled (tests/suite_profile.p
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import subprocess_cache  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests import subprocess_cache  # noqa: E402
 
 if os.environ.get("CL_JAX_SUITE_PROFILE"):
-  import suite_profile  # noqa: E402
+  from tests import suite_profile  # noqa: E402
 
 sys.path.pop(0)
 subprocess_cache.every_process_writes()
