@@ -10,13 +10,13 @@ each.
 """
 
 import contextlib
-import importlib.util
 import os
 import sys
 import traceback
 
 from absl import flags
 
+from cl_jax import config_defaults
 from cl_jax.runtime import run_config, write_faults
 from cl_jax.runtime.errors import UsageError
 
@@ -55,9 +55,7 @@ def resolve_config_path(value: str) -> str:
 def _load_config(value: str):
   """The ConfigDict of --config=PATH[:preset] (the file's get_config)."""
   path, _, preset = value.partition(":")
-  spec = importlib.util.spec_from_file_location("cl_jax_config_file", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = config_defaults.load_config_file(path)
   return module.get_config(preset) if preset else module.get_config()
 
 
