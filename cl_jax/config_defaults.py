@@ -213,7 +213,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.probe = ml_collections.ConfigDict()
   c.probe.after_pretrain = True
-  c.probe.protocol = "fast"  # fast | paper
+  c.probe.protocol = "fast"  # fast | logreg | paper (cl_jax/evaluators/linear_probe.py)
   c.probe.batch_size = 256
   c.probe.epochs = 100
   c.probe.lr = 0.1

@@ -123,6 +123,14 @@ def _broken_config_file(value: str) -> str | None:
   return None
 
 
+def list_in_help(module_name: str) -> None:
+  """Makes --help of the running program list the flags that `module_name` defines. absl's
+  --help lists the main module's flags only, so a command whose flags live in the module it
+  runs (python -m cl_jax.bench runs cl_jax.bench.step) would list none."""
+  for flag in flags.FLAGS.get_flags_for_module(module_name):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+
+
 def start_reader(argv: list[str], workdir: str | None, purpose: str) -> None:
   """The start of a command that reads a run (probe, kNN, evaluate, export, NormStd): no
   positional arguments, --workdir given (absl's one-line usage error otherwise, naming
