@@ -1,17 +1,19 @@
 """cl_jax: contrastive self-supervised learning in JAX/Flax.
 
-Commands that moved keep answering: `python -m cl_jax.<old name>` stops with one line naming
-the command that replaced it (MOVED), instead of Python's bare "No module named ...".
+Commands and modules that moved keep answering: `python -m cl_jax.<old name>` (or an import of
+it) stops with one line naming what replaced it (MOVED), instead of Python's bare "No module
+named ...".
 """
 
 import importlib.abc
 import sys
 
-# Old module -> the command that replaced it.
+# Old module -> the command or import that replaced it.
 MOVED = {
     "cl_jax.knn": "python -m cl_jax.evaluate --evaluator=knn",
     "cl_jax.bench_augment": "python -m cl_jax.bench.augment",
     "cl_jax.bench_torch": "python -m cl_jax.bench.torch_reference",
+    "configs.default": "from cl_jax import config_defaults",
 }
 
 

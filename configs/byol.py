@@ -9,7 +9,7 @@ The quick Trifeature run uses SGD like the MoCo runs.
 python -m cl_jax.main --config=configs/byol.py[:imagenet100|:cifar10]
 """
 
-from configs import default
+from cl_jax import config_defaults
 
 # The full-size presets' (tau_base, lr, batch, epochs); both LARS with weight decay 1e-6 and
 # 10 warm-up epochs (Ge et al. 2021, App. C.1, for ImageNet-100).
@@ -17,7 +17,7 @@ _PAPER = {"imagenet100": (0.996, 4.8, 1024, 200), "cifar10": (0.99, 2.0, 512, 50
 
 
 def get_config(arg: str | None = None):
-  c = default.with_preset(default.base_config(), arg)
+  c = config_defaults.with_preset(config_defaults.base_config(), arg)
   c.method = "byol"
   c.model.update(head_bn=True, bn_mode="sync", bn_groups=1, predictor_hidden_dim=128)
   c.byol.base_momentum = 0.99
@@ -26,7 +26,7 @@ def get_config(arg: str | None = None):
   c.dicr.update(weight=8.0, temperature=0.005)
   c.nonsemantic.alpha = 0.05  # Eq. 2's penalty when nonsemantic.enabled
   if c.preset == "trifeature":
-    c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
+    c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/config_defaults.py)
   elif c.preset in _PAPER:
     momentum, lr, batch_size, epochs = _PAPER[c.preset]
     c.model.update(head_hidden_dim=4096, head_out_dim=256, predictor_hidden_dim=4096)

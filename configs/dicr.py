@@ -22,9 +22,11 @@ Variants: --config.dicr.variant=dirr (--config.dicr.dirr_similarity=s) or icr
 
 import ml_collections
 
-from configs import byol, default, mocov2, simclr, simsiam
+from cl_jax import config_defaults
 
-METHODS = {"simclr": simclr, "moco": mocov2, "simsiam": simsiam, "byol": byol}
+# method: its base config file in this folder
+BASE_FILES = {"simclr": "simclr", "moco": "mocov2", "simsiam": "simsiam", "byol": "byol"}
+METHODS = {m: config_defaults.sibling_config(__file__, f) for m, f in BASE_FILES.items()}
 # dataset: (image size, epochs, batch size, epsilon side in pixels)
 PAPER_DATASETS = {
     "cifar10": (32, 500, 512, 2),
@@ -50,7 +52,7 @@ def apply_paper(c: ml_collections.ConfigDict, dataset: str) -> None:
       epochs=epochs,
       schedule="cosine",
   )
-  default.scale_lr_with_batch(c.optim, 0.25)
+  config_defaults.scale_lr_with_batch(c.optim, 0.25)
   c.dicr.epsilon_area = float(side * side)
 
 

@@ -17,7 +17,7 @@ v2's lr 0.03, T 0.2, m 0.999; the linear probe 200 epochs, lr 30 x0.1 at 60% and
 python -m cl_jax.main --config=configs/looc.py[:imagenet100]
 """
 
-from configs import default
+from cl_jax import config_defaults
 
 
 def apply_looc(c, arg: str | None) -> None:
@@ -45,6 +45,6 @@ def apply_looc(c, arg: str | None) -> None:
 
 
 def get_config(arg: str | None = None):
-  c = default.with_preset(default.base_config(), arg)
+  c = config_defaults.with_preset(config_defaults.base_config(), arg)
   apply_looc(c, arg)
   return c

@@ -4,12 +4,13 @@ the probe reads the heads' pooled conv5 features concatenated (probe.features = 
 python -m cl_jax.main --config=configs/loocpp.py[:imagenet100]
 """
 
-from configs import default
-from configs.looc import apply_looc
+from cl_jax import config_defaults
+
+apply_looc = config_defaults.sibling_config(__file__, "looc").apply_looc
 
 
 def get_config(arg: str | None = None):
-  c = default.with_preset(default.base_config(), arg)
+  c = config_defaults.with_preset(config_defaults.base_config(), arg)
   apply_looc(c, arg)
   c.looc.conv5_heads = True
   c.probe.features = "heads"

@@ -8,11 +8,11 @@ steps); the presets keep the paper's plain linear head.
 python -m cl_jax.main --config=configs/mocov1.py[:imagenet100|:cifar10|:stl10]
 """
 
-from configs import default
+from cl_jax import config_defaults
 
 
 def get_config(arg: str | None = None):
-  c = default.with_preset(default.base_config(), arg)
+  c = config_defaults.with_preset(config_defaults.base_config(), arg)
   c.model.head_layers = 1
   c.moco.temperature = 0.07
   c.aug.update(jitter_prob=1.0, hue=0.4, blur_prob=0.0)

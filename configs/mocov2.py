@@ -3,8 +3,8 @@
 python -m cl_jax.main --config=configs/mocov2.py[:imagenet100|:cifar10|:stl10]
 """
 
-from configs import default
+from cl_jax import config_defaults
 
 
 def get_config(arg: str | None = None):
-  return default.with_preset(default.base_config(), arg)
+  return config_defaults.with_preset(config_defaults.base_config(), arg)

@@ -6,10 +6,10 @@ d ~ U(16, 72) at 224 px (scaled to the resolution in the other presets).
 python -m cl_jax.main --config=configs/mocov2_patchns.py[:imagenet100|:cifar10|:stl10]
 """
 
-from configs import default
+from cl_jax import config_defaults
 
 
 def get_config(arg: str | None = None):
-  c = default.with_preset(default.base_config(), arg)
+  c = config_defaults.with_preset(config_defaults.base_config(), arg)
   c.nonsemantic.enabled = True
   return c

@@ -7,11 +7,11 @@ feature modification (Robinson et al. 2021; eps 0.1, alpha 1).
 python -m cl_jax.main --config=configs/mocov2_patchns_ft_ifm.py[:imagenet100|:cifar10|:stl10]
 """
 
-from configs import default
+from cl_jax import config_defaults
 
 
 def get_config(arg: str | None = None):
-  c = default.with_preset(default.base_config(), arg)
+  c = config_defaults.with_preset(config_defaults.base_config(), arg)
   c.nonsemantic.enabled = True
   c.ft.enabled = True
   c.ifm.enabled = True

@@ -10,11 +10,11 @@ query view's own parameters. The texture versions are made once, offline:
 python -m cl_jax.main --config=configs/mocov2_texturens.py[:imagenet100|:cifar10|:stl10]
 """
 
-from configs import default
+from cl_jax import config_defaults
 
 
 def get_config(arg: str | None = None):
-  c = default.with_preset(default.base_config(), arg)
+  c = config_defaults.with_preset(config_defaults.base_config(), arg)
   c.nonsemantic.enabled = True
   c.nonsemantic.kind = "texture"
   c.nonsemantic.num_ns = 1

@@ -7,17 +7,17 @@ LARS with lr = 0.3 x batch / 256, weight decay 1e-6 and 10 warm-up epochs
 python -m cl_jax.main --config=configs/simclr.py[:imagenet100|:cifar10]
 """
 
-from configs import default
+from cl_jax import config_defaults
 
 
 def get_config(arg: str | None = None):
-  c = default.with_preset(default.base_config(), arg)
+  c = config_defaults.with_preset(config_defaults.base_config(), arg)
   c.method = "simclr"
   c.model.update(head_bn=True, bn_mode="sync", bn_groups=1)
   c.simclr.temperature = 0.5
   c.dicr.update(weight=40.0, temperature=0.05)  # DICR's final lambda / tau for SimCLR (Sec. 4.1)
   if c.preset == "trifeature":
-    c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
+    c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/config_defaults.py)
   elif c.preset in ("imagenet100", "cifar10"):
     # Sec. B.1 (App. B.9 for CIFAR-10): LARS, lr 0.3 x BatchSize / 256, wd 1e-6, 10 warm-up
     # epochs; T 0.1 on ImageNet, 0.5 on CIFAR-10.
@@ -33,7 +33,7 @@ def get_config(arg: str | None = None):
         warmup_epochs=10,
         epochs=200 if imagenet else 500,
     )
-    default.scale_lr_with_batch(c.optim, 0.3)
+    config_defaults.scale_lr_with_batch(c.optim, 0.3)
   elif c.preset != "trifeature":
     raise ValueError(f"configs/simclr.py has presets imagenet100 and cifar10, not {c.preset!r}")
   return c

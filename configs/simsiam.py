@@ -9,11 +9,11 @@ App. A, D).
 python -m cl_jax.main --config=configs/simsiam.py[:imagenet100|:cifar10]
 """
 
-from configs import default
+from cl_jax import config_defaults
 
 
 def get_config(arg: str | None = None):
-  c = default.with_preset(default.base_config(), arg)
+  c = config_defaults.with_preset(config_defaults.base_config(), arg)
   c.method = "simsiam"
   c.dicr.update(weight=2.0, temperature=0.005)  # DICR's final lambda / tau for SimSiam (Sec. 4.1)
   c.model.update(
@@ -26,15 +26,15 @@ def get_config(arg: str | None = None):
       predictor_hidden_dim=32,
   )
   if c.preset == "trifeature":
-    c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/default.py)
+    c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/config_defaults.py)
   elif c.preset == "imagenet100":
     c.model.update(head_layers=3, head_hidden_dim=2048, head_out_dim=2048, predictor_hidden_dim=512)
     c.optim.update(lr_recipe="custom", batch_size=512, weight_decay=1e-4, epochs=200)
-    default.scale_lr_with_batch(c.optim, 0.05)  # Sec. 4: lr x BatchSize / 256, base lr 0.05
+    config_defaults.scale_lr_with_batch(c.optim, 0.05)  # Sec. 4: lr x BatchSize / 256, base lr 0.05
   elif c.preset == "cifar10":
     c.model.update(head_layers=2, head_hidden_dim=2048, head_out_dim=2048, predictor_hidden_dim=512)
     c.optim.update(lr_recipe="custom", batch_size=512, weight_decay=5e-4, epochs=800)
-    default.scale_lr_with_batch(c.optim, 0.03)  # App. D (CIFAR-10): base lr 0.03
+    config_defaults.scale_lr_with_batch(c.optim, 0.03)  # App. D (CIFAR-10): base lr 0.03
   elif c.preset != "trifeature":
     raise ValueError(f"configs/simsiam.py has presets imagenet100 and cifar10, not {c.preset!r}")
   return c

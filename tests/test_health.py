@@ -16,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import train
+from cl_jax import config_defaults, train
 from cl_jax import train_step as step_lib
 from cl_jax.analysis import collapse as health
 from cl_jax.data import photometric
 from cl_jax.runtime import parallel, run_log
 from cl_jax.runtime.progress import Progress
-from configs import default, mocov2, simsiam
+from configs import mocov2, simsiam
 
 HEALTH_KEYS = {"health/std", "health/std_sqrt_d", "health/rank", "health/align", "health/uniform"}
 
@@ -129,7 +129,7 @@ def _scalars(z):
 
 
 def _thresholds():
-  c = default.base_config().health
+  c = config_defaults.base_config().health
   return c.min_std_sqrt_d, c.min_rank
 
 

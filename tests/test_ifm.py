@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cl_jax import config_defaults
 from cl_jax import train_step as step_lib
 from cl_jax.addons.from_config import from_config
 from cl_jax.objectives import moco
 from cl_jax.runtime import parallel
-from configs import default
 
 DIM, QUEUE = 8, 16
 
@@ -44,7 +44,7 @@ def _np_loss(q, k, queue, t, T, eps, ns_alpha):
 def _addons(eps, alpha, enabled, with_ns):
   """The AddOns of a config with the `ifm` block (enabled, epsilon, alpha) and, with_ns, NS
   negatives of alpha 2, mode "in"."""
-  c = default.base_config()
+  c = config_defaults.base_config()
   c.ifm.update(enabled=enabled, epsilon=eps, alpha=alpha)
   c.nonsemantic.update(enabled=with_ns, alpha=2.0, alpha_mode="in")
   return from_config(c, 1)

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from cl_jax import config_check, train
+from cl_jax import config_check, config_defaults, train
 from cl_jax import memory_queue as queue_lib
 from cl_jax import train_step as step_lib
 from cl_jax.addons.from_config import AddOns
@@ -22,8 +22,8 @@ from cl_jax.models.encoder import build_encoder
 from cl_jax.objectives import moco
 from cl_jax.runtime import parallel, run_config
 from cl_jax.runtime.errors import UsageError
-from configs import default, loocpp, mocov2
 from configs import looc as looc_config
+from configs import loocpp, mocov2
 
 T = 0.2
 
@@ -85,7 +85,7 @@ def test_looc_loss_gradient_on_8_devices_equals_one_device():
 def test_one_head_is_the_moco_loss_bit_for_bit():
   q, k, queue = _embeddings(2, h=1)
   mesh = parallel.make_mesh(jax.devices()[:1])
-  c = default.base_config()
+  c = config_defaults.base_config()
   plain_loss = lambda q, k, z: moco.pair_loss(
       q, k, z, None, AddOns(), c.moco.temperature, mesh, jax.random.key(0), 0, q.shape[0]
   )[0]
@@ -143,7 +143,7 @@ def test_rotation_key_view_has_the_query_rotation_on_pixels():
 
 @pytest.mark.slow
 def test_encoder_heads_and_loocpp_conv5_features():
-  c = default.base_config()
+  c = config_defaults.base_config()
   c.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8, bn_groups=1)
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 16, 16, 3)), jnp.float32)
   plain = build_encoder(c.model)

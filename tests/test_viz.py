@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cl_jax import config_defaults
 from cl_jax.models.encoder import build_encoder
 from cl_jax.viz import curves, histograms, landscape
-from configs import default
 from tests import tiny_run
 from tests.conftest import ROOT
 
@@ -96,7 +96,7 @@ def test_landscape_epoch_means_match_numpy():
 
 
 def test_network_order_follows_the_forward_pass():
-  model = default.base_config().model
+  model = config_defaults.base_config().model
   model.update(width_multiplier=0.125, head_hidden_dim=32, head_out_dim=16)
   order = landscape.network_order(model, 16)
   position = [

@@ -308,6 +308,7 @@ def main(argv):
 def run() -> None:
   """The command line (python -m cl_jax.bench_report or cl_jax.bench.report)."""
   _define_flags()
+  cli.list_in_help(__name__)
   app.run(main, flags_parser=cli.parse_flags)
 
 

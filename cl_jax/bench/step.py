@@ -406,6 +406,7 @@ def _main_with_input(argv):
 
 def run() -> None:
   """The command line (python -m cl_jax.bench or cl_jax.bench.step)."""
+  cli.list_in_help(__name__)
   app.run(_main_with_input, flags_parser=cli.parse_flags)
 
 

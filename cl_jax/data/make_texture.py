@@ -10,7 +10,7 @@ Image i of the split, read through cl_jax.data.sources.open_source (role "pretra
 `quilting.texture_image(image_i, S, np.random.default_rng([seed, i]))`: image quilting from a
 centred and a random exemplar patch. The randomness of an image depends on (seed, i) only, so
 the result depends neither on --workers nor on interruptions. For Trifeature the source is the
-one of `configs.default.base_config().data` with --image_size, --num_images (default: the
+one of `cl_jax.config_defaults.base_config().data` with --image_size, --num_images (default: the
 config's train or test count) and --trifeature_seed applied, and S defaults to the image size;
 TFDS datasets need --data_dir and --size.
 
@@ -35,11 +35,11 @@ import numpy as np
 import tqdm
 from absl import app, flags
 
+from cl_jax import config_defaults
 from cl_jax.data import quilting, sources, tfds_source
 from cl_jax.data import texture_source as ts
 from cl_jax.runtime import child_processes, cli
 from cl_jax.runtime.errors import UsageError
-from configs import default
 
 SPLIT_ROLES = {"train": "pretrain", "test": "test"}
 _TEMP_SUFFIX = ".tmp"
@@ -69,7 +69,7 @@ def data_config(
     )
   if split not in SPLIT_ROLES:
     raise UsageError(f"unknown split {split!r}; choose one of {', '.join(SPLIT_ROLES)}")
-  data = default.base_config().data
+  data = config_defaults.base_config().data
   data.name = dataset
   trifeature_args = {
       "image_size": image_size,

@@ -10,13 +10,13 @@ each.
 """
 
 import contextlib
-import importlib.util
 import os
 import sys
 import traceback
 
 from absl import flags
 
+from cl_jax import config_defaults
 from cl_jax.runtime import run_config, write_faults
 from cl_jax.runtime.errors import UsageError
 
@@ -55,9 +55,7 @@ def resolve_config_path(value: str) -> str:
 def _load_config(value: str):
   """The ConfigDict of --config=PATH[:preset] (the file's get_config)."""
   path, _, preset = value.partition(":")
-  spec = importlib.util.spec_from_file_location("cl_jax_config_file", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = config_defaults.load_config_file(path)
   return module.get_config(preset) if preset else module.get_config()
 
 
@@ -123,6 +121,14 @@ def _broken_config_file(value: str) -> str | None:
     first = str(e).splitlines()[0] if str(e) else ""
     return f"config file {path} fails to load{where}: {type(e).__name__}: {first}"
   return None
+
+
+def list_in_help(module_name: str) -> None:
+  """Makes --help of the running program list the flags that `module_name` defines. absl's
+  --help lists the main module's flags only, so a command whose flags live in the module it
+  runs (python -m cl_jax.bench runs cl_jax.bench.step) would list none."""
+  for flag in flags.FLAGS.get_flags_for_module(module_name):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
 
 def start_reader(argv: list[str], workdir: str | None, purpose: str) -> None:

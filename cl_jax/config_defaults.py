@@ -5,9 +5,31 @@ the built-in Trifeature dataset, with the papers' augmentation and heads; the
 presets (`PRESETS`, written over it by `with_preset`) are tables of overrides:
 `QUICK` (the default, "trifeature") the quick run's departures from the papers,
 the others the fields that the papers' settings fix.
+
+Config files (the repository's `configs/NAME.py`) are loaded by their path, not imported as
+a package: `load_config_file` reads one, and a config built on another (DICR on its base
+methods) reads its sibling with `sibling_config`.
 """
 
+import importlib.util
+import os
+import types
+
 import ml_collections
+
+
+def load_config_file(path: str, module_name: str = "cl_jax_config_file") -> types.ModuleType:
+  """The Python config file at `path`, executed as a module named `module_name`."""
+  spec = importlib.util.spec_from_file_location(module_name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def sibling_config(config_file: str, name: str) -> types.ModuleType:
+  """The config file NAME.py in the folder of `config_file` (a config's __file__)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(config_file)), f"{name}.py")
+  return load_config_file(path, f"cl_jax_config_{name}")
 
 
 def scale_lr_with_batch(optim: ml_collections.ConfigDict, base_lr: float) -> None:
@@ -191,7 +213,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.probe = ml_collections.ConfigDict()
   c.probe.after_pretrain = True
-  c.probe.protocol = "fast"  # fast | paper
+  c.probe.protocol = "fast"  # fast | logreg | paper (cl_jax/evaluators/linear_probe.py)
   c.probe.batch_size = 256
   c.probe.epochs = 100
   c.probe.lr = 0.1
