@@ -69,7 +69,9 @@ def render_patches(views: jax.Array, layout: dict[str, jax.Array]) -> jax.Array:
 
   Output pixel (y, x) of image b lies in cell (y // d, x // d) at offset
   (y % d, x % d), so it copies view[b, cy + y % d, cx + x % d] where (cy, cx) is
-  that cell's crop corner: a single gather, static shapes for any d.
+  that cell's crop corner: a single gather, static shapes for any d. The gather is written
+  per image (vmap over the batch), so that XLA sees it read only its own image and keeps it
+  on the device that holds the image, instead of gathering the whole batch onto every device.
 
   Args:
     views: (B, S, S, C) augmented query views.
@@ -79,14 +81,14 @@ def render_patches(views: jax.Array, layout: dict[str, jax.Array]) -> jax.Array:
     (B, S, S, C) NS images, same dtype as views.
   """
   s = views.shape[1]
-  d = layout["size"][:, None, None]  # (B, 1, 1)
   pos = jnp.arange(s, dtype=jnp.int32)
-  yy, xx = pos[None, :, None], pos[None, None, :]  # (1, S, 1), (1, 1, S)
-  b = jnp.arange(views.shape[0])[:, None, None]
-  corner = layout["corner"][b, yy // d, xx // d]  # (B, S, S, 2)
-  src_y = corner[..., 0] + yy % d
-  src_x = corner[..., 1] + xx % d
-  return views[b, src_y, src_x]
+  yy, xx = pos[:, None], pos[None, :]  # (S, 1), (1, S)
+
+  def one(view, d, corners):  # (S, S, C), (), (G, G, 2)
+    corner = corners[yy // d, xx // d]  # (S, S, 2)
+    return view[corner[..., 0] + yy % d, corner[..., 1] + xx % d]
+
+  return jax.vmap(one)(views, layout["size"], layout["corner"])
 
 
 def patch_negatives(

@@ -93,9 +93,10 @@ def queue_terms(
     return QueueTerms(lse, jax.lax.dynamic_slice_in_dim(mean, own * rows, rows), var)
 
   spec = P(DATA_AXIS)
-  return jax.shard_map(
-      local, mesh=mesh, in_specs=(spec, spec), out_specs=QueueTerms(spec, spec, spec)
-  )(q, queue)
+  with jax.named_scope("queue_contrast"):  # names its collectives in the compiled program
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(spec, spec), out_specs=QueueTerms(spec, spec, spec)
+    )(q, queue)
 
 
 def union(terms: list[QueueTerms], active: jax.Array | bool = True) -> QueueTerms:

@@ -92,13 +92,15 @@ def encode_keys(
     ((N, d) unit keys (or output's (N, ...)), updated batch_stats).
   """
   if shuffle:
-    images = images.astype(encoder.backbone.dtype)
-    perm = jax.random.permutation(rng, images.shape[0])
-    images = _split_over(images[perm], mesh)
+    with jax.named_scope("shuffle_bn"):  # names the gathers in the compiled program
+      images = images.astype(encoder.backbone.dtype)
+      perm = jax.random.permutation(rng, images.shape[0])
+      images = _split_over(images[perm], mesh)
   out, batch_stats = encode(encoder, params, batch_stats, images)
   z = output(out)
   if shuffle:
-    z = _split_over(jnp.zeros_like(z).at[perm].set(z), mesh)
+    with jax.named_scope("shuffle_bn"):
+      z = _split_over(jnp.zeros_like(z).at[perm].set(z), mesh)
   return jax.lax.stop_gradient(z), batch_stats
 
 

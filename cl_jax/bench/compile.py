@@ -1,0 +1,412 @@
+"""Compile a config's train step ahead of time for TPU slices and NVIDIA H100s, on a machine
+without them, and read what the compiled program does on each chip.
+
+python -m cl_jax.bench.compile --config=configs/mocov2.py:imagenet100 --target=v5e:2x2
+    [--batch_per_chip=N | --max_batch] [--json]
+
+TARGET: a TPU slice FAMILY:SHAPE, FAMILY one of v4, v5e, v5p, v6e and SHAPE its chips per
+dimension (v5e:2x2 is 4 chips on one host, v5e:4x4 16 chips on 4 hosts, v5p:2x2x4 16 chips on
+4 hosts), or h100:N, N NVIDIA H100 SXM GPUs (8 per host). The compilers come from
+requirements-compile.txt: libtpu for TPUs, JAX's CUDA plugin for GPUs (no GPU or CUDA driver
+is needed to compile; cuDNN's algorithms are not autotuned, so a convolution's workspace is
+not in the memory figures).
+
+The step, its state and batch shardings are built by the trainer's own code
+(cl_jax.train.build, cl_jax.train_step, cl_jax.runtime.parallel) on a mesh over the target's
+devices, at the config's global batch (or --batch_per_chip x chips, the learning rate being
+irrelevant to the program), and compiled, not run. Reported per chip:
+  - memory: argument, output, aliased (donated), temporary and peak bytes (XLA's buffer
+    assignment for the chip, cl_jax.bench.memory.memory_analysis) against the chip's HBM
+    (cl_jax.bench.chips); donated bytes against the state's;
+  - FLOPs per step and per image: XLA's cost analysis of the compiled program (TPU), or of the
+    program before optimisation (GPU, whose compiled program reports none);
+  - every collective: kind, count, bytes per chip, replica groups and the operation of the
+    JAX program that caused it (its op_name), each classified by what data parallelism needs
+    (gradient reduction, batch-norm statistics, the MoCo queue's keys, the shuffled key batch)
+    or flagged;
+  - a dtype census of convolutions and matrix products (a bf16 config computes them in bf16),
+    float64 anywhere, and host transfers or callbacks (none belong in the step);
+  - a roofline estimate: step time >= max(FLOPs / peak, bytes accessed / bandwidth).
+--max_batch compiles the step at two per-chip batches, fits peak = fixed + per image x batch
+and compiles the largest batch the fit allows to check that it fits.
+"""
+
+import collections
+import dataclasses
+import json
+import os
+import re
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from cl_jax import config_check, train
+from cl_jax import train_step as step_lib
+from cl_jax.bench import chips, synthetic_step
+from cl_jax.bench import memory as bench_memory
+from cl_jax.runtime import cli, parallel
+from cl_jax.runtime.errors import UsageError
+
+H100_SPEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h100_sxm.txtpb")
+GPUS_PER_HOST = 8
+# TPU families whose chips have two TensorCores run as one device each ("megacore"); their
+# topology names the generation without its letter (v5p is "v5").
+_MEGACORE = {"v4": "v4", "v5p": "v5"}
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
+_DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8})
+_SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([\d,]*)\]")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([\w\-]+)\((.*)$")
+_HOST = ("send", "recv", "infeed", "outfeed", "send-done", "recv-done")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """A compile target: its name, chip and compile-only devices."""
+
+  name: str
+  chip: chips.Chip
+  devices: tuple
+  hosts: int
+
+
+def _needs(what: str, package: str) -> UsageError:
+  return UsageError(
+      f"compiling for {what} needs {package}: pip install -r requirements-compile.txt"
+  )
+
+
+def target(name: str) -> Target:
+  """The Target of TARGET (see the module docstring); UsageError for a malformed name or a
+  missing compiler."""
+  from jax.experimental import topologies
+
+  family, _, shape = name.partition(":")
+  if family == "h100":
+    if not shape.isdigit() or int(shape) < 1:
+      raise UsageError(f"--target={name}: give h100:N with N GPUs, e.g. h100:8")
+    n = int(shape)
+    hosts = max(1, -(-n // GPUS_PER_HOST))
+    if n > GPUS_PER_HOST and n % GPUS_PER_HOST:
+      raise UsageError(f"--target={name}: more than {GPUS_PER_HOST} GPUs come in whole hosts of 8")
+    try:
+      import jax_plugins.xla_cuda12  # noqa: F401  (registers the CUDA compiler)
+    except ImportError as error:
+      raise _needs("H100s", "JAX's CUDA plugin (jax-cuda12-plugin, jax-cuda12-pjrt)") from error
+    with open(H100_SPEC) as f:
+      spec = f.read()
+    topology = f"1x{hosts}x{n // hosts}"
+    desc = topologies.get_topology_desc(platform="cuda", target_config=spec, topology=topology)
+    return Target(name, chips.CHIPS["h100"], tuple(desc.devices), hosts)
+  if family not in chips.CHIPS or not re.fullmatch(r"\d+(x\d+){1,2}", shape):
+    raise UsageError(
+        f"--target={name}: give FAMILY:SHAPE with FAMILY one of v4, v5e, v5p, v6e "
+        "(e.g. v5e:2x2, v5p:2x2x1) or h100:N"
+    )
+  if family in _MEGACORE and shape.count("x") != 2:
+    raise UsageError(f"--target={name}: {family} slices are 3-D, e.g. {family}:2x2x1")
+  try:
+    import libtpu  # noqa: F401
+  except ImportError as error:
+    raise _needs("TPUs", "libtpu") from error
+  if family in _MEGACORE:
+    desc = topologies.get_topology_desc(
+        f"{_MEGACORE[family]}:{shape}",
+        "tpu",
+        chip_config_name="megacore",
+        chips_per_host_bounds=(2, 2, 1),
+        num_slices=1,
+        wrap=(False, False, False),
+    )
+  else:
+    desc = topologies.get_topology_desc(f"{family}:{shape}", "tpu")
+  devices = tuple(desc.devices)
+  hosts = len({d.process_index for d in devices})
+  return Target(name, chips.CHIPS[family], devices, hosts)
+
+
+def for_target(config: ml_collections.ConfigDict, chips_n: int, batch_per_chip: int | None):
+  """`config` with its global batch set to batch_per_chip x chips (the lr recipe made
+  "custom": the learning rate does not change the program), validated for chips_n devices."""
+  config = config.copy_and_resolve_references()
+  if batch_per_chip is not None:
+    config.optim.lr_recipe = "custom"
+    config.optim.batch_size = batch_per_chip * chips_n
+  config_check.validate(config, num_devices=chips_n, reads_data=False)
+  return config
+
+
+def lower_step(config: ml_collections.ConfigDict, devices) -> tuple:
+  """(lowered lean train step, abstract state) of `config` on a mesh over `devices`: the
+  trainer's state, step and shardings on abstract arrays."""
+  mesh = parallel.make_mesh(list(devices))
+  batch = config.optim.batch_size
+  built = train.build(config, batch, mesh)
+  abstract = jax.eval_shape(built.make_state)
+  state_sharding = parallel.state_sharding(abstract, mesh)
+  state = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sharding
+  )
+  batch_sharding = parallel.batch_sharding(mesh)
+  host = synthetic_step.synthetic_batch(config, batch, np.random.default_rng(0))
+  data = {
+      k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding) for k, v in host.items()
+  }
+  step = step_lib.make_train_step(config, built.encoder, built.tx, built.schedule, mesh, 1, False)
+  jitted = step_lib.jit_train_step(step, state_sharding, batch_sharding)
+  return jitted.lower(state, data), state
+
+
+def _bytes(arrays: list[tuple[str, str]]) -> int:
+  """Bytes of (dtype, "d0,d1,...") arrays."""
+  return sum(
+      _DTYPE_BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+      for dtype, dims in arrays
+  )
+
+
+def result_arrays(inst: dict) -> list[tuple[str, str]]:
+  """The (dtype, dims) arrays a collective delivers. An asynchronous start (all-gather-start,
+  collective-permute-start, ...) returns its operands beside its results: only the results
+  count (all-reduce-start returns its results alone)."""
+  arrays = _SHAPE.findall(inst["type"])
+  if not inst["op"].endswith("-start") or inst["op"] == "all-reduce-start":
+    return arrays
+  if inst["op"] == "collective-permute-start":
+    return arrays[1:2]
+  return arrays[len(arrays) // 2 :]
+
+
+def instructions(hlo_text: str) -> list[dict]:
+  """Every instruction of an HLO module's text: result type, opcode, the rest of its line
+  (operands and attributes)."""
+  out = []
+  for line in hlo_text.splitlines():
+    match = _INSTRUCTION.match(line)
+    if match:
+      out.append(
+          {
+              "name": match.group(1),
+              "type": match.group(2),
+              "op": match.group(3),
+              "rest": match.group(4),
+          }
+      )
+  return out
+
+
+_BN = re.compile(r"(^|[/(:])(\w+_)?bn\d*(/|$)|batch_?norm", re.I)
+
+
+def classify(op_name: str, kind: str) -> str:
+  """What a collective is for, from the JAX operation that caused it (its op_name metadata:
+  the named scopes and flax modules on its path), or "unexpected"."""
+  if "shuffle_bn" in op_name:
+    return "shuffled key batch"
+  if "queue_contrast" in op_name:
+    return "queue contrast"
+  if "transpose(" in op_name and kind in ("all-reduce", "reduce-scatter"):
+    return "gradient reduction"
+  if _BN.search(op_name) and kind == "all-reduce":
+    return "batch-norm statistics"
+  if kind == "all-reduce":
+    return "reduction of a loss or metric"
+  return "unexpected"
+
+
+def collectives(insts: list[dict]) -> list[dict]:
+  """The collectives of a compiled program, grouped by (kind, dtype, purpose): count, bytes
+  per chip (their results'), replica groups and the JAX operations that caused them."""
+  groups = collections.OrderedDict()
+  for inst in insts:
+    kind = inst["op"].removesuffix("-start")
+    if kind not in _COLLECTIVES or inst["op"].endswith("-done"):
+      continue
+    op_name = re.search(r'op_name="([^"]*)"', inst["rest"])
+    op_name = op_name.group(1) if op_name else ""
+    replica = re.search(
+        r"replica_groups=(\{[^=]*?\}\}|\[[^\]]*\]<=\[[^\]]*\][^,\s]*)", inst["rest"]
+    )
+    arrays = result_arrays(inst)
+    dtypes = sorted(set(d for d, _ in arrays))
+    purpose = classify(op_name, kind)
+    key = (kind, ",".join(dtypes), purpose)
+    g = groups.setdefault(
+        key,
+        {"kind": kind, "dtype": key[1], "purpose": purpose, "count": 0, "bytes": 0, "ops": []},
+    )
+    g["count"] += 1
+    g["bytes"] += _bytes(arrays)
+    g["replica_groups"] = replica.group(1) if replica else ""
+    if op_name and op_name not in g["ops"] and len(g["ops"]) < 3:
+      g["ops"].append(op_name)
+  return list(groups.values())
+
+
+def census(insts: list[dict]) -> dict:
+  """Convolutions and dots by operand dtypes, float64 values, and host transfers or
+  callbacks."""
+  types = {inst["name"]: inst["type"] for inst in insts}
+  products = collections.Counter()
+  for inst in insts:
+    if inst["op"] in ("convolution", "dot"):
+      operands = inst["rest"].split(")")[0]
+      # Operands are printed with their types, or by name only: then their definition's.
+      dtypes = [d for d, _ in _SHAPE.findall(operands)] or [
+          d
+          for name in re.findall(r"%([\w.\-]+)", operands)
+          for d, _ in _SHAPE.findall(types.get(name, ""))[:1]
+      ]
+      products[f"{inst['op']} {'x'.join(dtypes[:2]) or '?'}"] += 1
+  return {
+      "products": dict(sorted(products.items())),
+      "float64": sum("f64[" in inst["type"] for inst in insts),
+      "host": sorted(
+          {
+              inst["op"]
+              for inst in insts
+              if inst["op"] in _HOST
+              or (inst["op"] == "custom-call" and "callback" in inst["rest"].lower())
+          }
+      ),
+  }
+
+
+def analyse(config, tgt: Target) -> dict:
+  """Compile the lean train step of `config` for `tgt` and read it (module docstring)."""
+  chips_n = len(tgt.devices)
+  start = time.perf_counter()
+  lowered, state = lower_step(config, tgt.devices)
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+  memory = bench_memory.memory_analysis(compiled)
+  cost = compiled.cost_analysis() or {}
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  flops_source = "compiled"
+  if not cost.get("flops"):
+    unoptimised = lowered.cost_analysis() or {}
+    # The unoptimised program is the global one: its FLOPs are all chips' together.
+    cost = {"flops": float(unoptimised.get("flops", 0.0)) / chips_n}
+    flops_source = "unoptimised / chips"
+  state_bytes = sum(
+      int(np.prod(s.shape)) * s.dtype.itemsize // (chips_n if s.sharding.spec else 1)
+      for s in jax.tree.leaves(state)
+  )
+  insts = instructions(compiled.as_text())
+  batch = config.optim.batch_size
+  flops = float(cost.get("flops", 0.0))
+  accessed = float(cost.get("bytes accessed", 0.0))
+  bound_s = max(flops / tgt.chip.peak_bf16_flops, accessed / tgt.chip.hbm_bytes_per_s)
+  return {
+      "target": tgt.name,
+      "chip": tgt.chip.name,
+      "chips": chips_n,
+      "hosts": tgt.hosts,
+      "preset": config.get("preset", ""),
+      "global_batch": batch,
+      "batch_per_chip": batch // chips_n,
+      "compile_s": round(compile_s, 1),
+      "memory": memory,
+      "hbm_bytes": tgt.chip.hbm_bytes,
+      "fits": memory["peak"] <= tgt.chip.hbm_bytes,
+      "state_bytes": state_bytes,
+      "flops_per_chip": flops,
+      "flops_per_image": flops * chips_n / batch,
+      "flops_source": flops_source,
+      "bytes_accessed_per_chip": accessed,
+      "roofline_img_per_s_per_chip": (batch / chips_n) / bound_s if bound_s else None,
+      "collectives": collectives(insts),
+      "census": census(insts),
+  }
+
+
+def max_batch(config, tgt: Target, first: int) -> dict:
+  """The largest per-chip batch whose step fits the chip: peaks at `first` and 2 x `first`
+  images per chip, a linear fit, then the fitted batch compiled to check it."""
+  chips_n = len(tgt.devices)
+  peaks = {}
+  for per_chip in (first, 2 * first):
+    result = analyse(for_target(config, chips_n, per_chip), tgt)
+    peaks[per_chip] = result["memory"]["peak"]
+  fit = bench_memory.largest_batch(peaks, tgt.chip.hbm_bytes, 1)
+  checked = analyse(for_target(config, chips_n, fit["batch"]), tgt) if fit["batch"] else None
+  return {"fit": fit, "peaks": peaks, "checked": checked}
+
+
+def report(result: dict) -> str:
+  """The analysis as text."""
+  gib = 2**30
+  m = result["memory"]
+  lines = [
+      f"{result['target']}: {result['chips']} x {result['chip']} on {result['hosts']} host(s), "
+      f"global batch {result['global_batch']} ({result['batch_per_chip']} per chip), "
+      f"compiled in {result['compile_s']} s",
+      f"  memory per chip: peak {m['peak'] / gib:.2f} GiB of {result['hbm_bytes'] / gib:.1f} GiB "
+      f"({'fits' if result['fits'] else 'DOES NOT FIT'}); arguments {m['argument'] / gib:.2f}, "
+      f"outputs {m['output'] / gib:.2f}, donated {m['alias'] / gib:.2f} (state "
+      f"{result['state_bytes'] / gib:.2f}), temporaries {m['temp'] / gib:.2f} GiB",
+      f"  FLOPs per image {result['flops_per_image'] / 1e9:.1f} G ({result['flops_source']})",
+  ]
+  if result["roofline_img_per_s_per_chip"]:
+    lines.append(
+        "  roofline (an estimate, not a measurement): at most "
+        f"{result['roofline_img_per_s_per_chip']:.0f} img/s per chip"
+    )
+  lines.append("  collectives per step (kind, dtype, purpose: count, MB per chip):")
+  for c in result["collectives"]:
+    lines.append(
+        f"    {c['kind']} {c['dtype']} {c['purpose']}: {c['count']}, {c['bytes'] / 1e6:.1f} MB"
+        + (f"  e.g. {c['ops'][0]}" if c["purpose"] == "unexpected" and c["ops"] else "")
+    )
+  cen = result["census"]
+  products = ", ".join(f"{k}: {v}" for k, v in cen["products"].items())
+  lines.append(f"  convolutions and dots by operand dtypes: {products or 'none'}")
+  lines.append(f"  float64 values: {cen['float64']}; host transfers: {cen['host'] or 'none'}")
+  return "\n".join(lines)
+
+
+def _define_flags():
+  """The command's flags (defined only when it runs as a program)."""
+  config_flags.DEFINE_config_file(
+      "config",
+      None,
+      "Config file, optionally with a preset: configs/NAME.py[:preset].",
+      lock_config=True,
+  )
+  flags.DEFINE_string("target", None, "v4:2x2x1, v5e:2x2, v5e:4x4, v5p:2x2x1, v6e:2x2, h100:N.")
+  flags.DEFINE_integer("batch_per_chip", None, "Images per chip (default: the config's batch).")
+  flags.DEFINE_bool("max_batch", False, "Find the largest per-chip batch that fits the chip.")
+  flags.DEFINE_bool("json", False, "Print the result as one JSON line.")
+  flags.mark_flags_as_required(["config", "target"])
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  # Compile-only devices: nothing runs here, and this machine's own backend stays the CPU.
+  jax.config.update("jax_platforms", "cpu")
+  with cli.report():
+    tgt = target(f.target)
+    if f.max_batch:
+      result = max_batch(f.config, tgt, f.batch_per_chip or 8)
+      text = (
+          f"largest batch per chip on {tgt.name}: {result['fit']['batch']} (peak = "
+          f"{result['fit']['fixed_bytes'] / 2**30:.2f} GiB + "
+          f"{result['fit']['per_image_bytes'] / 2**20:.1f} MiB per image)"
+      )
+      if result["checked"]:
+        text += "\n" + report(result["checked"])
+    else:
+      result = analyse(for_target(f.config, len(tgt.devices), f.batch_per_chip), tgt)
+      text = report(result)
+  print(json.dumps(result) if f.json else text)
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main, flags_parser=cli.parse_flags)

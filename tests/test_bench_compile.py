@@ -1,0 +1,80 @@
+"""cl_jax.bench.compile: its HLO readers on a hand-written module, target names, and the
+compiled step of the tiny test config on 8 CPU devices: it communicates only what data
+parallelism needs."""
+
+import os
+
+import jax
+import pytest
+
+from cl_jax.bench import chips
+from cl_jax.bench import compile as bench_compile
+from cl_jax.runtime.errors import UsageError
+from tests import tiny_run
+
+# A hand-written HLO module: two gradient all-reduces, an asynchronous all-gather of bf16 key
+# images in the shuffle_bn scope, an all-to-all nobody asked for, a bf16 and an f32
+# convolution, a float64 constant and a host callback.
+with open(os.path.join(os.path.dirname(__file__), "data", "train_step_collectives.hlo")) as f:
+  HLO = f.read()
+
+
+def test_the_readers_find_each_collective_its_bytes_purpose_and_the_census():
+  insts = bench_compile.instructions(HLO)
+  found = {(c["kind"], c["dtype"], c["purpose"]): c for c in bench_compile.collectives(insts)}
+  assert set(found) == {
+      ("all-reduce", "f32", "gradient reduction"),
+      ("all-gather", "bf16", "shuffled key batch"),
+      ("all-to-all", "f32", "unexpected"),
+  }
+  grads = found["all-reduce", "f32", "gradient reduction"]
+  assert (grads["count"], grads["bytes"], grads["replica_groups"]) == (2, 2 * 64 * 4, "[1,8]<=[8]")
+  gather = found["all-gather", "bf16", "shuffled key batch"]
+  # The start op's tuple holds its operand and its result: only the gathered result counts.
+  assert (gather["count"], gather["bytes"]) == (1, 32 * 8 * 8 * 3 * 2)
+  assert gather["replica_groups"] == "{{0,1,2,3,4,5,6,7}}"
+  assert found["all-to-all", "f32", "unexpected"]["ops"] == ["jit(train_step)/mystery"]
+  census = bench_compile.census(insts)
+  assert census["products"] == {"convolution bf16xbf16": 1, "convolution f32xf32": 1}
+  assert census["float64"] == 1
+  assert census["host"] == ["custom-call"]
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("v5e", "give FAMILY:SHAPE"),
+        ("v7x:2x2", "give FAMILY:SHAPE"),
+        ("v5e:2by2", "give FAMILY:SHAPE"),
+        ("h100:0", "give h100:N"),
+        ("h100:12", "whole hosts of 8"),
+        ("v4:2x2", "3-D"),
+    ],
+)
+def test_a_bad_target_is_refused_in_one_line(name, message):
+  with pytest.raises(UsageError, match=message):
+    bench_compile.target(name)
+
+
+@pytest.mark.slow  # one compile of the tiny step on 8 devices
+def test_the_tiny_step_on_eight_cpu_devices_communicates_what_data_parallelism_needs():
+  from ml_collections import config_flags  # noqa: F401  (flags parsing of the tiny config)
+
+  from cl_jax import config_defaults
+  from tests.conftest import ROOT
+
+  config = config_defaults.load_config_file(f"{ROOT}/configs/mocov2_patchns.py").get_config()
+  for flag in tiny_run.FLAGS[1:]:
+    field, _, value = flag[len("--config.") :].partition("=")
+    block, name = field.split(".")
+    config[block][name] = type(config[block][name])(value)
+  cpu = chips.Chip("CPU", float("inf"), 1e12, 1e11, "")
+  target = bench_compile.Target("cpu:8", cpu, tuple(jax.devices()[:8]), 1)
+  result = bench_compile.analyse(bench_compile.for_target(config, 8, 4), target)
+  assert result["global_batch"] == 32 and result["batch_per_chip"] == 4
+  purposes = {c["purpose"] for c in result["collectives"]}
+  assert "unexpected" not in purposes, result["collectives"]
+  assert "gradient reduction" in purposes
+  assert not result["census"]["float64"] and not result["census"]["host"]
+  # The donated state is reused for the new state: every state byte is aliased.
+  assert result["memory"]["alias"] >= result["state_bytes"]
