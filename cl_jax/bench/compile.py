@@ -19,7 +19,8 @@ irrelevant to the program), and compiled, not run. Reported per chip:
     assignment for the chip, cl_jax.bench.memory.memory_analysis) against the chip's HBM
     (cl_jax.bench.chips); donated bytes against the state's;
   - FLOPs per step and per image: XLA's cost analysis of the compiled program (TPU), or of the
-    program before optimisation (GPU, whose compiled program reports none);
+    program before optimisation, lowered for one CPU device (GPU, whose compiled program reports
+    none);
   - every collective: kind, count, bytes per chip, replica groups and the operation of the
     JAX program that caused it (its op_name), each classified by what data parallelism needs
     (gradient reduction, batch-norm statistics, the MoCo queue's keys, the shuffled key batch)
@@ -289,10 +290,12 @@ def analyse(config, tgt: Target) -> dict:
     cost = cost[0] if cost else {}
   flops_source = "compiled"
   if not cost.get("flops"):
-    unoptimised = lowered.cost_analysis() or {}
-    # The unoptimised program is the global one: its FLOPs are all chips' together.
+    # The GPU compiler reports no cost analysis: count the unoptimised program of the same
+    # global batch on one CPU device instead (all chips' FLOPs together).
+    on_cpu, _ = lower_step(config, jax.devices("cpu")[:1])
+    unoptimised = on_cpu.cost_analysis() or {}
     cost = {"flops": float(unoptimised.get("flops", 0.0)) / chips_n}
-    flops_source = "unoptimised / chips"
+    flops_source = "unoptimised program / chips"
   state_bytes = sum(
       int(np.prod(s.shape)) * s.dtype.itemsize // (chips_n if s.sharding.spec else 1)
       for s in jax.tree.leaves(state)
