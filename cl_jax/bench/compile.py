@@ -219,9 +219,12 @@ def classify(op_name: str, kind: str) -> str:
   return "unexpected"
 
 
-def collectives(insts: list[dict]) -> list[dict]:
+def collectives(insts: list[dict], param_elements: int | None = None) -> list[dict]:
   """The collectives of a compiled program, grouped by (kind, dtype, purpose): count, bytes
-  per chip (their results'), replica groups and the JAX operations that caused them."""
+  per chip (their results'), replica groups and the JAX operations that caused them. A
+  reduction without an op_name that holds at least as many elements as the parameters
+  (param_elements) is the gradient reduction, which the GPU compiler concatenates into one
+  array with the batch-norm statistics and the loss."""
   groups = collections.OrderedDict()
   for inst in insts:
     kind = inst["op"].removesuffix("-start")
@@ -235,6 +238,12 @@ def collectives(insts: list[dict]) -> list[dict]:
     arrays = result_arrays(inst)
     dtypes = sorted(set(d for d, _ in arrays))
     purpose = classify(op_name, kind)
+    elements = sum(
+        int(np.prod([int(d) for d in dims.split(",") if d] or [1])) for _, dims in arrays
+    )
+    if not op_name and kind in ("all-reduce", "reduce-scatter") and param_elements:
+      if elements >= param_elements:
+        purpose = "gradient reduction"
     key = (kind, ",".join(dtypes), purpose)
     g = groups.setdefault(
         key,
@@ -254,7 +263,10 @@ def census(insts: list[dict]) -> dict:
   types = {inst["name"]: inst["type"] for inst in insts}
   products = collections.Counter()
   for inst in insts:
-    if inst["op"] in ("convolution", "dot"):
+    op = inst["op"]
+    if op == "custom-call" and '"__cudnn$conv' in inst["rest"]:
+      op = "convolution"  # the GPU compiler's convolutions are cuDNN calls
+    if op in ("convolution", "dot"):
       operands = inst["rest"].split(")")[0]
       # Operands are printed with their types, or by name only: then their definition's.
       dtypes = [d for d, _ in _SHAPE.findall(operands)] or [
@@ -262,7 +274,7 @@ def census(insts: list[dict]) -> dict:
           for name in re.findall(r"%([\w.\-]+)", operands)
           for d, _ in _SHAPE.findall(types.get(name, ""))[:1]
       ]
-      products[f"{inst['op']} {'x'.join(dtypes[:2]) or '?'}"] += 1
+      products[f"{op} {'x'.join(dtypes[:2]) or '?'}"] += 1
   return {
       "products": dict(sorted(products.items())),
       "float64": sum("f64[" in inst["type"] for inst in insts),
@@ -301,6 +313,7 @@ def analyse(config, tgt: Target) -> dict:
       for s in jax.tree.leaves(state)
   )
   insts = instructions(compiled.as_text())
+  param_elements = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state.params))
   batch = config.optim.batch_size
   flops = float(cost.get("flops", 0.0))
   accessed = float(cost.get("bytes accessed", 0.0))
@@ -323,7 +336,7 @@ def analyse(config, tgt: Target) -> dict:
       "flops_source": flops_source,
       "bytes_accessed_per_chip": accessed,
       "roofline_img_per_s_per_chip": (batch / chips_n) / bound_s if bound_s else None,
-      "collectives": collectives(insts),
+      "collectives": collectives(insts, param_elements),
       "census": census(insts),
   }
 
