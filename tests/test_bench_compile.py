@@ -10,7 +10,6 @@ import pytest
 from cl_jax.bench import chips
 from cl_jax.bench import compile as bench_compile
 from cl_jax.runtime.errors import UsageError
-from tests import tiny_run
 
 # A hand-written HLO module: two gradient all-reduces and a concatenated unnamed one (as the GPU
 # compiler emits), a cuDNN convolution, an asynchronous all-gather of bf16 key
@@ -23,13 +22,19 @@ with open(os.path.join(os.path.dirname(__file__), "data", "train_step_collective
 def test_the_readers_find_each_collective_its_bytes_purpose_and_the_census():
   insts = bench_compile.instructions(HLO)
   # 64 parameters: the unnamed all-reduce of 70 elements is the GPU compiler's concatenated
-  # gradient reduction (gradients, batch-norm statistics and the loss in one array).
-  found = {(c["kind"], c["dtype"], c["purpose"]): c for c in bench_compile.collectives(insts, 64)}
+  # gradient reduction (gradients, batch-norm statistics and the loss in one array). Global
+  # batch 32: the loss's scalar all-reduce is expected, the all-reduce of 32 images is not.
+  found = {
+      (c["kind"], c["dtype"], c["purpose"]): c for c in bench_compile.collectives(insts, 64, 32)
+  }
   assert set(found) == {
       ("all-reduce", "f32", "gradient reduction"),
+      ("all-reduce", "f32", "reduction of a loss or metric"),
+      ("all-reduce", "f32", "unexpected"),
       ("all-gather", "bf16", "shuffled key batch"),
       ("all-to-all", "f32", "unexpected"),
   }
+  assert found["all-reduce", "f32", "unexpected"]["bytes"] == 32 * 8 * 8 * 3 * 4
   grads = found["all-reduce", "f32", "gradient reduction"]
   assert (grads["count"], grads["bytes"]) == (3, (2 * 64 + 70) * 4)
   gather = found["all-gather", "bf16", "shuffled key batch"]
@@ -62,21 +67,21 @@ def test_a_bad_target_is_refused_in_one_line(name, message):
 
 @pytest.mark.slow  # one compile of the tiny step on 8 devices
 def test_the_tiny_step_on_eight_cpu_devices_communicates_what_data_parallelism_needs():
-  from ml_collections import config_flags  # noqa: F401  (flags parsing of the tiny config)
-
   from cl_jax import config_defaults
   from tests.conftest import ROOT
 
+  # The tiny run's config (tests/tiny_run.py FLAGS) at a global batch of 32 on 8 devices.
   config = config_defaults.load_config_file(f"{ROOT}/configs/mocov2_patchns.py").get_config()
-  for flag in tiny_run.FLAGS[1:]:
-    field, _, value = flag[len("--config.") :].partition("=")
-    block, name = field.split(".")
-    config[block][name] = type(config[block][name])(value)
+  config.data.image_size = 16
+  config.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=32, head_out_dim=16)
+  config.moco.queue_size = 128
+  config.nonsemantic.update(patch_min=2, patch_max=6)
   cpu = chips.Chip("CPU", float("inf"), 1e12, 1e11, "")
   target = bench_compile.Target("cpu:8", cpu, tuple(jax.devices()[:8]), 1)
   result = bench_compile.analyse(bench_compile.for_target(config, 8, 4), target)
   assert result["global_batch"] == 32 and result["batch_per_chip"] == 4
   purposes = {c["purpose"] for c in result["collectives"]}
+  # An "unexpected" collective here was the patch negatives' gather, all-reducing every view.
   assert "unexpected" not in purposes, result["collectives"]
   assert "gradient reduction" in purposes
   assert not result["census"]["float64"] and not result["census"]["host"]

@@ -162,12 +162,14 @@ def lower_step(config: ml_collections.ConfigDict, devices) -> tuple:
   return jitted.lower(state, data), state
 
 
+def _elements(dims: str) -> int:
+  """Elements of an HLO array of dims "d0,d1,..." ("" for a scalar)."""
+  return int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+
+
 def _bytes(arrays: list[tuple[str, str]]) -> int:
   """Bytes of (dtype, "d0,d1,...") arrays."""
-  return sum(
-      _DTYPE_BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
-      for dtype, dims in arrays
-  )
+  return sum(_DTYPE_BYTES[dtype] * _elements(dims) for dtype, dims in arrays)
 
 
 def result_arrays(inst: dict) -> list[tuple[str, str]]:
@@ -203,28 +205,36 @@ def instructions(hlo_text: str) -> list[dict]:
 _BN = re.compile(r"(^|[/(:])(\w+_)?bn\d*(/|$)|batch_?norm", re.I)
 
 
-def classify(op_name: str, kind: str) -> str:
-  """What a collective is for, from the JAX operation that caused it (its op_name metadata:
-  the named scopes and flax modules on its path), or "unexpected"."""
+def classify(
+    op_name: str, kind: str, elements: int, param_elements: int | None, batch: int | None
+) -> str:
+  """What a collective of `elements` result elements is for, from the JAX operation that caused
+  it (its op_name metadata: the named scopes and flax modules on its path), or "unexpected".
+  A reduction without an op_name that holds at least as many elements as the parameters is the
+  gradient reduction, which the GPU compiler concatenates into one array with the batch-norm
+  statistics and the loss. Any other all-reduce is a loss's or a metric's when it holds at most
+  one value per image of the global batch (`batch`), else unexpected (an all-reduce of
+  images is a gather that XLA could not keep on the devices that hold them)."""
   if "shuffle_bn" in op_name:
     return "shuffled key batch"
   if "queue_contrast" in op_name:
     return "queue contrast"
-  if "transpose(" in op_name and kind in ("all-reduce", "reduce-scatter"):
+  reduction = kind in ("all-reduce", "reduce-scatter")
+  combined = not op_name and param_elements is not None and elements >= param_elements
+  if reduction and ("transpose(" in op_name or combined):
     return "gradient reduction"
   if _BN.search(op_name) and kind == "all-reduce":
     return "batch-norm statistics"
-  if kind == "all-reduce":
+  if kind == "all-reduce" and (batch is None or elements <= batch):
     return "reduction of a loss or metric"
   return "unexpected"
 
 
-def collectives(insts: list[dict], param_elements: int | None = None) -> list[dict]:
-  """The collectives of a compiled program, grouped by (kind, dtype, purpose): count, bytes
-  per chip (their results'), replica groups and the JAX operations that caused them. A
-  reduction without an op_name that holds at least as many elements as the parameters
-  (param_elements) is the gradient reduction, which the GPU compiler concatenates into one
-  array with the batch-norm statistics and the loss."""
+def collectives(
+    insts: list[dict], param_elements: int | None = None, batch: int | None = None
+) -> list[dict]:
+  """The collectives of a compiled program, grouped by (kind, dtype, purpose; classify): count,
+  bytes per chip (their results'), replica groups and the JAX operations that caused them."""
   groups = collections.OrderedDict()
   for inst in insts:
     kind = inst["op"].removesuffix("-start")
@@ -237,13 +247,8 @@ def collectives(insts: list[dict], param_elements: int | None = None) -> list[di
     )
     arrays = result_arrays(inst)
     dtypes = sorted(set(d for d, _ in arrays))
-    purpose = classify(op_name, kind)
-    elements = sum(
-        int(np.prod([int(d) for d in dims.split(",") if d] or [1])) for _, dims in arrays
-    )
-    if not op_name and kind in ("all-reduce", "reduce-scatter") and param_elements:
-      if elements >= param_elements:
-        purpose = "gradient reduction"
+    elements = sum(_elements(dims) for _, dims in arrays)
+    purpose = classify(op_name, kind, elements, param_elements, batch)
     key = (kind, ",".join(dtypes), purpose)
     g = groups.setdefault(
         key,
@@ -336,7 +341,7 @@ def analyse(config, tgt: Target) -> dict:
       "flops_source": flops_source,
       "bytes_accessed_per_chip": accessed,
       "roofline_img_per_s_per_chip": (batch / chips_n) / bound_s if bound_s else None,
-      "collectives": collectives(insts, param_elements),
+      "collectives": collectives(insts, param_elements, batch),
       "census": census(insts),
   }
 
