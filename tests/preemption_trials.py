@@ -15,6 +15,7 @@ import argparse
 import glob
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -64,15 +65,18 @@ def wait_for_checkpoint(workdir, proc, step: int | None = None) -> None:
 
 def run(workdir, *extra, processes: int = 1, timeout=900) -> subprocess.CompletedProcess:
   """The tiny run to its end, as `processes` processes (tiny_run.start); the exit status is
-  the first non-zero one, stdout and stderr those of all processes in turn."""
+  the first non-zero one, stdout and stderr those of all processes in turn (`.stdouts`: each
+  process's stdout)."""
   procs = start(workdir, *extra, processes=processes)
   outs = [p.communicate(timeout=timeout) for p in procs]
-  return subprocess.CompletedProcess(
+  done = subprocess.CompletedProcess(
       procs[0].args,
       next((p.returncode for p in procs if p.returncode), 0),
       "".join(o for o, _ in outs),
       "".join(e for _, e in outs),
   )
+  done.stdouts = [o for o, _ in outs]  # each process's own
+  return done
 
 
 def steps(workdir) -> list[int]:
@@ -127,9 +131,10 @@ def _phase(signalled_at: float, lines: list, workdir) -> str:
   orbax tmp folder existed then (set by the caller), else 'step'."""
   rows = {r["step"]: r for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))}
   for arrived, line in lines:
-    if not line.startswith("step "):
+    progress = re.match(r"step (\d+)/", line)  # a progress line, not a notice "step N: ..."
+    if progress is None:
       continue
-    step = int(line.split()[1].split("/")[0])
+    step = int(progress.group(1))
     seconds = rows.get(step, {}).get("knn/seconds")
     if seconds is not None and arrived - seconds <= signalled_at <= arrived:
       return "knn"
@@ -246,6 +251,7 @@ def trial(
       "line": lines[target][0] if lines[target] else "",
       "checks": checks,
       "resume_stderr": resumed.stderr[-2000:],
+      "resume_stdouts": resumed.stdouts,
   }
 
 

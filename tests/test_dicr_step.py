@@ -64,18 +64,22 @@ def _batch():
   return out
 
 
-def _step(config, devices=1):
+def _step(config, devices=1, at_steps=(0,)):
+  """One step of `config` compiled once and taken from the initial state with its step counter
+  set to each of `at_steps` (4 steps per epoch): the encoder, the initial state, and the state
+  after and the metrics of the first of them, then the metrics of the others."""
   mesh = parallel.make_mesh(jax.devices()[:devices])
   encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
-  state = make_state()
-  before = jax.device_get(state)
+  before = jax.device_get(make_state())
   fn = step_lib.jit_train_step(
       step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4),
-      parallel.state_sharding(state, mesh),
+      parallel.state_sharding(before, mesh),
       parallel.batch_sharding(mesh),
   )
-  after, metrics = fn(state, parallel.global_batch(_batch(), mesh))
-  return encoder, before, jax.device_get(after), jax.device_get(metrics)
+  batch = parallel.global_batch(_batch(), mesh)
+  taken = [fn(make_state().replace(step=np.int32(t)), batch) for t in at_steps]
+  after, metrics = jax.device_get(taken[0])
+  return encoder, before, after, metrics, *[jax.device_get(m) for _, m in taken[1:]]
 
 
 @pytest.mark.parametrize("name", list(BASE))
@@ -136,15 +140,6 @@ def test_simclr_step_adds_lambda_times_the_numpy_dicr_loss():
   assert metrics["dicr/weight"] == weight
 
 
-@pytest.mark.parametrize("name", ["simsiam", "byol"])
-def test_lambda_is_zero_in_the_first_epoch(name):
-  # ResNet-18: the plain step is the recorded one above, compiled once for both tests.
-  _, _, _, plain = _step(_config(name, depth=18))
-  _, _, _, warm = _step(_config(name, depth=18, dicr={"enabled": True, "warmup_epochs": 1}))
-  assert warm["dicr/weight"] == 0.0 and warm["dicr/loss"] > 0.0
-  np.testing.assert_allclose(warm["loss"], plain["loss"], rtol=1e-6, atol=1e-7)
-
-
 @pytest.mark.parametrize(
     "name, blocks",
     [
@@ -192,16 +187,22 @@ def test_one_and_eight_devices_take_the_same_step(name, blocks):
         ),
         ("moco", {"ft": {"enabled": True}}),
         ("byol", {"nonsemantic": {"enabled": True, "patch_min": 2, "patch_max": 6, "alpha": 0.3}}),
+        ("simsiam", {}),
     ],
 )
-def test_dicr_adds_its_term_on_top_of_the_other_addons(name, addons):
-  dicr_on = {"dicr": {"enabled": True, "warmup_epochs": 0}}
+def test_dicr_adds_its_term_on_top_of_the_other_addons_from_its_warmup_on(name, addons):
+  """lambda is 0 in the first epoch (warmup_epochs=1): the step is the one without DICR, whose
+  loss it still reports; from epoch 1 (step 4) the loss is the step's without DICR plus
+  lambda L_DICR."""
+  dicr_on = {"dicr": {"enabled": True, "warmup_epochs": 1, "weight": 0.5}}
   config = _config(name, **addons, **dicr_on)
   config_check.validate(config)
-  _, _, _, without = _step(_config(name, **addons))
-  _, _, after, metrics = _step(config)
-  assert np.isfinite(metrics["loss"]) and metrics["dicr/loss"] > 0
+  *_, without, without_later = _step(_config(name, **addons), at_steps=(0, 4))
+  _, _, after, warm, later = _step(config, at_steps=(0, 4))
+  assert warm["dicr/weight"] == 0.0 and warm["dicr/loss"] > 0.0
+  np.testing.assert_allclose(warm["loss"], without["loss"], rtol=1e-6, atol=1e-7)
   assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(after.params))
+  assert later["dicr/weight"] == 0.5 and later["dicr/loss"] > 0
   np.testing.assert_allclose(
-      metrics["loss"], without["loss"] + metrics["dicr/weight"] * metrics["dicr/loss"], rtol=1e-5
+      later["loss"], without_later["loss"] + 0.5 * later["dicr/loss"], rtol=1e-5
   )

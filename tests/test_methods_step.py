@@ -40,20 +40,31 @@ def batch():
   }
 
 
-def _step(config, batch, devices=1, perturb_target=False):
+def _step(config, batch, devices=1, perturb_target=False, at_steps=(0,)):
+  """One step of `config` compiled once and taken from the initial state with its step counter
+  set to each of `at_steps` (4 steps per epoch): the encoder, the initial state, and the state
+  after and the metrics of the first of them, then the metrics of the others."""
   mesh = parallel.make_mesh(jax.devices()[:devices])
   encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
-  state = make_state()
-  if perturb_target:  # a target that differs from the online network
-    state = state.replace(target_params=jax.tree.map(lambda x: 0.9 * x + 0.01, state.target_params))
-  before = jax.device_get(state)
+
+  def initial(step):
+    state = make_state().replace(step=np.int32(step))
+    if perturb_target:  # a target that differs from the online network
+      state = state.replace(
+          target_params=jax.tree.map(lambda x: 0.9 * x + 0.01, state.target_params)
+      )
+    return state
+
+  before = jax.device_get(initial(at_steps[0]))
   fn = step_lib.jit_train_step(
       step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4),
-      parallel.state_sharding(state, mesh),
+      parallel.state_sharding(before, mesh),
       parallel.batch_sharding(mesh),
   )
-  after, metrics = fn(state, parallel.global_batch(jax.device_get(batch), mesh))
-  return encoder, before, jax.device_get(after), jax.device_get(metrics)
+  global_batch = parallel.global_batch(jax.device_get(batch), mesh)
+  taken = [fn(initial(t), global_batch) for t in at_steps]
+  after, metrics = jax.device_get(taken[0])
+  return encoder, before, after, metrics, *[jax.device_get(m) for _, m in taken[1:]]
 
 
 def _views(config, state, batch):
@@ -147,9 +158,9 @@ def test_simclr_loss_is_nt_xent_of_the_two_views(batch):
 
 @pytest.mark.parametrize("module", [byol, simsiam])
 def test_positive_extrapolation_before_its_start_epoch_changes_nothing(module, batch):
-  _, _, plain_state, plain = _step(_config(module), batch)
+  _, _, plain_state, plain, plain_later = _step(_config(module), batch, at_steps=(0, 4))
   ft = {"enabled": True, "negative": "none", "start_epoch": 1}
-  _, _, ft_state, waiting = _step(_config(module, ft=ft), batch)
+  _, _, ft_state, waiting, active = _step(_config(module, ft=ft), batch, at_steps=(0, 4))
   # Equal up to float32 rounding: the inactive pairs are selected with jnp.where,
   # which XLA may fuse differently from the plain graph.
   np.testing.assert_allclose(waiting["loss"], plain["loss"], rtol=1e-6, atol=1e-7)
@@ -158,8 +169,8 @@ def test_positive_extrapolation_before_its_start_epoch_changes_nothing(module, b
       ft_state.params,
       plain_state.params,
   )
-  _, _, _, active = _step(_config(module, ft={**ft, "start_epoch": 0}), batch)
-  assert active["loss"] != plain["loss"]
+  # From its start epoch (step 4: epoch 1) the extrapolated positives change the loss.
+  assert active["loss"] != plain_later["loss"]
 
 
 @pytest.mark.parametrize("module", [simclr, byol])
