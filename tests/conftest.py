@@ -54,7 +54,7 @@ if _SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from tests import suite_profile, tiny_run  # noqa: E402
+from tests import preemption_trials, suite_profile, tiny_run  # noqa: E402
 
 
 class _SuiteProfile:
@@ -96,18 +96,13 @@ def pytest_configure(config):
     config.pluginmanager.register(_SuiteProfile(os.environ[suite_profile.ENV]))
 
 
-@pytest.fixture(scope="session")
-def finished_run() -> subprocess.CompletedProcess:
-  """The shared finished tiny run (tests/tiny_run.py FINISHED), trained once per test run and
-  by one xdist worker (the others wait on a lock and read what it left): its CompletedProcess,
-  with `.args` the command and the workdir in `.workdir`. Read-only: a test that writes into a
-  run takes `finished_run_copy`."""
-  workdir = os.path.join(RUN_DIR, "finished_run")
-  with open(os.path.join(RUN_DIR, "finished_run.lock"), "w") as lock:
+def _run_once(name: str, command: list[str]) -> subprocess.CompletedProcess:
+  """`command` run to its end once per test run, by one xdist worker (the others wait on a
+  lock and read what it left): its CompletedProcess."""
+  with open(os.path.join(RUN_DIR, f"{name}.lock"), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    done = os.path.join(RUN_DIR, "finished_run.json")
+    done = os.path.join(RUN_DIR, f"{name}.json")
     if not os.path.exists(done):
-      command = tiny_run.command(workdir, tiny_run.FINISHED)
       proc = subprocess.run(
           command, cwd=ROOT, env=tiny_run.env(), capture_output=True, text=True, timeout=900
       )
@@ -125,6 +120,27 @@ def finished_run() -> subprocess.CompletedProcess:
       record = json.load(f)
   proc = subprocess.CompletedProcess(**record)
   assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
+@pytest.fixture(scope="session")
+def finished_run() -> subprocess.CompletedProcess:
+  """The shared finished tiny run (tests/tiny_run.py FINISHED), trained once per test run:
+  its CompletedProcess, with `.args` the command and the workdir in `.workdir`. Read-only: a
+  test that writes into a run takes `finished_run_copy`."""
+  workdir = os.path.join(RUN_DIR, "finished_run")
+  proc = _run_once("finished_run", tiny_run.command(workdir, tiny_run.FINISHED))
+  proc.workdir = workdir
+  return proc
+
+
+@pytest.fixture(scope="session")
+def straight_run() -> subprocess.CompletedProcess:
+  """The run of the stop-and-resume trials (tests/preemption_trials.py, 48 steps) never
+  stopped, trained once per test run: the reference of every stopped and resumed run. Its
+  CompletedProcess with `.workdir`. Read-only."""
+  workdir = os.path.join(RUN_DIR, "straight_run")
+  proc = _run_once("straight_run", preemption_trials.command(workdir))
   proc.workdir = workdir
   return proc
 

@@ -26,13 +26,9 @@ ROOT = trials.ROOT
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-  """(final train state, seconds) of the tiny run never stopped."""
-  workdir = tmp_path_factory.mktemp("straight")
-  started = time.time()
-  done = trials.run(workdir)
-  assert done.returncode == 0, done.stderr[-3000:]
-  return trials.final_state(workdir), time.time() - started
+def reference(straight_run):
+  """The final train state of the tiny run never stopped (the shared straight_run)."""
+  return trials.final_state(straight_run.workdir)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +42,7 @@ def reference(tmp_path_factory):
     ids=["term-step", "term-save", "term-knn", "usr1"],
 )
 def test_stop_signal_saves_and_resumes_bit_for_bit(tmp_path, reference, sig, moment, phases):
-  state, _ = reference
+  state = reference
   extra = () if sig == signal.SIGTERM else ("--stop_signal=USR1",)
   got = trials.trial(tmp_path / "run", moment, sig, state, *extra)
   assert all(got["checks"].values()), (got, got["resume_stderr"])
@@ -59,7 +55,7 @@ def test_stop_signal_saves_and_resumes_bit_for_bit(tmp_path, reference, sig, mom
 def test_sigterm_after_the_loop_ends_at_once_in_one_line(tmp_path, reference):
   """SIGTERM during the probe that follows training: exit 143 at once with one line, the
   final checkpoint intact, and the same command afterwards finds the run finished."""
-  state, _ = reference
+  state = reference
   workdir = tmp_path / "run"
   (proc,) = trials.start(workdir, "--probe=true")
   trials.wait_for_checkpoint(workdir, proc, trials.TOTAL)
@@ -81,7 +77,7 @@ def test_sigterm_after_the_loop_ends_at_once_in_one_line(tmp_path, reference):
 
 
 def test_second_writer_is_refused_and_the_first_finishes(tmp_path, reference):
-  state, _ = reference
+  state = reference
   workdir = tmp_path / "run"
   (first,) = trials.start(workdir)
   trials.wait_for_checkpoint(workdir, first)
@@ -110,7 +106,7 @@ def test_stop_at_a_reached_step_says_so_and_fails(tmp_path):
 
 
 def test_torn_metrics_line_resumes_and_viz_reads(tmp_path, reference):
-  state, _ = reference
+  state = reference
   workdir = tmp_path / "run"
   chunk = trials.run(workdir, "--stop_at_step=8")
   assert chunk.returncode == 0, chunk.stderr[-3000:]
@@ -149,7 +145,7 @@ def test_file_size_limit_stops_in_one_line_and_resumes_exactly(tmp_path, referen
   """A write fault every machine can make: files larger than the process's file size limit.
   A save fails: one line, no tmp folder, and the same command without the limit runs to
   the state of the run that never failed."""
-  state, _ = reference
+  state = reference
   workdir = tmp_path / "run"
   failed = subprocess.run(
       trials.command(workdir),
@@ -209,7 +205,7 @@ def test_full_disk_then_read_only_then_freed(tmp_path, reference):
   """On a 3 MB file system the run fills the disk at a save: one line naming the last
   intact checkpoint, nothing lost. Read-only, the trainer and the probe stop in one line
   before any work. With space, the same command resumes to the uninterrupted state."""
-  state, _ = reference
+  state = reference
   with _tmpfs(str(tmp_path / "disk"), "3m") as disk:
     workdir = os.path.join(disk, "run")
     full = trials.run(workdir)

@@ -20,7 +20,7 @@ import pytest
 
 from cl_jax import train
 from cl_jax.runtime import checkpoint, metrics, parallel, run_config
-from tests import tiny_run
+from tests import preemption_trials, tiny_run
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
@@ -130,12 +130,13 @@ def test_pretrain_then_probe_report(finished_run, finished_run_copy):
   assert set(report["accuracy"]) == {"shape", "texture", "colour"}
 
 
-def _start_and_stop(workdir, extra, sig) -> tuple[int, str]:
-  """Start a run, send `sig` to its process group once it has saved step 8 or later;
-  (exit status, stderr)."""
+def _start_and_stop(workdir, sig) -> tuple[int, str]:
+  """Start the stop-and-resume trials' run (tests/preemption_trials.py), send `sig` to its
+  process group once it has saved step 8 or later; (exit status, stderr)."""
   proc = subprocess.Popen(
-      _cmd(workdir, *extra),
+      preemption_trials.command(workdir),
       cwd=ROOT,
+      env=tiny_run.env(),
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
@@ -149,19 +150,17 @@ def _start_and_stop(workdir, extra, sig) -> tuple[int, str]:
   return proc.returncode, err
 
 
-def test_killed_and_interrupted_runs_resume_exactly(tmp_path):
-  extra = ("--config.optim.epochs=6", "--config.train.checkpoint_every=4", "--probe=false")
-  straight, killed, interrupted = tmp_path / "straight", tmp_path / "killed", tmp_path / "ctrl_c"
-  done = _run(straight, *extra)
-  assert done.returncode == 0, done.stderr[-3000:]
-  reference = _losses(straight)
+def test_killed_and_interrupted_runs_resume_exactly(tmp_path, straight_run):
+  """Against the shared run never stopped (48 steps, a checkpoint every 4)."""
+  killed, interrupted = tmp_path / "killed", tmp_path / "ctrl_c"
+  reference = _losses(straight_run.workdir)
   assert sorted(reference) == list(range(1, 49))
 
-  _start_and_stop(killed, extra, signal.SIGKILL)
+  _start_and_stop(killed, signal.SIGKILL)
   killed_at = max(_steps(killed))
   assert 8 <= killed_at < 48, "the run was not killed during training"
 
-  status, err = _start_and_stop(interrupted, extra, signal.SIGINT)
+  status, err = _start_and_stop(interrupted, signal.SIGINT)
   assert status == 130
   lines = err.strip().splitlines()
   assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
@@ -170,7 +169,7 @@ def test_killed_and_interrupted_runs_resume_exactly(tmp_path):
   assert lines[0].endswith("--probe=false") and "Resume with: python -m cl_jax.main" in lines[0]
 
   for workdir, step in ((killed, killed_at), (interrupted, saved)):
-    resumed = _run(workdir, *extra)
+    resumed = preemption_trials.run(workdir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from the checkpoint at step {step} of 48" in resumed.stdout
     # One metrics row per step, every one equal to the uninterrupted run's.
