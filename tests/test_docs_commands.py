@@ -10,15 +10,13 @@ import importlib.util
 import os
 import re
 import shlex
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
-from concurrent import futures
 
 import pytest
 
 from cl_jax import config_defaults
 from cl_jax.runtime import run_config
+from tests import forked_commands
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # one fresh interpreter per command: seconds each
@@ -88,17 +86,10 @@ def entry_modules() -> list[str]:
   return sorted(out)
 
 
-def help_flags(module: str) -> dict[str, dict]:
+def help_flags(module: str, server: forked_commands.Server) -> dict[str, dict]:
   """{flag name: {"file": defining module, "key": listed by --help, "type": ...}} from
-  `python -m module --helpxml`."""
-  proc = subprocess.run(
-      [sys.executable, "-m", module, "--helpxml"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"),
-  )
+  `python -m module --helpxml`, started by `server`."""
+  proc = server.run([module, "--helpxml"], timeout=300)
   start = proc.stdout.find("<?xml")
   assert (
       start >= 0
@@ -115,10 +106,11 @@ def help_flags(module: str) -> dict[str, dict]:
 
 @functools.cache
 def all_help_flags() -> dict[str, dict[str, dict]]:
-  """help_flags of every entry module that can start here, two commands at a time."""
+  """help_flags of every entry module that can start here, each command a process forked
+  from one that has imported the libraries (tests/forked_commands.py)."""
   modules = [m for m in entry_modules() if _startable(m)]
-  with futures.ThreadPoolExecutor(2) as pool:
-    return dict(zip(modules, pool.map(help_flags, modules)))
+  with forked_commands.Server(dict(os.environ, JAX_PLATFORMS="cpu")) as server:
+    return {m: help_flags(m, server) for m in modules}
 
 
 def _config_fields(value: str) -> set[str] | None:
