@@ -13,6 +13,7 @@ The server is a subprocess of the test (a pytest worker has started JAX's backen
 threads, which a fork must not copy); it answers one JSON line per request on its stdout.
 """
 
+import atexit
 import json
 import os
 import runpy
@@ -75,6 +76,20 @@ class Server:
 
   def __exit__(self, *exc):
     self.close()
+
+
+_SHARED: list[Server] = []
+
+
+def shared() -> Server:
+  """This process's Server with the tiny run's environment (tests/tiny_run.py env()), started
+  at the first call and ended when the process exits."""
+  if not _SHARED:
+    from tests import tiny_run
+
+    _SHARED.append(Server(tiny_run.env()))
+    atexit.register(_SHARED[0].close)
+  return _SHARED[0]
 
 
 def _child(args: list[str], devices: int, out_path: str, err_path: str) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from cl_jax import train
 from cl_jax.runtime import checkpoint, metrics, parallel, run_config
-from tests import preemption_trials, tiny_run
+from tests import forked_commands, preemption_trials, tiny_run
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
@@ -38,9 +38,9 @@ def _cmd(workdir, *extra):
 
 
 def _run(workdir, *extra, timeout=600):
-  return subprocess.run(
-      _cmd(workdir, *extra), cwd=ROOT, capture_output=True, text=True, timeout=timeout
-  )
+  """_cmd in a process forked from one that has imported the libraries
+  (tests/forked_commands.py)."""
+  return forked_commands.shared().run(_cmd(workdir, *extra)[2:], timeout=timeout)
 
 
 def _losses(workdir) -> dict[int, float]:

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from cl_jax.runtime import metrics
-from tests import tiny_run
+from tests import forked_commands, tiny_run
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
@@ -30,9 +30,9 @@ PROBE = [
 
 
 def _run(workdir, name, *extra):
-  cmd = [
-      sys.executable,
-      "-m",
+  """`python -m cl_jax.main` in a process forked from one that has imported the libraries
+  (tests/forked_commands.py)."""
+  args = [
       "cl_jax.main",
       f"--config=configs/{name}.py",
       f"--workdir={workdir}",
@@ -40,9 +40,7 @@ def _run(workdir, name, *extra):
       "--config.optim.epochs=1",
       *extra,
   ]
-  proc = subprocess.run(
-      cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=tiny_run.env()
-  )
+  proc = forked_commands.shared().run(args, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
 

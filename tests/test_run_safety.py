@@ -23,7 +23,7 @@ from cl_jax.runtime import cli, metrics, run_config, workdir_lock
 from cl_jax.runtime.errors import UsageError
 from configs import looc as looc_config
 from configs import mocov2_patchns
-from tests import tiny_run
+from tests import forked_commands, tiny_run
 from tests.conftest import ROOT
 
 # The shared finished run's flags after tiny_run.FLAGS (its config), without its probe.
@@ -31,8 +31,14 @@ EXTRA = (*tiny_run.FINISHED[len(tiny_run.FLAGS) :], "--probe=false")
 
 
 def _run(workdir, *extra, cwd=ROOT):
+  """`python -m cl_jax.main` of the tiny run, from the repository root in a process forked
+  from one that has imported the libraries (tests/forked_commands.py), elsewhere started
+  afresh."""
+  args = ["cl_jax.main", f"--workdir={workdir}", *tiny_run.FLAGS, *extra]
+  if cwd == ROOT:
+    return forked_commands.shared().run(args, timeout=600)
   return subprocess.run(
-      [sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}", *tiny_run.FLAGS, *extra],
+      [sys.executable, "-m", *args],
       cwd=cwd,
       capture_output=True,
       text=True,
