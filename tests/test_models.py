@@ -556,11 +556,12 @@ def test_predictor_maps_the_unnormalised_projection():
 
 
 def test_predict_without_predictor_is_an_error():
+  # Shapes only: the error is raised while the forward is traced.
   encoder = build_encoder(_model_config(dtype='float32'))
   x = jnp.zeros((2, 16, 16, 3))
-  variables = encoder.init(jax.random.key(0), x, train=False)
+  variables = jax.eval_shape(lambda: encoder.init(jax.random.key(0), x, train=False))
   with pytest.raises(ValueError, match='predictor_hidden_dim'):
-    encoder.apply(variables, x, train=False, predict=True)
+    jax.eval_shape(lambda v: encoder.apply(v, x, train=False, predict=True), variables)
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 
 import numpy as np
@@ -19,8 +18,7 @@ from cl_jax.analysis import intervals, study, study_plot, study_records, study_r
 from cl_jax.analysis.intervals import NOT_RESOLVED, OPPOSITE, REPRODUCED, Interval
 from cl_jax.runtime.errors import UsageError
 from cl_jax.studies import CLAIMS, STUDIES
-from tests import study_fakes, tiny_run
-from tests.conftest import ROOT
+from tests import forked_commands, study_fakes, tiny_run
 
 
 def test_t_interval_matches_a_hand_computed_case_and_scipy():
@@ -244,9 +242,9 @@ def base_value(config, field):
 def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
   sets = [f"--set={f[len('--config.') :]}" for f in tiny_run.FLAGS if f.startswith("--config.")]
   sets += ["--set=optim.epochs=1", "--set=eval.every=0"]
+  # Each command in a process forked from one that has imported the libraries.
+  run = forked_commands.shared().run
   cmd = [
-      sys.executable,
-      "-m",
       "cl_jax.study",
       "--study=ge_nojitter",
       "--seeds=1",
@@ -254,7 +252,7 @@ def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
       f"--results={tmp_path / 'results'}",
       *sets,
   ]
-  out = subprocess.run(cmd, cwd=ROOT, env=tiny_run.env(), capture_output=True, text=True)
+  out = run(cmd)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "training in" in out.stdout
   assert "Verdict: **not resolved**" in out.stdout  # one seed has no interval
@@ -263,9 +261,9 @@ def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
     assert record["config"]["aug.jitter_prob"] == 0.0 and record["step"] == 8
     assert 0 <= record["metrics"]["shape"] <= 100 and "random_init/shape" in record["metrics"]
   assert (tmp_path / "results/ge_nojitter.png").stat().st_size > 1000
-  again = subprocess.run(cmd, cwd=ROOT, env=tiny_run.env(), capture_output=True, text=True)
+  again = run(cmd)
   assert again.returncode == 0 and "training in" not in again.stdout
-  bad = subprocess.run(cmd[:-1] + ["--set=nonsense"], cwd=ROOT, capture_output=True, text=True)
+  bad = run(cmd[:-1] + ["--set=nonsense"])
   assert bad.returncode == 1 and bad.stderr.strip().startswith("error: --set=nonsense")
 
 
