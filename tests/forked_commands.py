@@ -56,7 +56,12 @@ class Server:
     """`python -m *args` on `devices` CPU devices: a CompletedProcess (args, returncode,
     stdout, stderr); a command still running after `timeout` s is killed (returncode -9)."""
     with self._lock:
-      request = {"args": list(args), "devices": devices, "timeout": timeout}
+      request = {
+          "args": list(args),
+          "devices": devices,
+          "timeout": timeout,
+          "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+      }
       self._proc.stdin.write(json.dumps(request) + "\n")
       self._proc.stdin.flush()
       line = self._proc.stdout.readline()
@@ -92,10 +97,16 @@ def shared() -> Server:
   return _SHARED[0]
 
 
-def _child(args: list[str], devices: int, out_path: str, err_path: str) -> None:
-  """In the forked process: stdout and stderr to the files, then `python -m *args`. Never
-  returns: SystemExit or an uncaught exception ends the process as the interpreter would."""
+def _child(request: dict, out_path: str, err_path: str) -> None:
+  """In the forked process: stdout and stderr to the files, then `python -m *args` on
+  `devices` CPU devices, as the test `test` asked. Never returns: SystemExit or an uncaught
+  exception ends the process as the interpreter would."""
   import jax
+
+  args, devices = request["args"], request["devices"]
+  os.environ["PYTEST_CURRENT_TEST"] = request["test"]
+  if "tests.suite_profile" in sys.modules:  # a profiled test run (tests/suite_profile.py)
+    sys.modules["tests.suite_profile"].restart_subprocess_record(request["test"])
 
   for fd, path in ((1, out_path), (2, err_path)):
     target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -117,6 +128,8 @@ def _serve() -> None:
 
   for name in PRELOAD:
     importlib.import_module(name)
+  if "tests.suite_profile" in sys.modules:  # the server itself is not a command: no record
+    sys.modules["tests.suite_profile"].restart_subprocess_record("")
   answers = sys.stdout
   for line in sys.stdin:
     request = json.loads(line)
@@ -125,7 +138,7 @@ def _serve() -> None:
     out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
     pid = os.fork()
     if pid == 0:
-      _child(request["args"], request["devices"], out_path, err_path)
+      _child(request, out_path, err_path)
     deadline = time.monotonic() + request["timeout"]
     while True:
       done, status = os.waitpid(pid, os.WNOHANG)

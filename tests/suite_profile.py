@@ -64,22 +64,26 @@ def listen(monitoring=None):
   _listening = True
 
 
+_RECORD = {}
+
+
 def start_subprocess_record(out_dir):
   """In a subprocess: counts from startup and writes <out_dir>/proc/<pid>.json at exit."""
-  start = time.time()
-  test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+  _RECORD.update(
+      start=time.time(), test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+  )
 
   def write():
-    if not test:  # not started by a test (pytest itself, or an xdist worker)
+    if not _RECORD["test"]:  # not started by a test (pytest itself, or an xdist worker)
       return
     os.makedirs(os.path.join(out_dir, "proc"), exist_ok=True)
     record = {
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "argv": sys.argv,
-        "test": test,
-        "start": start,
-        "wall_s": time.time() - start,
+        "test": _RECORD["test"],
+        "start": _RECORD["start"],
+        "wall_s": time.time() - _RECORD["start"],
         **COUNTS,
     }
     with open(os.path.join(out_dir, "proc", f"{os.getpid()}.json"), "w") as f:
@@ -87,3 +91,12 @@ def start_subprocess_record(out_dir):
 
   atexit.register(write)
   import_hook.after_import("jax._src.monitoring", listen)
+
+
+def restart_subprocess_record(test: str) -> None:
+  """In a process forked from a profiled one (tests/forked_commands.py): its record starts
+  now, with zero counts, for `test` (the PYTEST_CURRENT_TEST of the test that asked for it)."""
+  if _RECORD:
+    _RECORD.update(start=time.time(), test=test.rsplit(" (", 1)[0])
+    for name in COUNTS:
+      COUNTS[name] = 0
