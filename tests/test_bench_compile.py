@@ -39,6 +39,7 @@ def test_the_readers_find_each_collective_its_bytes_purpose_and_the_census():
   assert (grads["count"], grads["bytes"]) == (3, (2 * 64 + 70) * 4)
   gather = found["all-gather", "bf16", "shuffled key batch"]
   # The start op's tuple holds its operand and its result: only the gathered result counts.
+  # Its copy in a TPU collective fusion (the same channel_id) is the same transfer, counted once.
   assert (gather["count"], gather["bytes"]) == (1, 32 * 8 * 8 * 3 * 2)
   assert gather["replica_groups"] == "{{0,1,2,3,4,5,6,7}}"
   assert found["all-to-all", "f32", "unexpected"]["ops"] == ["jit(train_step)/mystery"]

@@ -234,12 +234,20 @@ def collectives(
     insts: list[dict], param_elements: int | None = None, batch: int | None = None
 ) -> list[dict]:
   """The collectives of a compiled program, grouped by (kind, dtype, purpose; classify): count,
-  bytes per chip (their results'), replica groups and the JAX operations that caused them."""
+  bytes per chip (their results'), replica groups and the JAX operations that caused them. The
+  TPU compiler copies a collective into the fusions that consume its result in pieces (its
+  async collective fusions); the copies keep its channel_id and are one transfer, counted once."""
   groups = collections.OrderedDict()
+  channels = set()
   for inst in insts:
     kind = inst["op"].removesuffix("-start")
     if kind not in _COLLECTIVES or inst["op"].endswith("-done"):
       continue
+    channel = re.search(r"channel_id=(\d+)", inst["rest"])
+    if channel:
+      if channel.group(1) in channels:
+        continue
+      channels.add(channel.group(1))
     op_name = re.search(r'op_name="([^"]*)"', inst["rest"])
     op_name = op_name.group(1) if op_name else ""
     replica = re.search(
