@@ -30,11 +30,15 @@ def test_the_readers_find_each_collective_its_bytes_purpose_and_the_census():
   assert set(found) == {
       ("all-reduce", "f32", "gradient reduction"),
       ("all-reduce", "f32", "reduction of a loss or metric"),
+      ("all-reduce", "s32", "reduction of a loss or metric"),
       ("all-reduce", "f32", "unexpected"),
       ("all-gather", "bf16", "shuffled key batch"),
       ("all-to-all", "f32", "unexpected"),
   }
   assert found["all-reduce", "f32", "unexpected"]["bytes"] == 32 * 8 * 8 * 3 * 4
+  # Two reductions of 24 values, combined by XLA into one all-reduce of 48 (more than the
+  # batch): each array holds at most one value per image, so it is a metric's.
+  assert found["all-reduce", "s32", "reduction of a loss or metric"]["bytes"] == 2 * 24 * 4
   grads = found["all-reduce", "f32", "gradient reduction"]
   assert (grads["count"], grads["bytes"]) == (3, (2 * 64 + 70) * 4)
   gather = found["all-gather", "bf16", "shuffled key batch"]

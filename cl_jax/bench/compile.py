@@ -206,15 +206,17 @@ _BN = re.compile(r"(^|[/(:])(\w+_)?bn\d*(/|$)|batch_?norm", re.I)
 
 
 def classify(
-    op_name: str, kind: str, elements: int, param_elements: int | None, batch: int | None
+    op_name: str, kind: str, sizes: list[int], param_elements: int | None, batch: int | None
 ) -> str:
-  """What a collective of `elements` result elements is for, from the JAX operation that caused
-  it (its op_name metadata: the named scopes and flax modules on its path), or "unexpected".
-  A reduction without an op_name that holds at least as many elements as the parameters is the
-  gradient reduction, which the GPU compiler concatenates into one array with the batch-norm
-  statistics and the loss. Any other all-reduce is a loss's or a metric's when it holds at most
-  one value per image of the global batch (`batch`), else unexpected (an all-reduce of
-  images is a gather that XLA could not keep on the devices that hold them)."""
+  """What a collective whose result arrays hold `sizes` elements is for, from the JAX operation
+  that caused it (its op_name metadata: the named scopes and flax modules on its path), or
+  "unexpected". A reduction without an op_name that holds at least as many elements as the
+  parameters is the gradient reduction, which the GPU compiler concatenates into one array with
+  the batch-norm statistics and the loss. Any other all-reduce is a loss's or a metric's when
+  each of its arrays (XLA combines several small reductions into one) holds at most one value
+  per image of the global batch (`batch`), else unexpected (an all-reduce of images is a
+  gather that XLA could not keep on the devices that hold them)."""
+  elements = sum(sizes)
   if "shuffle_bn" in op_name:
     return "shuffled key batch"
   if "queue_contrast" in op_name:
@@ -225,7 +227,7 @@ def classify(
     return "gradient reduction"
   if _BN.search(op_name) and kind == "all-reduce":
     return "batch-norm statistics"
-  if kind == "all-reduce" and (batch is None or elements <= batch):
+  if kind == "all-reduce" and (batch is None or max(sizes) <= batch):
     return "reduction of a loss or metric"
   return "unexpected"
 
@@ -255,8 +257,9 @@ def collectives(
     )
     arrays = result_arrays(inst)
     dtypes = sorted(set(d for d, _ in arrays))
-    elements = sum(_elements(dims) for _, dims in arrays)
-    purpose = classify(op_name, kind, elements, param_elements, batch)
+    purpose = classify(
+        op_name, kind, [_elements(dims) for _, dims in arrays], param_elements, batch
+    )
     key = (kind, ",".join(dtypes), purpose)
     g = groups.setdefault(
         key,
