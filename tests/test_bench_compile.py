@@ -29,6 +29,7 @@ def test_the_readers_find_each_collective_its_bytes_purpose_and_the_census():
   }
   assert set(found) == {
       ("all-reduce", "f32", "gradient reduction"),
+      ("all-reduce", "bf16", "gradient reduction"),
       ("all-reduce", "f32", "reduction of a loss or metric"),
       ("all-reduce", "s32", "reduction of a loss or metric"),
       ("all-reduce", "f32", "unexpected"),
@@ -41,6 +42,10 @@ def test_the_readers_find_each_collective_its_bytes_purpose_and_the_census():
   assert found["all-reduce", "s32", "reduction of a loss or metric"]["bytes"] == 2 * 24 * 4
   grads = found["all-reduce", "f32", "gradient reduction"]
   assert (grads["count"], grads["bytes"]) == (3, (2 * 64 + 70) * 4)
+  # Above its combining threshold the GPU compiler splits the concatenated gradients into
+  # several unnamed arrays, each smaller than the parameters but larger than the batch.
+  split = found["all-reduce", "bf16", "gradient reduction"]
+  assert (split["count"], split["bytes"]) == (2, 2 * 40 * 2)
   gather = found["all-gather", "bf16", "shuffled key batch"]
   # The start op's tuple holds its operand and its result: only the gathered result counts.
   # Its copy in a TPU collective fusion (the same channel_id) is the same transfer, counted once.

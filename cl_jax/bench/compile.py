@@ -60,6 +60,7 @@ _MEGACORE = {"v4": "v4", "v5p": "v5"}
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
 _DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8})
+_FLOATS = ("bf16", "f16", "f32", "f64")
 _SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([\d,]*)\]")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([\w\-]+)\((.*)$")
 _HOST = ("send", "recv", "infeed", "outfeed", "send-done", "recv-done")
@@ -206,23 +207,33 @@ _BN = re.compile(r"(^|[/(:])(\w+_)?bn\d*(/|$)|batch_?norm", re.I)
 
 
 def classify(
-    op_name: str, kind: str, sizes: list[int], param_elements: int | None, batch: int | None
+    op_name: str,
+    kind: str,
+    sizes: list[int],
+    floating: bool,
+    param_elements: int | None,
+    batch: int | None,
 ) -> str:
-  """What a collective whose result arrays hold `sizes` elements is for, from the JAX operation
-  that caused it (its op_name metadata: the named scopes and flax modules on its path), or
-  "unexpected". A reduction without an op_name that holds at least as many elements as the
-  parameters is the gradient reduction, which the GPU compiler concatenates into one array with
-  the batch-norm statistics and the loss. Any other all-reduce is a loss's or a metric's when
-  each of its arrays (XLA combines several small reductions into one) holds at most one value
-  per image of the global batch (`batch`), else unexpected (an all-reduce of images is a
-  gather that XLA could not keep on the devices that hold them)."""
-  elements = sum(sizes)
+  """What a collective whose result arrays hold `sizes` elements (`floating`: of a float
+  dtype) is for, from the JAX operation that caused it (its op_name metadata: the named scopes
+  and flax modules on its path), or "unexpected". A floating-point reduction without an op_name
+  whose arrays hold more than one value per image of the global batch (`batch`) is gradient
+  reduction: the GPU compiler concatenates the gradients, batch-norm statistics and loss into
+  such arrays (several, above its combining threshold). Any other all-reduce is a loss's or a
+  metric's when each of its arrays (XLA combines several small reductions into one) holds at
+  most one value per image, else unexpected (an all-reduce of images is a gather that XLA
+  could not keep on the devices that hold them)."""
   if "shuffle_bn" in op_name:
     return "shuffled key batch"
   if "queue_contrast" in op_name:
     return "queue contrast"
   reduction = kind in ("all-reduce", "reduce-scatter")
-  combined = not op_name and param_elements is not None and elements >= param_elements
+  combined = (
+      not op_name
+      and floating
+      and param_elements is not None
+      and (batch is None or max(sizes) > batch)
+  )
   if reduction and ("transpose(" in op_name or combined):
     return "gradient reduction"
   if _BN.search(op_name) and kind == "all-reduce":
@@ -257,9 +268,9 @@ def collectives(
     )
     arrays = result_arrays(inst)
     dtypes = sorted(set(d for d, _ in arrays))
-    purpose = classify(
-        op_name, kind, [_elements(dims) for _, dims in arrays], param_elements, batch
-    )
+    sizes = [_elements(dims) for _, dims in arrays]
+    floating = all(d in _FLOATS for d in dtypes)
+    purpose = classify(op_name, kind, sizes, floating, param_elements, batch)
     key = (kind, ",".join(dtypes), purpose)
     g = groups.setdefault(
         key,
