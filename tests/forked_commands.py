@@ -115,8 +115,10 @@ def _child(request: dict, out_path: str, err_path: str) -> None:
   os.environ["JAX_NUM_CPU_DEVICES"] = str(devices)
   jax.config.update("jax_num_cpu_devices", devices)
   sys.stdin = open(os.devnull)
-  sys.argv = [args[0], *args[1:]]
-  runpy.run_module(args[0], run_name="__main__", alter_sys=True)
+  sys.argv = ["-m", *args[1:]]
+  # What `python -m` itself calls (CPython's runpy): the same module lookup, the same one-line
+  # error for a module that cannot be found, the same sys.argv[0].
+  runpy._run_module_as_main(args[0])
   sys.exit(0)
 
 

@@ -2,8 +2,6 @@
 every evaluator has the interface, options are checked against the evaluators chosen."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -11,6 +9,7 @@ from cl_jax import config_check, evaluate
 from cl_jax.evaluators import MONITORS, NAMES, registry
 from cl_jax.runtime.errors import UsageError
 from configs import mocov2
+from tests import forked_commands
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,14 +92,7 @@ def test_only_monitors_run_during_pretraining():
 
 def _stderr_of(module: str, *args: str) -> str:
   """The stderr of `python -m module args` that failed with status 1 on one line."""
-  proc = subprocess.run(
-      [sys.executable, "-m", module, *args],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=300,
-      env={**os.environ, "JAX_PLATFORMS": "cpu"},
-  )
+  proc = forked_commands.shared().run([module, *args], timeout=300)
   assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
   return proc.stderr
 

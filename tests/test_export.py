@@ -4,8 +4,6 @@ equality with torchvision's ResNet (where torch is installed) and one-line error
 
 import json
 import os
-import subprocess
-import sys
 
 import flax.linen as nn
 import flax.serialization
@@ -25,8 +23,7 @@ from cl_jax.models.torchvision_export import conv_weight, torchvision_state_dict
 from cl_jax.runtime import run_config
 from cl_jax.runtime.errors import UsageError
 from configs import loocpp, mocov2_patchns
-from tests import tiny_run
-from tests.conftest import ROOT
+from tests import forked_commands
 
 # torchvision's ResNet (torchvision/models/resnet.py), written out: blocks per stage, convs
 # per block (BasicBlock: 3x3, 3x3; Bottleneck: 1x1, 3x3, 1x1 x4) and the blocks that have a
@@ -239,13 +236,8 @@ def test_flax_export_of_a_run_gives_the_encoders_features(finished_run, tmp_path
 @pytest.mark.slow
 def test_the_command_prints_what_it_wrote(finished_run_copy):
   workdir = str(finished_run_copy)
-  proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.export", f"--workdir={workdir}", "--format=flax"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=600,
-      env=tiny_run.env(),
+  proc = forked_commands.shared().run(
+      ["cl_jax.export", f"--workdir={workdir}", "--format=flax"], timeout=600
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   path = os.path.join(workdir, "export", "backbone_step16.msgpack")
@@ -323,13 +315,8 @@ def test_resnet10_is_refused_for_torchvision_only(tmp_path):
 
 @pytest.mark.slow
 def test_the_command_reports_bad_input_in_one_line(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.export", f"--workdir={tmp_path}", "--format=onnx"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=600,
-      env=tiny_run.env(),
+  proc = forked_commands.shared().run(
+      ["cl_jax.export", f"--workdir={tmp_path}", "--format=onnx"], timeout=600
   )
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines() == [

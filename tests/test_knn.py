@@ -2,7 +2,6 @@
 the monitor of a pretraining run and the standalone command."""
 
 import json
-import subprocess
 import sys
 import types
 
@@ -15,8 +14,7 @@ from cl_jax.evaluators import registry
 from cl_jax.runtime import metrics, parallel
 from cl_jax.runtime.errors import UsageError
 from configs import mocov2
-from tests import tiny_run
-from tests.conftest import ROOT
+from tests import forked_commands
 
 
 def _numpy_scores(queries, bank, labels, num_classes, k, t):
@@ -127,23 +125,14 @@ def test_monitor_logs_knn_per_label_and_the_command_reads_the_checkpoint(
       "--evaluator=knn",
       "--k=20",
   ]
-  knn_proc = subprocess.run(
-      cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=tiny_run.env()
-  )
+  knn_proc = forked_commands.shared().run(cmd[2:], timeout=600)
   assert knn_proc.returncode == 0, knn_proc.stderr[-3000:]
   report = json.loads((workdir / "knn_step16.json").read_text())
   # The standalone job on the final checkpoint repeats the monitor's last evaluation.
   for label in ("colour", "shape", "texture"):
     assert report["accuracy"][label] == pytest.approx(last[f"knn/{label}"])
   assert set(report["random_init"]) == {"colour", "shape", "texture"}
-  too_many = subprocess.run(
-      [*cmd[:-1], "--k=5000"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=600,
-      env=tiny_run.env(),
-  )
+  too_many = forked_commands.shared().run([*cmd[2:-1], "--k=5000"], timeout=600)
   assert too_many.returncode == 1 and "exceeds the memory bank" in too_many.stderr
 
 

@@ -3,7 +3,6 @@ measures on hand-worked cases, one-vs-rest views that change only their augmenta
 per-layer representations, and the command on a tiny run."""
 
 import json
-import subprocess
 import sys
 
 import jax
@@ -16,8 +15,7 @@ from cl_jax.data import photometric
 from cl_jax.models.encoder import build_encoder
 from cl_jax.state import init_variables
 from configs import simclr
-from tests import tiny_run
-from tests.conftest import ROOT
+from tests import forked_commands
 
 
 def test_spread_and_normstd_hand_worked():
@@ -122,9 +120,7 @@ def test_the_command_reports_a_run_and_its_random_init(finished_run_copy, tmp_pa
       "--bins=4",
       "--crop_scale=0.1,1",
   ]
-  proc = subprocess.run(
-      cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=tiny_run.env()
-  )
+  proc = forked_commands.shared().run(cmd[2:], timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = workdir / "normstd"
   for name in (
@@ -141,12 +137,7 @@ def test_the_command_reports_a_run_and_its_random_init(finished_run_copy, tmp_pa
     for aug in report["augmentations"]:
       assert all(v >= 0 for v in report[name]["normstd"][aug].values())
   assert report["trained"]["normstd"] != report["random_init"]["normstd"]
-  missing = subprocess.run(
-      [sys.executable, "-m", "cl_jax.analysis.normstd", f"--workdir={tmp_path / 'none'}"],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=600,
-      env=tiny_run.env(),
+  missing = forked_commands.shared().run(
+      ["cl_jax.analysis.normstd", f"--workdir={tmp_path / 'none'}"], timeout=600
   )
   assert missing.returncode == 1 and missing.stderr.startswith("error: ")
