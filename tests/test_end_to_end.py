@@ -33,14 +33,11 @@ TINY = [
 ]
 
 
-def _cmd(workdir, *extra):
-  return [sys.executable, "-m", "cl_jax.main", f"--workdir={workdir}", *TINY, *extra]
-
-
 def _run(workdir, *extra, timeout=600):
-  """_cmd in a process forked from one that has imported the libraries
-  (tests/forked_commands.py)."""
-  return forked_commands.shared().run(_cmd(workdir, *extra)[2:], timeout=timeout)
+  """`python -m cl_jax.main` of the tiny run, in a process forked from one that has imported
+  the libraries (tests/forked_commands.py)."""
+  args = ["cl_jax.main", f"--workdir={workdir}", *TINY, *extra]
+  return forked_commands.shared().run(args, timeout=timeout)
 
 
 def _losses(workdir) -> dict[int, float]:

@@ -2,7 +2,6 @@
 the monitor of a pretraining run and the standalone command."""
 
 import json
-import sys
 import types
 
 import jax
@@ -118,21 +117,19 @@ def test_monitor_logs_knn_per_label_and_the_command_reads_the_checkpoint(
   assert all(0.0 <= last[f"knn/{k}"] <= 1.0 for k in ("colour", "shape", "texture"))
   assert "kNN shape" in proc.stdout
   cmd = [
-      sys.executable,
-      "-m",
       "cl_jax.evaluate",
       f"--workdir={workdir}",
       "--evaluator=knn",
       "--k=20",
   ]
-  knn_proc = forked_commands.shared().run(cmd[2:], timeout=600)
+  knn_proc = forked_commands.shared().run(cmd, timeout=600)
   assert knn_proc.returncode == 0, knn_proc.stderr[-3000:]
   report = json.loads((workdir / "knn_step16.json").read_text())
   # The standalone job on the final checkpoint repeats the monitor's last evaluation.
   for label in ("colour", "shape", "texture"):
     assert report["accuracy"][label] == pytest.approx(last[f"knn/{label}"])
   assert set(report["random_init"]) == {"colour", "shape", "texture"}
-  too_many = forked_commands.shared().run([*cmd[2:-1], "--k=5000"], timeout=600)
+  too_many = forked_commands.shared().run([*cmd[:-1], "--k=5000"], timeout=600)
   assert too_many.returncode == 1 and "exceeds the memory bank" in too_many.stderr
 
 

@@ -3,7 +3,6 @@ measures on hand-worked cases, one-vs-rest views that change only their augmenta
 per-layer representations, and the command on a tiny run."""
 
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -111,8 +110,6 @@ def test_the_command_reports_a_run_and_its_random_init(finished_run_copy, tmp_pa
   """On a copy of the shared finished tiny run (it writes into the workdir): step 16."""
   workdir = finished_run_copy
   cmd = [
-      sys.executable,
-      "-m",
       "cl_jax.analysis.normstd",
       f"--workdir={workdir}",
       "--images=8",
@@ -120,7 +117,7 @@ def test_the_command_reports_a_run_and_its_random_init(finished_run_copy, tmp_pa
       "--bins=4",
       "--crop_scale=0.1,1",
   ]
-  proc = forked_commands.shared().run(cmd[2:], timeout=600)
+  proc = forked_commands.shared().run(cmd, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = workdir / "normstd"
   for name in (
