@@ -102,15 +102,18 @@ def test_simclr_step_adds_lambda_times_the_numpy_dicr_loss():
   r_aug1, r_aug2 = jax.random.split(rng, 5)[:2]
   spec = step_lib.photometric_spec(config.aug)
   batch = _batch()
+  augment = jax.jit(photometric.augment_batch, static_argnums=2)
+  forward = jax.jit(
+      lambda x: encoder.apply(
+          {"params": before.params, "batch_stats": before.batch_stats},
+          x,
+          train=True,
+          mutable=["batch_stats"],
+      )[0]
+  )
   outs = []
   for r, v in ((r_aug1, "view1"), (r_aug2, "view2")):
-    x = photometric.augment_batch(r, batch[v], spec)[0]
-    out, _ = encoder.apply(
-        {"params": before.params, "batch_stats": before.batch_stats},
-        x,
-        train=True,
-        mutable=["batch_stats"],
-    )
+    out = forward(augment(r, batch[v], spec)[0])
     outs.append({k: np.asarray(out[k], np.float64) for k in ("z", "feature_map")})
   u = np.concatenate([o["z"] for o in outs])
   nt_xent = []

@@ -210,22 +210,17 @@ def _step_and_query_embeddings(config):
       jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0), 5
   )
   spec = step_lib.photometric_spec(config.aug)
-  views = [
-      photometric.augment_batch(r, batch[v], spec)[0]
-      for r, v in ((r_aug1, "view1"), (r_aug2, "view2"))
-  ]
-  z = [
-      np.asarray(
-          encoder.apply(
-              {"params": before.params, "batch_stats": before.batch_stats},
-              v,
-              train=True,
-              mutable=["batch_stats"],
-          )[0]["z"],
-          np.float64,
-      )
-      for v in views
-  ]
+  augment = jax.jit(photometric.augment_batch, static_argnums=2)
+  views = [augment(r, batch[v], spec)[0] for r, v in ((r_aug1, "view1"), (r_aug2, "view2"))]
+  project = jax.jit(
+      lambda x: encoder.apply(
+          {"params": before.params, "batch_stats": before.batch_stats},
+          x,
+          train=True,
+          mutable=["batch_stats"],
+      )[0]["z"]
+  )
+  z = [np.asarray(project(v), np.float64) for v in views]
   return jax.device_get(metrics), z
 
 

@@ -1,6 +1,8 @@
 """One train step of SimCLR, BYOL and SimSiam: the loss against NumPy re-derivations from a
 reference forward, the EMA target, add-ons off, and 1 vs 4 devices."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,19 +74,15 @@ def _views(config, state, batch):
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), 0)
   r_aug1, r_aug2, r_key, r_ns, r_ft = jax.random.split(rng, 5)
   spec = step_lib.photometric_spec(config.aug)
-  v1 = photometric.augment_batch(r_aug1, batch["view1"], spec)[0]
-  v2 = photometric.augment_batch(r_aug2, batch["view2"], spec)[0]
+  augment = jax.jit(photometric.augment_batch, static_argnums=2)
+  v1 = augment(r_aug1, batch["view1"], spec)[0]
+  v2 = augment(r_aug2, batch["view2"], spec)[0]
   return v1, v2, r_ns
 
 
 def _forward(encoder, params, batch_stats, x, predict=False):
-  out, _ = encoder.apply(
-      {"params": params, "batch_stats": batch_stats},
-      x,
-      train=True,
-      predict=predict,
-      mutable=["batch_stats"],
-  )
+  apply = functools.partial(encoder.apply, train=True, predict=predict, mutable=["batch_stats"])
+  out, _ = jax.jit(apply)({"params": params, "batch_stats": batch_stats}, x)
   return {k: np.asarray(v, np.float64) for k, v in out.items() if k in ("z", "p")}
 
 

@@ -1,5 +1,7 @@
 """Tests for cl_jax.models: GroupBatchNorm, ResNet backbones, heads and the encoder."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -396,8 +398,10 @@ def test_zero_init_residual_block_starts_as_identity(kind, planes, in_channels):
         zero_init_residual=zero_init,
         dtype=jnp.float32,
     )
-    variables = block.init(_key(0), x, train=False)
-    outputs[zero_init], _ = block.apply(variables, x, train=True, mutable=['batch_stats'])
+    variables = jax.jit(functools.partial(block.init, train=False))(_key(0), x)
+    outputs[zero_init], _ = jax.jit(
+        functools.partial(block.apply, train=True, mutable=['batch_stats'])
+    )(variables, x)
   np.testing.assert_allclose(outputs[True], x, rtol=1e-6, atol=1e-6)
   assert np.abs(np.asarray(outputs[False]) - np.asarray(x)).max() > 1e-2
 
@@ -539,8 +543,8 @@ def test_predictor_maps_the_unnormalised_projection():
   (eval-mode BN with fresh running statistics is x / sqrt(1 + eps))."""
   encoder = build_encoder(_model_config(dtype='float32', predictor_hidden_dim=8))
   x = jax.random.normal(jax.random.key(0), (4, 16, 16, 3))
-  variables = encoder.init(jax.random.key(1), x, train=False)
-  out = encoder.apply(variables, x, train=False, predict=True)
+  variables = jax.jit(functools.partial(encoder.init, train=False))(_key(1), x)
+  out = jax.jit(functools.partial(encoder.apply, train=False, predict=True))(variables, x)
   params = variables['params']
   proj = _dense_chain(params['head'], ['hidden1', 'out'], np.asarray(out['pooled']))
   np.testing.assert_allclose(
@@ -552,7 +556,7 @@ def test_predictor_maps_the_unnormalised_projection():
   h = h / np.sqrt(1.0 + 1e-5) * np.asarray(bn['scale']) + np.asarray(bn['bias'])
   p = np.maximum(h, 0.0) @ np.asarray(pred['out']['kernel']) + np.asarray(pred['out']['bias'])
   np.testing.assert_allclose(np.asarray(out['p']), p, rtol=1e-4, atol=1e-5)
-  assert 'p' not in encoder.apply(variables, x, train=False)
+  assert 'p' not in jax.eval_shape(functools.partial(encoder.apply, train=False), variables, x)
 
 
 def test_predict_without_predictor_is_an_error():
@@ -567,10 +571,10 @@ def test_predict_without_predictor_is_an_error():
 @pytest.mark.slow
 def test_simsiam_projector_has_bn_after_every_layer():
   head = MLPHead(hidden_dim=8, out_dim=6, num_layers=3, use_bn=True, out_bn=True)
-  variables = head.init(jax.random.key(0), jnp.ones((4, 5)), train=True)
+  variables = jax.jit(functools.partial(head.init, train=True))(jax.random.key(0), jnp.ones((4, 5)))
   assert sorted(variables['params']) == ['bn1', 'bn2', 'hidden1', 'hidden2', 'out', 'out_bn']
-  y, _ = head.apply(
-      variables, jax.random.normal(jax.random.key(1), (16, 5)), train=True, mutable=['batch_stats']
+  y, _ = jax.jit(functools.partial(head.apply, train=True, mutable=['batch_stats']))(
+      variables, jax.random.normal(jax.random.key(1), (16, 5))
   )
   # Train-mode BN with unit scale and zero bias: every output channel has mean 0, var 1.
   np.testing.assert_allclose(np.asarray(y).mean(0), 0.0, atol=1e-5)

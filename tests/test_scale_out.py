@@ -164,8 +164,9 @@ def test_local_bn_statistics_are_per_device(host_batch):
   mesh = parallel.make_mesh()
   xs = jax.device_put(x, parallel.batch_sharding(mesh))
   fwd8 = jax.jit(lambda v, x: _forward(encoder8, v, x))
+  fwd1 = jax.jit(lambda v, x: _forward(encoder1, v, x))
   z, stats = fwd8(variables, xs)
-  refs = [_forward(encoder1, variables, x[i * B // 8 : (i + 1) * B // 8]) for i in range(8)]
+  refs = [fwd1(variables, x[i * B // 8 : (i + 1) * B // 8]) for i in range(8)]
   for shard in z.addressable_shards:
     i = shard.index[0].start // (B // 8)
     np.testing.assert_allclose(shard.data, refs[i][0], rtol=1e-5, atol=1e-6)
@@ -175,7 +176,6 @@ def test_local_bn_statistics_are_per_device(host_batch):
   def all_reduces(fn):
     return len(re.findall(r" all-reduce(-start)?\(", fn.lower(variables, xs).compile().as_text()))
 
-  fwd1 = jax.jit(lambda v, x: _forward(encoder1, v, x))
   layers = len(jax.tree.leaves(variables["batch_stats"])) // 2
   assert all_reduces(fwd8) <= 1 < layers <= all_reduces(fwd1)
 
@@ -196,7 +196,8 @@ def test_shuffle_bn_normalises_keys_with_a_random_group(groups, host_batch):
   perm = np.asarray(jax.random.permutation(rng, B))
   shuffled = x[perm]
   size = B // groups
-  refs = [_forward(encoder1, variables, shuffled[g * size : (g + 1) * size]) for g in range(groups)]
+  fwd1 = jax.jit(lambda v, x: _forward(encoder1, v, x))
+  refs = [fwd1(variables, shuffled[g * size : (g + 1) * size]) for g in range(groups)]
   want = np.empty((B, keys.shape[1]), np.float32)
   want[perm] = np.concatenate([r[0] for r in refs])
   np.testing.assert_allclose(keys, want, rtol=1e-5, atol=1e-6)
@@ -207,9 +208,7 @@ def test_shuffle_bn_normalises_keys_with_a_random_group(groups, host_batch):
       atol=1e-6,
   )
   # Not the unshuffled statistics: some key differs from its unshuffled value.
-  plain = np.concatenate(
-      [_forward(encoder1, variables, x[g * size : (g + 1) * size])[0] for g in range(groups)]
-  )
+  plain = np.concatenate([fwd1(variables, x[g * size : (g + 1) * size])[0] for g in range(groups)])
   assert np.abs(np.asarray(keys) - plain).max() > 1e-3
 
 
