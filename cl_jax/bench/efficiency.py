@@ -16,6 +16,7 @@ median round times is printed beside the ratio of their FLOPs (XLA's cost analys
 of times near the ratio of FLOPs says that the step spends its extra time on its extra work.
 """
 
+import functools
 import json
 import time
 
@@ -60,8 +61,13 @@ def supervised_step(config: ml_collections.ConfigDict):
   batch, size = config.optim.batch_size, config.data.image_size
   tx = optim.make_optimizer(config.optim, optim.lr_schedule(config.optim, 1))
   spec = step_lib.photometric_spec(config.aug)
-  variables = model.init(jax.random.key(config.seed), jnp.zeros((2, size, size, 3)), train=False)
-  state = (variables["params"], variables["batch_stats"], tx.init(variables["params"]))
+  # Drawn with the rbg PRNG and compiled whole, as state.init_variables does: threefry op by op
+  # compiles one sampler per parameter shape.
+  key = jax.random.key(config.seed, impl="rbg")
+  variables = jax.jit(functools.partial(model.init, train=False))(
+      key, jnp.zeros((2, size, size, 3))
+  )
+  state = (variables["params"], variables["batch_stats"], jax.jit(tx.init)(variables["params"]))
 
   def step(state, data):
     params, batch_stats, opt_state = state
