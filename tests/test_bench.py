@@ -26,6 +26,7 @@ TINY = [
     "--config.model.head_out_dim=8",
     "--config.moco.queue_size=256",
     "--config.optim.batch_size=16",  # as tests/test_bench_report.py's: one compiled step
+    "--config.nonsemantic.enabled=False",
 ]
 
 

@@ -21,6 +21,8 @@ TINY = [
     "--config.model.head_out_dim=8",
     "--config.moco.queue_size=256",
     "--config.optim.batch_size=16",
+    # Plain MoCo-v2: the step and torch parts (and tests/test_bench.py) time one program.
+    "--config.nonsemantic.enabled=False",
 ]
 
 STEP = {
