@@ -5,6 +5,8 @@ the MoCo-v2 pipeline when both new ops are off."""
 import dataclasses
 import functools
 import os
+import subprocess
+import sys
 
 import chex
 import dm_pix as pix
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 from cl_jax.data import colour_jitter, photometric, random_conv
+from tests import conftest
 from tests.test_photometric import (
     RADIUS,
     SIZE,
@@ -399,16 +402,37 @@ def test_new_ops_off_reproduce_the_moco_pipeline_bit_for_bit(spec):
     )
 
 
-def test_fixture_from_the_moco_only_module():
-  """The aug-plus pipeline's stored params and images (FIXTURE), bit for bit."""
-  data = np.load(FIXTURE)
-  params = photometric.sample_photometric(jax.random.key(1), B, FIXTURE_SPEC)
-  assert set(params) == set(photometric.PARAM_KEYS)
-  chex.assert_trees_all_equal(jax.device_get(params), {k: data["param_" + k] for k in params})
-  out = np.asarray(
-      photometric.apply_photometric(photometric.to_float(data["images"]), params, FIXTURE_SPEC)
+def fixture_pipeline(out_path: str) -> None:
+  """The aug-plus pipeline on FIXTURE's images, as FIXTURE was made: params and output saved
+  to `out_path` (.npz)."""
+  images = np.load(FIXTURE)["images"]
+  params = jax.device_get(photometric.sample_photometric(jax.random.key(1), B, FIXTURE_SPEC))
+  out = photometric.apply_photometric(photometric.to_float(images), params, FIXTURE_SPEC)
+  np.savez(out_path, output=np.asarray(out), **{"param_" + k: v for k, v in params.items()})
+
+
+def test_fixture_from_the_moco_only_module(tmp_path):
+  """The aug-plus pipeline's stored params and images (FIXTURE), bit for bit: computed in a
+  process that compiles at XLA's default optimisation level (3), as FIXTURE was (the suite's
+  level 1, tests/conftest.py, rounds some pixels differently)."""
+  flags = os.environ.get("XLA_FLAGS", "").replace(
+      conftest.OPT_LEVEL_FLAG, conftest.DEFAULT_LEVEL_FLAG
   )
-  np.testing.assert_array_equal(out, data["output"])
+  path = tmp_path / "pipeline.npz"
+  code = f"from tests import test_atomic_augment as t; t.fixture_pipeline({str(path)!r})"
+  proc = subprocess.run(
+      [sys.executable, "-c", code],
+      cwd=conftest.ROOT,
+      env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"},
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  data, got = np.load(FIXTURE), np.load(path)
+  keys = [k[len("param_") :] for k in got.files if k.startswith("param_")]
+  assert set(keys) == set(photometric.PARAM_KEYS)
+  chex.assert_trees_all_equal({k: got[k] for k in got.files}, {k: data[k] for k in got.files})
 
 
 def test_new_ops_leave_the_moco_keys_unchanged():

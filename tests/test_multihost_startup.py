@@ -35,9 +35,7 @@ except UsageError as e:
 
 def _env() -> dict:
   """The test's environment without any cluster or coordinator settings, on CPU."""
-  out = {
-      k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_PREFIXES) and k != "XLA_FLAGS"
-  }
+  out = {k: v for k, v in os.environ.items() if not k.startswith(CLUSTER_PREFIXES)}
   out["JAX_PLATFORMS"] = "cpu"
   return out
 

@@ -27,8 +27,9 @@ FLAGS = [
 
 
 def env(devices: int = 1) -> dict:
-  """The test process's environment with `devices` simulated CPU devices."""
-  out = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  """The test process's environment (its XLA_FLAGS included: tests/conftest.py) with `devices`
+  simulated CPU devices."""
+  out = dict(os.environ)
   out["JAX_NUM_CPU_DEVICES"] = str(devices)
   out["JAX_PLATFORMS"] = "cpu"
   return out

@@ -145,6 +145,14 @@ def measure(
   return out
 
 
+def _without_device_count(xla_flags: str) -> str:
+  """XLA_FLAGS less --xla_force_host_platform_device_count, which would override the child's
+  JAX_NUM_CPU_DEVICES; the other flags (optimisation level, dumps) pass through."""
+  return " ".join(
+      f for f in xla_flags.split() if not f.startswith("--xla_force_host_platform_device_count")
+  )
+
+
 def _child_command(n: int) -> list[str]:
   """This module's command line for device count n (flags passed through)."""
   args = [a for a in sys.argv[1:] if not a.startswith(("--devices", "--child"))]
@@ -339,7 +347,7 @@ def main(argv):
     env = dict(os.environ)
     if backend == "cpu":
       env["JAX_NUM_CPU_DEVICES"] = str(n)
-      env.pop("XLA_FLAGS", None)
+      env["XLA_FLAGS"] = _without_device_count(env.get("XLA_FLAGS", ""))
     elif n > available:
       print(f"skipping {n} devices: only {available} {backend} devices")
       continue
