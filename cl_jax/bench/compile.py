@@ -20,11 +20,11 @@ irrelevant to the program), and compiled, not run. Reported per chip:
     (cl_jax.bench.chips); donated bytes against the state's;
   - FLOPs per step and per image: XLA's cost analysis of the compiled program (TPU), or of the
     program before optimisation, lowered for one CPU device (GPU, whose compiled program reports
-    none);
+    none), beside the analytic count of cl_jax.bench.flops;
   - every collective: kind, count, bytes per chip, replica groups and the operation of the
     JAX program that caused it (its op_name), each classified by what data parallelism needs
-    (gradient reduction, batch-norm statistics, the MoCo queue's keys, the shuffled key batch)
-    or flagged;
+    (gradient reduction, batch-norm statistics, the MoCo queue's keys, the shuffled key batch,
+    the embeddings of SimCLR's batch contrast) or flagged;
   - a dtype census of convolutions and matrix products (a bf16 config computes them in bf16),
     float64 anywhere, and host transfers or callbacks (none belong in the step);
   - a roofline estimate: step time >= max(FLOPs / peak, bytes accessed / bandwidth).
@@ -48,6 +48,7 @@ from ml_collections import config_flags
 from cl_jax import config_check, train
 from cl_jax import train_step as step_lib
 from cl_jax.bench import chips, synthetic_step
+from cl_jax.bench import flops as bench_flops
 from cl_jax.bench import memory as bench_memory
 from cl_jax.runtime import cli, parallel
 from cl_jax.runtime.errors import UsageError
@@ -227,6 +228,8 @@ def classify(
     return "shuffled key batch"
   if "queue_contrast" in op_name:
     return "queue contrast"
+  if "batch_contrast" in op_name:
+    return "batch contrast"
   reduction = kind in ("all-reduce", "reduce-scatter")
   combined = (
       not op_name
@@ -343,6 +346,10 @@ def analyse(config, tgt: Target) -> dict:
   param_elements = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state.params))
   batch = config.optim.batch_size
   flops = float(cost.get("flops", 0.0))
+  try:
+    analytic = bench_flops.step_flops_per_image(config)["per_image"]
+  except ValueError:
+    analytic = None
   accessed = float(cost.get("bytes accessed", 0.0))
   bound_s = max(flops / tgt.chip.peak_bf16_flops, accessed / tgt.chip.hbm_bytes_per_s)
   return {
@@ -361,6 +368,7 @@ def analyse(config, tgt: Target) -> dict:
       "flops_per_chip": flops,
       "flops_per_image": flops * chips_n / batch,
       "flops_source": flops_source,
+      "analytic_flops_per_image": analytic,
       "bytes_accessed_per_chip": accessed,
       "roofline_img_per_s_per_chip": (batch / chips_n) / bound_s if bound_s else None,
       "collectives": collectives(insts, param_elements, batch),
@@ -393,7 +401,13 @@ def report(result: dict) -> str:
       f"({'fits' if result['fits'] else 'DOES NOT FIT'}); arguments {m['argument'] / gib:.2f}, "
       f"outputs {m['output'] / gib:.2f}, donated {m['alias'] / gib:.2f} (state "
       f"{result['state_bytes'] / gib:.2f}), temporaries {m['temp'] / gib:.2f} GiB",
-      f"  FLOPs per image {result['flops_per_image'] / 1e9:.1f} G ({result['flops_source']})",
+      f"  FLOPs per image {result['flops_per_image'] / 1e9:.1f} G ({result['flops_source']})"
+      + (
+          f"; analytic count {result['analytic_flops_per_image'] / 1e9:.1f} G "
+          f"(ratio {result['flops_per_image'] / result['analytic_flops_per_image']:.3f})"
+          if result["analytic_flops_per_image"]
+          else "; no analytic count for this method"
+      ),
   ]
   if result["roofline_img_per_s_per_chip"]:
     lines.append(

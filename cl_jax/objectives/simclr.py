@@ -90,16 +90,17 @@ def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
     def loss_fn(params):
       out1, bs = encode(encoder, params, state.batch_stats, x.v1)
       out2, bs = encode(encoder, params, bs, x.v2)
-      loss, stats = batch_loss(
-          out1["z"],
-          out2["z"],
-          t,
-          addons,
-          config.simclr.temperature,
-          x.r_ft,
-          state.step,
-          config.train.score_queries,
-      )
+      with jax.named_scope("batch_contrast"):  # names its collectives in the compiled program
+        loss, stats = batch_loss(
+            out1["z"],
+            out2["z"],
+            t,
+            addons,
+            config.simclr.temperature,
+            x.r_ft,
+            state.step,
+            config.train.score_queries,
+        )
       stats = {**stats, **embedding_health(out1["z"], out2["z"])}
       return forward.regularised(
           addons.dicr, loss, stats, bs, encoder, params, state.step, (out1, out2), x.regions
