@@ -116,6 +116,9 @@ def target(name: str) -> Target:
     import libtpu  # noqa: F401
   except ImportError as error:
     raise _needs("TPUs", "libtpu") from error
+  # Compile-only devices hold no chip: several compiling processes may load libtpu at once
+  # (without this, libtpu's lock file stops the second).
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   if family in _MEGACORE:
     desc = topologies.get_topology_desc(
         f"{_MEGACORE[family]}:{shape}",

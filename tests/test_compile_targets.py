@@ -1,0 +1,120 @@
+"""The quick default (MoCo-v2 + patch negatives) and SimCLR compiled ahead of time for a TPU v5e
+slice (v5e:2x2) and two H100s (h100:2) in bfloat16, as on accelerators: they compile and fit,
+communicate only what data parallelism needs (no image gathered in float32), donate their
+state, and their FLOPs per image agree with the analytic count.
+
+The compilers (requirements-compile.txt, about 1.2 GB) live in their own environment, by default
+.venv-compile at the repository's root (docs/benchmarks.md, "Compiled for TPUs and H100s";
+another with CL_JAX_COMPILE_PYTHON=<its python>): installed beside JAX's CPU backend, the CUDA
+plugin logs to every process's stderr. `python -m cl_jax.bench.compile` runs there. Without it
+these tests are skipped with the line saying what to install, unless CL_JAX_REQUIRE_COMPILERS=1
+(`.ci/run` sets it): then they fail."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests import conftest
+
+pytestmark = pytest.mark.slow  # each compile takes one to four minutes on 2 CPU cores
+
+# What data parallelism needs of each method's step; anything else is a failure.
+EXPECTED = {
+    "mocov2_patchns": {
+        "gradient reduction",
+        "shuffled key batch",
+        "queue contrast",
+        "reduction of a loss or metric",
+        "batch-norm statistics",
+    },
+    "simclr": {
+        "gradient reduction",
+        "batch contrast",
+        "batch-norm statistics",
+        "reduction of a loss or metric",
+    },
+}
+# The analytic count (cl_jax.bench.flops) leaves out batch norm, activations, augmentation and
+# the optimizer: at 32 px they add 3-6% (v5e:2x2, quick default: 1.056; at :imagenet100's
+# 224 px ResNet-50, 1.031).
+FLOPS_RATIO = (1.0, 1.08)
+
+
+def _compile_python() -> str:
+  """The compile environment's interpreter (module docstring); skip or fail without it."""
+  python = os.environ.get("CL_JAX_COMPILE_PYTHON") or os.path.join(
+      conftest.ROOT, ".venv-compile", "bin", "python"
+  )
+  if not os.path.exists(python):
+    message = (
+        f"no compile environment at {python}: python3 -m venv .venv-compile && "
+        ".venv-compile/bin/pip install -r requirements.txt -r requirements-compile.txt -e ."
+    )
+    if os.environ.get("CL_JAX_REQUIRE_COMPILERS") == "1":
+      pytest.fail(message)
+    pytest.skip(message)
+  return python
+
+
+def _compile(config_name: str, target_name: str) -> dict:
+  """`python -m cl_jax.bench.compile --json` of the config in bfloat16, in the compile
+  environment, at XLA's default optimisation level (the target's program as users get it)."""
+  flags = os.environ.get("XLA_FLAGS", "").replace(conftest.OPT_LEVEL_FLAG, "").strip()
+  proc = subprocess.run(
+      [
+          _compile_python(),
+          "-m",
+          "cl_jax.bench.compile",
+          f"--config=configs/{config_name}.py",
+          "--config.model.dtype=bfloat16",
+          f"--target={target_name}",
+          "--json",
+      ],
+      cwd=conftest.ROOT,
+      env={**os.environ, "XLA_FLAGS": flags},
+      capture_output=True,
+      text=True,
+      timeout=1200,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("target_name", ["v5e:2x2", "h100:2"])
+@pytest.mark.parametrize("config_name", sorted(EXPECTED))
+def test_the_quick_config_compiles_for_the_target_and_needs_only_data_parallel_traffic(
+    config_name, target_name
+):
+  result = _compile(config_name, target_name)
+  size = 32  # the quick default's image side
+  assert result["target"] == target_name and result["fits"], result["memory"]
+  found = {c["purpose"] for c in result["collectives"]}
+  assert found <= EXPECTED[config_name], result["collectives"]
+  assert "gradient reduction" in found
+  # No image crosses devices in float32: every float32 gather is smaller than a tenth of the
+  # batch's images in float32 (the keys' and embeddings' gathers are).
+  images_f32 = result["global_batch"] * size * size * 3 * 4
+  gathered_f32 = sum(
+      c["bytes"] for c in result["collectives"] if c["kind"] == "all-gather" and "f32" in c["dtype"]
+  )
+  assert gathered_f32 < images_f32 / 10, result["collectives"]
+  if config_name == "mocov2_patchns":  # the shuffled key batch: its images in bfloat16
+    (images,) = [
+        c
+        for c in result["collectives"]
+        if c["purpose"] == "shuffled key batch" and c["dtype"] == "bf16"
+    ]
+    assert images["bytes"] >= result["global_batch"] * size * size * 3 * 2
+  # The state is donated: every output but the loss and the lr reuses an argument's buffer, and
+  # the arguments are the state and the batch: within 5% of their bytes on the GPU, within 60%
+  # on the TPU, whose layouts pad each small array (a bias, a batch-norm scale) to whole tiles.
+  memory, state = result["memory"], result["state_bytes"]
+  assert state <= memory["alias"] and memory["output"] - memory["alias"] < 2**16, memory
+  views = result["batch_per_chip"] * size * size * 3 * 3  # at most 3 uint8 views per image
+  padding = 1.05 if target_name.startswith("h100") else 1.6
+  assert state <= memory["argument"] <= padding * (state + views), (memory, state)
+  assert not result["census"]["float64"] and not result["census"]["host"]
+  ratio = result["flops_per_image"] / result["analytic_flops_per_image"]
+  assert FLOPS_RATIO[0] <= ratio <= FLOPS_RATIO[1], ratio
