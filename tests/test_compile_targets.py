@@ -3,16 +3,17 @@ slice (v5e:2x2) and two H100s (h100:2) in bfloat16, as on accelerators: they com
 communicate only what data parallelism needs (no image gathered in float32), donate their
 state, and their FLOPs per image agree with the analytic count.
 
-The compilers (requirements-compile.txt, about 1.2 GB) live in their own environment, by default
-.venv-compile at the repository's root (docs/benchmarks.md, "Compiled for TPUs and H100s";
-another with CL_JAX_COMPILE_PYTHON=<its python>): installed beside JAX's CPU backend, the CUDA
-plugin logs to every process's stderr. `python -m cl_jax.bench.compile` runs there. Without it
-these tests are skipped with the line saying what to install, unless CL_JAX_REQUIRE_COMPILERS=1
+The compilers (requirements-compile.txt, about 1.2 GB) live in a folder of their own, by default
+.compilers at the repository's root (docs/benchmarks.md, "Compiled for TPUs and H100s"; another
+with CL_JAX_COMPILERS=<folder>), which only `python -m cl_jax.bench.compile`'s process imports
+from: where JAX sees the CUDA plugin, it logs to the process's stderr. Without it these tests
+are skipped with the line saying what to install, unless CL_JAX_REQUIRE_COMPILERS=1
 (`.ci/run` sets it): then they fail."""
 
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -42,29 +43,28 @@ EXPECTED = {
 FLOPS_RATIO = (1.0, 1.08)
 
 
-def _compile_python() -> str:
-  """The compile environment's interpreter (module docstring); skip or fail without it."""
-  python = os.environ.get("CL_JAX_COMPILE_PYTHON") or os.path.join(
-      conftest.ROOT, ".venv-compile", "bin", "python"
-  )
-  if not os.path.exists(python):
+def _compilers() -> str:
+  """The compilers' folder (module docstring); skip or fail without it."""
+  folder = os.environ.get("CL_JAX_COMPILERS") or os.path.join(conftest.ROOT, ".compilers")
+  if not all(os.path.isdir(os.path.join(folder, package)) for package in ("libtpu", "jax_plugins")):
     message = (
-        f"no compile environment at {python}: python3 -m venv .venv-compile && "
-        ".venv-compile/bin/pip install -r requirements.txt -r requirements-compile.txt -e ."
+        f"no compilers in {folder}: pip install --no-deps --target {folder} "
+        "-r requirements-compile.txt"
     )
     if os.environ.get("CL_JAX_REQUIRE_COMPILERS") == "1":
       pytest.fail(message)
     pytest.skip(message)
-  return python
+  return folder
 
 
 def _compile(config_name: str, target_name: str) -> dict:
-  """`python -m cl_jax.bench.compile --json` of the config in bfloat16, in the compile
-  environment, at XLA's default optimisation level (the target's program as users get it)."""
+  """`python -m cl_jax.bench.compile --json` of the config in bfloat16, with the compilers,
+  at XLA's default optimisation level (the target's program as users get it)."""
   flags = os.environ.get("XLA_FLAGS", "").replace(conftest.OPT_LEVEL_FLAG, "").strip()
+  path = os.pathsep.join(p for p in (_compilers(), os.environ.get("PYTHONPATH")) if p)
   proc = subprocess.run(
       [
-          _compile_python(),
+          sys.executable,
           "-m",
           "cl_jax.bench.compile",
           f"--config=configs/{config_name}.py",
@@ -73,7 +73,7 @@ def _compile(config_name: str, target_name: str) -> dict:
           "--json",
       ],
       cwd=conftest.ROOT,
-      env={**os.environ, "XLA_FLAGS": flags},
+      env={**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": path},
       capture_output=True,
       text=True,
       timeout=1200,

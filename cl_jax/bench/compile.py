@@ -9,7 +9,9 @@ dimension (v5e:2x2 is 4 chips on one host, v5e:4x4 16 chips on 4 hosts, v5p:2x2x
 4 hosts), or h100:N, N NVIDIA H100 SXM GPUs (8 per host). The compilers come from
 requirements-compile.txt: libtpu for TPUs, JAX's CUDA plugin for GPUs (no GPU or CUDA driver
 is needed to compile; cuDNN's algorithms are not autotuned, so a convolution's workspace is
-not in the memory figures).
+not in the memory figures), installed into a folder of their own and named in PYTHONPATH:
+    pip install --no-deps --target .compilers -r requirements-compile.txt
+    PYTHONPATH=.compilers python -m cl_jax.bench.compile --config=... --target=...
 
 The step, its state and batch shardings are built by the trainer's own code
 (cl_jax.train.build, cl_jax.train_step, cl_jax.runtime.parallel) on a mesh over the target's
@@ -79,7 +81,8 @@ class Target:
 
 def _needs(what: str, package: str) -> UsageError:
   return UsageError(
-      f"compiling for {what} needs {package}: pip install -r requirements-compile.txt"
+      f"compiling for {what} needs {package}: pip install --no-deps --target .compilers "
+      "-r requirements-compile.txt, then run this command with PYTHONPATH=.compilers"
   )
 
 
