@@ -97,3 +97,9 @@ def test_the_tiny_step_on_eight_cpu_devices_communicates_what_data_parallelism_n
   assert not result["census"]["float64"] and not result["census"]["host"]
   # The donated state is reused for the new state: every state byte is aliased.
   assert result["memory"]["alias"] >= result["state_bytes"]
+  # The evaluation forward: the probe's batch of 256 split over the 8 devices, nothing
+  # communicated (replicated variables, each device's images its own).
+  ev = result["eval"]
+  assert (ev["global_batch"], ev["batch_per_chip"]) == (256, 32)
+  assert ev["collectives"] == [] and not ev["census"]["host"], ev
+  assert ev["memory"]["peak"] > 0 and ev["fits"]

@@ -93,6 +93,13 @@ def test_part_commands():
       "--rounds=3",
       "--steps=1",
   ]
+  assert bench_report.part_command("compile", "/o", ["--config=c.py"], 5, 1, 64, 768)[1:] == [
+      "-m",
+      "cl_jax.bench.compile",
+      "--config=c.py",
+      "--target=h100:1",
+      "--json",
+  ]
   with pytest.raises(ValueError, match="part must be one of"):
     bench_report.part_command("disk", "/o", [], 5, 1, 64, 768)
 
@@ -132,6 +139,22 @@ def test_memory_and_efficiency_sections():
   assert "Largest batch in 80 GiB (estimate from the compiled step at batches [128, 256]" in text
   assert "| 10.00 | 7.50 | 1.333 (1.300-1.400) | 1.346 |" in text
   assert bench_report._device_name({"memory": MEMORY}) == "cpu"
+
+
+def test_compile_section_stands_beside_the_measured_peaks():
+  compiled = {
+      "global_batch": 256,
+      "compile_s": 61.24,
+      "memory": {"argument": 0.25 * 2**30, "temp": 10 * 2**30, "peak": 11.5 * 2**30},
+  }
+  text = bench_report.report({"step": STEP, "memory": MEMORY, "compile": compiled}, "H100")
+  section = text[text.index("### Compiled for one H100") :]
+  assert "global batch 256, compiled ahead of time in 61.2 s" in section
+  assert "| 11.50 | compiled for an H100 (arguments 0.25, temporaries 10.00) |" in section
+  assert "| 4.00 | memory part: this device's compile |" in section
+  assert "| 30.00 | step part: measured peak |" in section
+  failed = bench_report.report({"compile": {"failed": "error: needs the plugin"}}, "x")
+  assert "### Compiled for one H100\n\nfailed: error: needs the plugin" in failed
 
 
 def test_report_tables_and_verdict():

@@ -116,5 +116,9 @@ def test_the_quick_config_compiles_for_the_target_and_needs_only_data_parallel_t
   padding = 1.05 if target_name.startswith("h100") else 1.6
   assert state <= memory["argument"] <= padding * (state + views), (memory, state)
   assert not result["census"]["float64"] and not result["census"]["host"]
+  # The evaluation forward fits, communicates nothing and stays on the device.
+  ev = result["eval"]
+  assert ev["fits"] and ev["collectives"] == [], ev
+  assert not ev["census"]["float64"] and not ev["census"]["host"]
   ratio = result["flops_per_image"] / result["analytic_flops_per_image"]
   assert FLOPS_RATIO[0] <= ratio <= FLOPS_RATIO[1], ratio

@@ -16,7 +16,8 @@ not in the memory figures), installed into a folder of their own and named in PY
 The step, its state and batch shardings are built by the trainer's own code
 (cl_jax.train.build, cl_jax.train_step, cl_jax.runtime.parallel) on a mesh over the target's
 devices, at the config's global batch (or --batch_per_chip x chips, the learning rate being
-irrelevant to the program), and compiled, not run. Reported per chip:
+irrelevant to the program), and compiled, not run; so is the evaluation jobs' feature forward
+(cl_jax.evaluators.features) at the probe's batch. Reported per chip:
   - memory: argument, output, aliased (donated), temporary and peak bytes (XLA's buffer
     assignment for the chip, cl_jax.bench.memory.memory_analysis) against the chip's HBM
     (cl_jax.bench.chips); donated bytes against the state's;
@@ -29,14 +30,19 @@ irrelevant to the program), and compiled, not run. Reported per chip:
     the embeddings of SimCLR's batch contrast) or flagged;
   - a dtype census of convolutions and matrix products (a bf16 config computes them in bf16),
     float64 anywhere, and host transfers or callbacks (none belong in the step);
-  - a roofline estimate: step time >= max(FLOPs / peak, bytes accessed / bandwidth).
---max_batch compiles the step at two per-chip batches, fits peak = fixed + per image x batch
-and compiles the largest batch the fit allows to check that it fits.
+  - a roofline estimate: step time >= max(FLOPs / peak, bytes accessed / bandwidth);
+  - the evaluation forward's memory, collectives (data parallelism needs none) and census.
+--max_batch compiles the step at two per-chip batches (--batch_per_chip, by default the
+config's, and twice that), fits peak = fixed + per image x batch and compiles the largest batch
+the fit allows to check that it fits.
 """
 
 import collections
 import dataclasses
+import functools
+import importlib.util
 import json
+import math
 import os
 import re
 import time
@@ -52,8 +58,12 @@ from cl_jax import train_step as step_lib
 from cl_jax.bench import chips, synthetic_step
 from cl_jax.bench import flops as bench_flops
 from cl_jax.bench import memory as bench_memory
+from cl_jax.data import photometric
+from cl_jax.evaluators import features as eval_features
+from cl_jax.models.encoder import encoder_for
 from cl_jax.runtime import cli, parallel
 from cl_jax.runtime.errors import UsageError
+from cl_jax.state import init_variables
 
 H100_SPEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h100_sxm.txtpb")
 GPUS_PER_HOST = 8
@@ -86,6 +96,14 @@ def _needs(what: str, package: str) -> UsageError:
   )
 
 
+def _installed(module: str) -> bool:
+  """Whether `module` can be imported (its parent package may be missing)."""
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:
+    return False
+
+
 def target(name: str) -> Target:
   """The Target of TARGET (see the module docstring); UsageError for a malformed name or a
   missing compiler."""
@@ -99,10 +117,14 @@ def target(name: str) -> Target:
     hosts = max(1, -(-n // GPUS_PER_HOST))
     if n > GPUS_PER_HOST and n % GPUS_PER_HOST:
       raise UsageError(f"--target={name}: more than {GPUS_PER_HOST} GPUs come in whole hosts of 8")
-    try:
-      import jax_plugins.xla_cuda12  # noqa: F401  (registers the CUDA compiler)
-    except ImportError as error:
-      raise _needs("H100s", "JAX's CUDA plugin (jax-cuda12-plugin, jax-cuda12-pjrt)") from error
+    # JAX's CUDA plugin registers the compiler: requirements-compile.txt's (CUDA 12), or the
+    # one a GPU machine's jax[cuda13] installs.
+    plugins = [
+        f"jax_plugins.xla_cuda{v}" for v in (12, 13) if _installed(f"jax_plugins.xla_cuda{v}")
+    ]
+    if not plugins:
+      raise _needs("H100s", "JAX's CUDA plugin (jax-cuda12-plugin, jax-cuda12-pjrt)")
+    importlib.import_module(plugins[0])
     with open(H100_SPEC) as f:
       spec = f.read()
     topology = f"1x{hosts}x{n // hosts}"
@@ -168,6 +190,29 @@ def lower_step(config: ml_collections.ConfigDict, devices) -> tuple:
   step = step_lib.make_train_step(config, built.encoder, built.tx, built.schedule, mesh, 1, False)
   jitted = step_lib.jit_train_step(step, state_sharding, batch_sharding)
   return jitted.lower(state, data), state
+
+
+def lower_eval(config: ml_collections.ConfigDict, devices) -> tuple:
+  """(lowered forward, its global batch): the evaluation jobs' feature forward
+  (cl_jax.evaluators.features: eval-mode batch norm, uint8 images in, features out) on a mesh
+  over `devices`, for one probe batch (config.probe.batch_size, padded to a multiple of the
+  devices as the evaluators pad it) with the encoder's variables replicated."""
+  mesh = parallel.make_mesh(list(devices))
+  encoder = encoder_for(config)
+  size = config.data.image_size
+  abstract = jax.eval_shape(functools.partial(init_variables, config.seed, encoder, size))
+  replicated = parallel.replicated(mesh)
+  variables = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), abstract
+  )
+  batch = -(-config.probe.batch_size // mesh.size) * mesh.size
+  images = jax.ShapeDtypeStruct(
+      (batch, size, size, 3), np.uint8, sharding=parallel.batch_sharding(mesh)
+  )
+  spec = photometric.PhotometricSpec()
+  which = config.probe.get("features", "backbone")
+  forward = eval_features.features_fn(encoder, spec.mean, spec.std, which)
+  return forward.lower(variables, images), batch
 
 
 def _elements(dims: str) -> int:
@@ -325,8 +370,9 @@ def census(insts: list[dict]) -> dict:
   }
 
 
-def analyse(config, tgt: Target) -> dict:
-  """Compile the lean train step of `config` for `tgt` and read it (module docstring)."""
+def analyse(config, tgt: Target, with_eval: bool = True) -> dict:
+  """Compile the lean train step of `config` for `tgt` and read it (module docstring); with
+  `with_eval`, the evaluation forward too (result["eval"])."""
   chips_n = len(tgt.devices)
   start = time.perf_counter()
   lowered, state = lower_step(config, tgt.devices)
@@ -379,20 +425,44 @@ def analyse(config, tgt: Target) -> dict:
       "roofline_img_per_s_per_chip": (batch / chips_n) / bound_s if bound_s else None,
       "collectives": collectives(insts, param_elements, batch),
       "census": census(insts),
+      "eval": analyse_eval(config, tgt, param_elements) if with_eval else None,
+  }
+
+
+def analyse_eval(config, tgt: Target, param_elements: int) -> dict:
+  """Compile the evaluation forward of `config` for `tgt` (lower_eval) and read it."""
+  start = time.perf_counter()
+  lowered, batch = lower_eval(config, tgt.devices)
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+  memory = bench_memory.memory_analysis(compiled)
+  insts = instructions(compiled.as_text())
+  return {
+      "global_batch": batch,
+      "batch_per_chip": batch // len(tgt.devices),
+      "compile_s": round(compile_s, 1),
+      "memory": memory,
+      "fits": memory["peak"] <= tgt.chip.hbm_bytes,
+      "collectives": collectives(insts, param_elements, batch),
+      "census": census(insts),
   }
 
 
 def max_batch(config, tgt: Target, first: int) -> dict:
   """The largest per-chip batch whose step fits the chip: peaks at `first` and 2 x `first`
-  images per chip, a linear fit, then the fitted batch compiled to check it."""
+  images per chip, a linear fit, then the fitted batch compiled to check it. Returns
+  dict(fit, peaks, first: the analysis at `first`, checked: the fitted batch's, None if
+  no batch fits). The fitted batch keeps the global batch a multiple of the batch-norm
+  groups."""
   chips_n = len(tgt.devices)
-  peaks = {}
+  peaks, analyses = {}, {}
   for per_chip in (first, 2 * first):
-    result = analyse(for_target(config, chips_n, per_chip), tgt)
-    peaks[per_chip] = result["memory"]["peak"]
-  fit = bench_memory.largest_batch(peaks, tgt.chip.hbm_bytes, 1)
-  checked = analyse(for_target(config, chips_n, fit["batch"]), tgt) if fit["batch"] else None
-  return {"fit": fit, "peaks": peaks, "checked": checked}
+    analyses[per_chip] = analyse(for_target(config, chips_n, per_chip), tgt, per_chip == first)
+    peaks[per_chip] = analyses[per_chip]["memory"]["peak"]
+  groups = max(config.model.bn_groups, 1)
+  fit = bench_memory.largest_batch(peaks, tgt.chip.hbm_bytes, groups // math.gcd(groups, chips_n))
+  checked = analyse(for_target(config, chips_n, fit["batch"]), tgt, False) if fit["batch"] else None
+  return {"fit": fit, "peaks": peaks, "first": analyses[first], "checked": checked}
 
 
 def report(result: dict) -> str:
@@ -430,6 +500,18 @@ def report(result: dict) -> str:
   products = ", ".join(f"{k}: {v}" for k, v in cen["products"].items())
   lines.append(f"  convolutions and dots by operand dtypes: {products or 'none'}")
   lines.append(f"  float64 values: {cen['float64']}; host transfers: {cen['host'] or 'none'}")
+  ev = result["eval"]
+  if ev is None:
+    return "\n".join(lines)
+  eval_comms = ", ".join(f"{c['kind']} {c['dtype']} {c['purpose']}" for c in ev["collectives"])
+  eval_products = ", ".join(f"{k}: {v}" for k, v in ev["census"]["products"].items())
+  lines += [
+      f"  evaluation forward (batch {ev['global_batch']}, {ev['batch_per_chip']} per chip), "
+      f"compiled in {ev['compile_s']} s: peak {ev['memory']['peak'] / gib:.2f} GiB "
+      f"({'fits' if ev['fits'] else 'DOES NOT FIT'}); collectives: {eval_comms or 'none'}",
+      f"    convolutions and dots by operand dtypes: {eval_products or 'none'}; float64 "
+      f"values: {ev['census']['float64']}; host transfers: {ev['census']['host'] or 'none'}",
+  ]
   return "\n".join(lines)
 
 
@@ -456,12 +538,14 @@ def main(argv):
   with cli.report():
     tgt = target(f.target)
     if f.max_batch:
-      result = max_batch(f.config, tgt, f.batch_per_chip or 8)
+      first = f.batch_per_chip or max(1, f.config.optim.batch_size // len(tgt.devices))
+      result = max_batch(f.config, tgt, first)
       text = (
           f"largest batch per chip on {tgt.name}: {result['fit']['batch']} (peak = "
           f"{result['fit']['fixed_bytes'] / 2**30:.2f} GiB + "
           f"{result['fit']['per_image_bytes'] / 2**20:.1f} MiB per image)"
       )
+      text += "\n" + report(result["first"])
       if result["checked"]:
         text += "\n" + report(result["checked"])
     else:

@@ -15,6 +15,9 @@ runs, each in its own process, on this machine's first device:
      and op, the compiled step's memory analysis, and the largest batch that fits 80 GiB;
   5. efficiency: `cl_jax.bench.efficiency`: the step's time over a plain supervised step of the
      same backbone, timed alternately, beside the ratio of their FLOPs;
+  6. compile (only when named in --parts): `cl_jax.bench.compile --target=h100:1`: the same
+     step compiled ahead of time for one H100 (JAX's CUDA plugin, there on a GPU machine), its
+     predicted memory beside what the step and memory parts measured on this device;
 and writes DIR/<part>.json (each command's JSON output), DIR/report.md (the tables below,
 with the device's name) and prints the report. --config* flags go to every part unchanged;
 --parts picks some of them. A part that fails is reported with its error and the others
@@ -32,7 +35,8 @@ from ml_collections import config_flags
 from cl_jax.bench import input as bench_input
 from cl_jax.runtime import cli
 
-PARTS = ("step", "torch", "jpeg", "memory", "efficiency")
+PARTS = ("step", "torch", "jpeg", "memory", "efficiency", "compile")
+DEFAULT_PARTS = PARTS[:5]
 # MoCo-v2 ResNet-50 224 px bf16 on one H100: the speed target in img/s, and the factor over
 # the PyTorch step on the same device.
 TARGET_IMG_PER_S = 3900
@@ -43,6 +47,9 @@ def part_command(part: str, out: str, config_args: list[str], steps: int, warmup
   """The command line of one part (cl_jax.bench.step, memory or efficiency)."""
   if part == "memory":
     return [sys.executable, "-m", "cl_jax.bench.memory", *config_args, "--json"]
+  if part == "compile":
+    return [sys.executable, "-m", "cl_jax.bench.compile", *config_args, "--target=h100:1",
+            "--json"]  # fmt: skip
   if part == "efficiency":
     rounds = max(3, steps // 4)
     return [sys.executable, "-m", "cl_jax.bench.efficiency", *config_args, "--json",
@@ -204,6 +211,33 @@ def efficiency_section(result: dict) -> list[str]:
   ]
 
 
+def compile_section(result: dict, results: dict) -> list[str]:
+  """The step compiled ahead of time for one H100 beside this device's measured peak (the
+  step part) and its own compile's memory analysis (the memory part)."""
+  if "failed" in result:
+    return ["### Compiled for one H100", "", f"failed: {result['failed']}", ""]
+  gib = 2**30
+  m = result["memory"]
+  lines = [
+      "### Compiled for one H100",
+      "",
+      f"`cl_jax.bench.compile --target=h100:1`: global batch {result['global_batch']}, compiled "
+      f"ahead of time in {result['compile_s']:.1f} s; cuDNN's workspace is not included.",
+      "",
+      "| peak GiB | source |",
+      "|---:|---|",
+      f"| {m['peak'] / gib:.2f} | compiled for an H100 (arguments {m['argument'] / gib:.2f}, "
+      f"temporaries {m['temp'] / gib:.2f}) |",
+  ]
+  memory = results.get("memory", {})
+  if "memory" in memory:
+    lines.append(f"| {memory['memory']['peak'] / gib:.2f} | memory part: this device's compile |")
+  rows = results.get("step", {}).get("rows", [])
+  if rows and rows[0].get("peak_mb_per_device") is not None:
+    lines.append(f"| {rows[0]['peak_mb_per_device'] / 1024:.2f} | step part: measured peak |")
+  return lines + [""]
+
+
 def verdict(results: dict) -> list[str]:
   """The speed target against what was measured (on any device; the target is an H100's)."""
   step, torch = results.get("step", {}), results.get("torch", {})
@@ -241,7 +275,7 @@ def report(results: dict, device: str) -> str:
   }
   lines = [f"## cl_jax benchmark on {device}", ""]
   for part, result in results.items():
-    lines += sections[part](result)
+    lines += compile_section(result, results) if part == "compile" else sections[part](result)
   lines += verdict(results)
   return "\n".join(lines) + "\n"
 
@@ -268,7 +302,11 @@ def _define_flags():
   flags.DEFINE_string("out", None, "Folder for the JSON outputs, the profile and report.md.")
   flags.DEFINE_integer("steps", 20, "Timed steps of each measurement.", lower_bound=1)
   flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.", lower_bound=0)
-  flags.DEFINE_list("parts", list(PARTS), f"Which of {', '.join(PARTS)} to run.")
+  flags.DEFINE_list(
+      "parts",
+      list(DEFAULT_PARTS),
+      f"Which of {', '.join(PARTS)} to run (compile only when named).",
+  )
   flags.DEFINE_integer("jpeg_images", 512, "Images in the generated JPEG folder.", lower_bound=1)
   flags.DEFINE_integer(
       "jpeg_pipeline_images", 768, "Images timed per row of the JPEG pipeline.", lower_bound=1

@@ -1,0 +1,236 @@
+"""Every preset compiled ahead of time for every chip family: the table of docs/benchmarks.md.
+
+python -m cl_jax.bench.compile_table --out=results/compile [--configs=A,B] [--targets=X,Y]
+    [--render_only]
+
+Each cell (a config with its preset, a target) runs `python -m cl_jax.bench.compile
+--config=CONFIG --target=TARGET --max_batch --json` in its own process: the step compiled at
+the preset's batch per chip and at twice it, and at the largest per-chip batch their linear
+fit allows (cl_jax.bench.compile.max_batch). The compilers come from requirements-compile.txt,
+named in PYTHONPATH (docs/benchmarks.md). A cell's record, written to OUT/<cell>.json as soon as
+it ends, holds the commit (`git describe --always --dirty`), the processor that compiled it,
+the command, its wall time and the compile's JSON, or the last line of its error. Cells
+whose record exists are kept, so a stopped queue resumes where it stopped. Then OUT/table.md
+is written from every record in OUT (docs/benchmarks.md includes it): per cell, whether it
+compiles, the peak memory per chip at the preset's batch against the chip's, the largest
+per-chip batch (the checked compile's peak), the collectives of one step with their bytes per
+chip (any not needed by data parallelism counted as unexpected), and FLOPs per image, compiled
+and analytic.
+"""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+from cl_jax.runtime import cli
+from cl_jax.runtime.errors import UsageError
+
+# The presets of every method (configs/*.py) and the quick default, the acceptance cells first.
+CONFIGS = (
+    "configs/mocov2_patchns.py:imagenet100",
+    "configs/mocov2_patchns.py",
+    "configs/mocov2_patchns.py:cifar10",
+    "configs/mocov2_patchns.py:stl10",
+    "configs/mocov1.py:imagenet100",
+    "configs/mocov2.py:imagenet100",
+    "configs/simclr.py:imagenet100",
+    "configs/byol.py:imagenet100",
+    "configs/simsiam.py:imagenet100",
+    "configs/mocov2_patchns_ft_ifm.py:imagenet100",
+    "configs/mocov2_texturens.py:imagenet100",
+    "configs/looc.py:imagenet100",
+    "configs/loocpp.py:imagenet100",
+    "configs/dicr.py:imagenet100",
+)
+# One slice of each family (four chips; eight H100s on one host).
+TARGETS = ("v5e:2x2", "h100:8", "v4:2x2x1", "v5p:2x2x1", "v6e:2x2")
+GIB = 2**30
+
+
+def cell_name(config: str, target: str) -> str:
+  """The record's file stem: configs/mocov2.py:imagenet100 on v5e:2x2 ->
+  mocov2-imagenet100-v5e_2x2."""
+  name, _, preset = config.partition(":")
+  stem = os.path.splitext(os.path.basename(name))[0]
+  return "-".join(p for p in (stem, preset or "quick", target.replace(":", "_")) if p)
+
+
+def cell_command(config: str, target: str) -> list[str]:
+  """The compile command of one cell."""
+  return [
+      sys.executable,
+      "-m",
+      "cl_jax.bench.compile",
+      f"--config={config}",
+      f"--target={target}",
+      "--max_batch",
+      "--json",
+  ]
+
+
+def _commit() -> str:
+  proc = subprocess.run(
+      ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
+  )
+  return proc.stdout.strip() or "unknown"
+
+
+def _processor() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+  except OSError:
+    pass
+  return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def run_cell(config: str, target: str) -> dict:
+  """Compile one cell in its own process: its record (module docstring)."""
+  command = cell_command(config, target)
+  start = time.perf_counter()
+  proc = subprocess.run(command, capture_output=True, text=True, check=False)
+  record = {
+      "config": config,
+      "target": target,
+      "commit": _commit(),
+      "processor": _processor(),
+      "command": " ".join(["python"] + command[1:]),
+      "wall_s": round(time.perf_counter() - start, 1),
+  }
+  objects = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+  if proc.returncode or not objects:
+    lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+    record["failed"] = (lines[-1] if lines else f"exit status {proc.returncode}")[:500]
+  else:
+    record["result"] = json.loads(objects[-1])
+  return record
+
+
+def _write(path: str, text: str) -> None:
+  """Write `text` to `path` through a temporary file, so a stopped queue leaves no torn file."""
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def row(record: dict) -> str:
+  """One cell's row of the table (module docstring)."""
+  cells = [f"`{record['config'].removeprefix('configs/')}`", record["target"]]
+  if "failed" in record:
+    return "| " + " | ".join(cells + [f"no: {record['failed']}"] + [""] * 5) + " |"
+  result = record["result"]
+  first, checked = result["first"], result["checked"]
+  m = first["memory"]
+  fits = "yes" if first["fits"] else "compiles, does not fit"
+  peak = (
+      f"{m['peak'] / GIB:.2f} of {first['hbm_bytes'] / GIB:.1f} "
+      f"(batch {first['batch_per_chip']})"
+  )
+  largest = (
+      f"{checked['batch_per_chip']} ({checked['memory']['peak'] / GIB:.1f} GiB, "
+      f"{'fits' if checked['fits'] else 'does not fit'})"
+      if checked
+      else "none"
+  )
+  comms = first["collectives"]
+  count = sum(c["count"] for c in comms)
+  megabytes = sum(c["bytes"] for c in comms) / 1e6
+  unexpected = sum(c["count"] for c in comms if c["purpose"] == "unexpected")
+  analytic = first["analytic_flops_per_image"]
+  gflops = f"{first['flops_per_image'] / 1e9:.1f}" + (
+      f" ({analytic / 1e9:.1f})" if analytic else " (no count)"
+  )
+  return (
+      "| "
+      + " | ".join(
+          cells
+          + [
+              fits,
+              peak,
+              largest,
+              f"{count}, {megabytes:.1f} MB",
+              str(unexpected),
+              gflops,
+          ]
+      )
+      + " |"
+  )
+
+
+def render(records: list[dict]) -> str:
+  """table.md: the cells in the order of CONFIGS and TARGETS (others after), with the
+  commits and processors that compiled them."""
+  order = {(c, t): i for i, (c, t) in enumerate((c, t) for c in CONFIGS for t in TARGETS)}
+  records = sorted(
+      records, key=lambda r: (order.get((r["config"], r["target"]), len(order)), r["target"])
+  )
+  commits = sorted({r["commit"] for r in records})
+  processors = sorted({r["processor"] for r in records})
+  lines = [
+      "| config | target | compiles | peak GiB per chip of HBM (preset's batch per chip) "
+      "| largest batch per chip (its peak) | collectives per step (bytes per chip) "
+      "| unexpected | GFLOP per image (analytic) |",
+      "|---|---|---|---|---|---|---:|---|",
+  ]
+  lines += [row(r) for r in records]
+  lines += [
+      "",
+      f"Compiled ahead of time with `python -m cl_jax.bench.compile_table` at commit "
+      f"{', '.join(f'`{c}`' for c in commits) or '(none)'} on {'; '.join(processors) or '(none)'}"
+      "; one record per cell in `results/compile/`.",
+  ]
+  return "\n".join(lines) + "\n"
+
+
+def read_records(out: str) -> list[dict]:
+  """Every cell record in `out`."""
+  records = []
+  for name in sorted(os.listdir(out)):
+    if name.endswith(".json"):
+      with open(os.path.join(out, name)) as f:
+        records.append(json.load(f))
+  return records
+
+
+def _chosen(value: str | None, default: tuple) -> tuple:
+  """The comma-separated names of a flag, or the default."""
+  return tuple(v.strip() for v in (value or "").split(",") if v.strip()) or default
+
+
+def _define_flags():
+  flags.DEFINE_string("out", "results/compile", "Folder of the cell records and table.md.")
+  flags.DEFINE_string("configs", None, "Comma-separated configs (default: CONFIGS).")
+  flags.DEFINE_string("targets", None, "Comma-separated targets (default: TARGETS).")
+  flags.DEFINE_bool("render_only", False, "Write table.md from the records; compile nothing.")
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  with cli.report():
+    if f.render_only and not os.path.isdir(f.out):
+      raise UsageError(f"--out={f.out} is not a folder of cell records")
+    os.makedirs(f.out, exist_ok=True)
+    if not f.render_only:
+      for config in _chosen(f.configs, CONFIGS):
+        for target in _chosen(f.targets, TARGETS):
+          path = os.path.join(f.out, f"{cell_name(config, target)}.json")
+          if os.path.exists(path):
+            continue
+          record = run_cell(config, target)
+          _write(path, json.dumps(record, indent=1) + "\n")
+          print(f"{cell_name(config, target)}: {record.get('failed', 'compiled')}", flush=True)
+    _write(os.path.join(f.out, "table.md"), render(read_records(f.out)))
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main, flags_parser=cli.parse_flags)

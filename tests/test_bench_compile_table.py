@@ -1,0 +1,111 @@
+"""cl_jax.bench.compile_table: cell names, the table's rows computed from hand-made records,
+and the queue's records (one per cell, kept on a second run, a failure's last line)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from cl_jax.bench import compile_table
+from tests import conftest, tiny_run
+
+GIB = 2**30
+
+
+def _analysis(batch_per_chip: int, peak_gib: float, fits: bool = True) -> dict:
+  return {
+      "batch_per_chip": batch_per_chip,
+      "memory": {"peak": peak_gib * GIB},
+      "hbm_bytes": 16 * GIB,
+      "fits": fits,
+      "flops_per_image": 41.2e9,
+      "analytic_flops_per_image": 40.0e9,
+      "collectives": [
+          {"purpose": "gradient reduction", "count": 2, "bytes": 50e6},
+          {"purpose": "shuffled key batch", "count": 3, "bytes": 10e6},
+          {"purpose": "unexpected", "count": 1, "bytes": 2.5e6},
+      ],
+  }
+
+
+def test_cell_names_say_config_preset_and_target():
+  assert compile_table.cell_name("configs/mocov2.py:imagenet100", "v5e:2x2") == (
+      "mocov2-imagenet100-v5e_2x2"
+  )
+  assert compile_table.cell_name("configs/mocov2_patchns.py", "h100:8") == (
+      "mocov2_patchns-quick-h100_8"
+  )
+
+
+def test_rows_sum_the_collectives_and_show_the_fitted_batch():
+  record = {
+      "config": "configs/mocov2_patchns.py:imagenet100",
+      "target": "v5e:2x2",
+      "commit": "abc1234",
+      "processor": "AMD EPYC, 2 cores",
+      "result": {"first": _analysis(32, 3.5), "checked": _analysis(136, 15.2)},
+  }
+  failed = {
+      "config": "configs/looc.py:imagenet100",
+      "target": "h100:8",
+      "commit": "abc1234",
+      "processor": "AMD EPYC, 2 cores",
+      "failed": "error: something one line",
+  }
+  cells = [c.strip() for c in compile_table.row(record).strip("|").split("|")]
+  assert cells == [
+      "`mocov2_patchns.py:imagenet100`",
+      "v5e:2x2",
+      "yes",
+      "3.50 of 16.0 (batch 32)",
+      "136 (15.2 GiB, fits)",
+      "6, 62.5 MB",
+      "1",
+      "41.2 (40.0)",
+  ]
+  table = compile_table.render([failed, record])
+  lines = table.splitlines()
+  # The CONFIGS order: the imagenet100 MoCo-v2 + patch negatives cell before LooC's.
+  assert lines[2].startswith("| `mocov2_patchns.py:imagenet100` | v5e:2x2 | yes")
+  assert lines[3].startswith("| `looc.py:imagenet100` | h100:8 | no: error: something one line")
+  assert lines[3].count("|") == lines[0].count("|")
+  assert "at commit `abc1234` on AMD EPYC, 2 cores" in table
+
+
+def test_the_queue_writes_a_record_per_cell_and_keeps_it(tmp_path):
+  out = tmp_path / "compile"
+  command = [
+      sys.executable,
+      "-m",
+      "cl_jax.bench.compile_table",
+      f"--out={out}",
+      "--configs=configs/mocov2_patchns.py",
+      "--targets=v9:2x2",  # no such chip: the compile fails at once, in one line
+  ]
+  first = subprocess.run(
+      command, cwd=conftest.ROOT, env=tiny_run.env(), capture_output=True, text=True, timeout=300
+  )
+  assert first.returncode == 0, first.stderr[-3000:]
+  path = out / "mocov2_patchns-quick-v9_2x2.json"
+  record = json.loads(path.read_text())
+  assert record["failed"].startswith("error: --target=v9:2x2: give FAMILY:SHAPE"), record
+  assert record["command"].endswith(
+      "cl_jax.bench.compile --config=configs/mocov2_patchns.py --target=v9:2x2 --max_batch --json"
+  )
+  table = (out / "table.md").read_text()
+  assert "| `mocov2_patchns.py` | v9:2x2 | no: error: --target=v9:2x2" in table
+  os.utime(path, (0, 0))
+  again = subprocess.run(
+      command, cwd=conftest.ROOT, env=tiny_run.env(), capture_output=True, text=True, timeout=300
+  )
+  assert again.returncode == 0 and os.stat(path).st_mtime == 0  # kept, not compiled again
+  missing = subprocess.run(
+      command[:3] + [f"--out={tmp_path / 'none'}", "--render_only"],
+      cwd=conftest.ROOT,
+      env=tiny_run.env(),
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert missing.returncode != 0 and missing.stderr.strip().count("\n") == 0
+  assert "is not a folder of cell records" in missing.stderr
