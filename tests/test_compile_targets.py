@@ -116,6 +116,10 @@ def test_the_quick_config_compiles_for_the_target_and_needs_only_data_parallel_t
   padding = 1.05 if target_name.startswith("h100") else 1.6
   assert state <= memory["argument"] <= padding * (state + views), (memory, state)
   assert not result["census"]["float64"] and not result["census"]["host"]
+  # Every contrastive score is a float32 product at full precision (a TPU computes a
+  # default-precision one in one bf16 pass): only the heads' float32 layers use the default.
+  default = result["census"]["default_precision_f32"]
+  assert all("/head/" in op for op in default), default
   # The evaluation forward fits, communicates nothing and stays on the device.
   ev = result["eval"]
   assert ev["fits"] and ev["collectives"] == [], ev

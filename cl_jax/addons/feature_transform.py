@@ -17,6 +17,7 @@ coefficient c:
 import jax
 import jax.numpy as jnp
 
+from cl_jax.losses.queue_contrast import dot_scores
 from cl_jax.models.heads import l2_normalize
 
 # Floor of a norm before division, the eps of l2_normalize (torch's F.normalize).
@@ -255,14 +256,14 @@ def hard_negative_scores(q: jax.Array, negatives: jax.Array, lam, renormalize: b
     )
   lam = _coefficient(lam, q.shape[0], q.shape[1], "lam", q.dtype)
   q_sq = jnp.square(q)
-  score = jnp.sum(lam * q_sq, axis=1, keepdims=True) + ((1.0 - lam) * q) @ negatives.T
+  score = jnp.sum(lam * q_sq, axis=1, keepdims=True) + dot_scores((1.0 - lam) * q, negatives)
   if renormalize:
     # sum_k (1 - lam_ik)^2 n_jk^2: a (B, K) product when lam differs per query.
-    neg_sq = jnp.broadcast_to((1.0 - lam) ** 2, q.shape) @ jnp.square(negatives).T
+    neg_sq = dot_scores(jnp.broadcast_to((1.0 - lam) ** 2, q.shape), jnp.square(negatives))
     sq_norm = (
         jnp.sum(lam**2 * q_sq, axis=1, keepdims=True)
         + neg_sq
-        + 2.0 * (lam * (1.0 - lam) * q) @ negatives.T
+        + 2.0 * dot_scores(lam * (1.0 - lam) * q, negatives)
     )
     score = score / jnp.sqrt(jnp.maximum(sq_norm, _NORM_EPS**2))
   return score

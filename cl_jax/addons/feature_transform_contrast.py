@@ -55,11 +55,13 @@ def _hard_scores(
 
   def hard(q_all, queue_shard):
     if jnp.ndim(lam) == 0 and unit_queries:
-      return ft_math.hard_negative_scores_from_similarity(q_all @ queue_shard.T, lam, renormalize)
+      return ft_math.hard_negative_scores_from_similarity(
+          queue_contrast.dot_scores(q_all, queue_shard), lam, renormalize
+      )
     return ft_math.hard_negative_scores(q_all, queue_shard, lam, renormalize)
 
   def plain(q_all, queue_shard):
-    return q_all @ queue_shard.T
+    return queue_contrast.dot_scores(q_all, queue_shard)
 
   return lambda q_all, queue_shard: jax.lax.cond(active, hard, plain, q_all, queue_shard)
 

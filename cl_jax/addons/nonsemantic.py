@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from cl_jax.losses.contrast import Contrast, with_extra
+from cl_jax.losses.queue_contrast import SCORE_PRECISION
 
 ALPHA_MODES = ("in", "out")
 
@@ -161,6 +162,11 @@ class NonSemantic:
       raise ValueError(
           f"NS features must be (N, M, d) = ({n}, M, {d}), one row per anchor; got {t.shape}"
       )
-    sim = jnp.einsum("nd,nmd->nm", anchors, jax.lax.stop_gradient(t).astype(jnp.float32))
+    sim = jnp.einsum(
+        "nd,nmd->nm",
+        anchors,
+        jax.lax.stop_gradient(t).astype(jnp.float32),
+        precision=SCORE_PRECISION,
+    )
     logits = lambda r: ns_logits(r, self.alpha, temperature, self.alpha_mode)
     return with_extra(contrast, sim, logits, "ns_mean")

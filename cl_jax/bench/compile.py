@@ -339,10 +339,12 @@ def collectives(
 
 
 def census(insts: list[dict]) -> dict:
-  """Convolutions and dots by operand dtypes, float64 values, and host transfers or
-  callbacks."""
+  """Convolutions and dots by operand dtypes; the float32 ones at default precision (a TPU
+  computes them in one bfloat16 pass), by the JAX operation that made them; float64 values;
+  host transfers or callbacks."""
   types = {inst["name"]: inst["type"] for inst in insts}
   products = collections.Counter()
+  default_f32 = collections.Counter()
   for inst in insts:
     op = inst["op"]
     if op == "custom-call" and '"__cudnn$conv' in inst["rest"]:
@@ -356,8 +358,14 @@ def census(insts: list[dict]) -> dict:
           for d, _ in _SHAPE.findall(types.get(name, ""))[:1]
       ]
       products[f"{op} {'x'.join(dtypes[:2]) or '?'}"] += 1
+      precision = re.search(r"operand_precision=\{(\w+),(\w+)\}", inst["rest"])
+      full = precision and {p.lower() for p in precision.groups()} == {"highest"}
+      if dtypes[:2] == ["f32", "f32"] and not full:
+        op_name = re.search(r'op_name="([^"]*)"', inst["rest"])
+        default_f32[op_name.group(1) if op_name else "?"] += 1
   return {
       "products": dict(sorted(products.items())),
+      "default_precision_f32": dict(sorted(default_f32.items())),
       "float64": sum("f64[" in inst["type"] for inst in insts),
       "host": sorted(
           {
@@ -499,6 +507,11 @@ def report(result: dict) -> str:
   cen = result["census"]
   products = ", ".join(f"{k}: {v}" for k, v in cen["products"].items())
   lines.append(f"  convolutions and dots by operand dtypes: {products or 'none'}")
+  default = cen["default_precision_f32"]
+  lines.append(
+      f"  float32 products at default precision (one bf16 pass on a TPU): {sum(default.values())}"
+      + (f", e.g. {next(iter(default))}" if default else "")
+  )
   lines.append(f"  float64 values: {cen['float64']}; host transfers: {cen['host'] or 'none'}")
   ev = result["eval"]
   if ev is None:

@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 
 from cl_jax.losses import contrast as contrast_lib
 from cl_jax.losses import moco
+from cl_jax.losses.queue_contrast import SCORE_PRECISION
 
 
 def looc_loss(
@@ -67,7 +68,9 @@ def looc_loss(
     c = moco.moco_contrast(qi, k[:, i, i], [(queue[:, i], None)], temperature, mesh)
     if i > 0:
       others = [j for j in range(heads) if j != i]
-      same = jnp.einsum("bd,bjd->bj", qi, k[:, i, jnp.asarray(others)]).astype(jnp.float32)
+      same = jnp.einsum(
+          "bd,bjd->bj", qi, k[:, i, jnp.asarray(others)], precision=SCORE_PRECISION
+      ).astype(jnp.float32)
       c = contrast_lib.with_extra(c, same, lambda s: s / temperature, f"looc/same_head{i}")
     losses.append(contrast_lib.info_nce(c, temperature))
     head = contrast_lib.contrast_stats(c, n)

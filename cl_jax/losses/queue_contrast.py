@@ -31,6 +31,16 @@ from cl_jax.runtime.parallel import DATA_AXIS
 # -> (B, K/S) scores s_ij, differentiable in the queries.
 ScoreFn = Callable[[jax.Array, jax.Array], jax.Array]
 
+# Every contrastive score is a float32 product at full precision: a TPU computes a
+# default-precision float32 matrix product in one bfloat16 pass (about 3 significant digits,
+# before the division by a temperature of 0.2 or less); GPUs and CPUs compute it in float32.
+SCORE_PRECISION = jax.lax.Precision.HIGHEST
+
+
+def dot_scores(a: jax.Array, b: jax.Array) -> jax.Array:
+  """(n, d) x (m, d) -> (n, m) a @ b.T at SCORE_PRECISION."""
+  return jnp.matmul(a, b.T, precision=SCORE_PRECISION)
+
 
 class QueueTerms(NamedTuple):
   """Per-query quantities of the contrast against the queue, each (B,) float32.
@@ -71,7 +81,7 @@ def queue_terms(
     own = jax.lax.axis_index(DATA_AXIS)
     rows = q_shard.shape[0]
     q_all = jax.lax.all_gather(q_shard, DATA_AXIS, tiled=True)  # (B, d)
-    s = q_all @ queue_shard.T if scores is None else scores(q_all, queue_shard)
+    s = dot_scores(q_all, queue_shard) if scores is None else scores(q_all, queue_shard)
     want = (q_all.shape[0], queue_shard.shape[0])
     if s.shape != want:
       raise ValueError(

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from cl_jax.losses import contrast as contrast_lib
+from cl_jax.losses.queue_contrast import dot_scores
 
 
 def _check_pair(z1: jax.Array, z2: jax.Array) -> None:
@@ -58,13 +59,13 @@ def batch_contrast(
     anchors: (N, d) float32 anchors.
     pos: (N,) float32 positive similarities.
     candidates: sets of (C_i, d) float32 candidates; the similarities are
-      anchors @ candidates.T, side by side.
+      anchors @ candidates.T (at full precision, dot_scores), side by side.
     masks: one (N, C_i) bool mask per set, True where the candidate is a negative.
 
   Returns:
     Contrast with pos, batch (N, sum C_i) and batch_mask.
   """
-  sims = [anchors @ c.T for c in candidates]
+  sims = [dot_scores(anchors, c) for c in candidates]
   if len(sims) == 1:
     return contrast_lib.Contrast(pos=pos, batch=sims[0], batch_mask=masks[0])
   return contrast_lib.Contrast(
