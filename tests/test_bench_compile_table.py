@@ -43,7 +43,11 @@ def test_rows_sum_the_collectives_and_show_the_fitted_batch():
       "target": "v5e:2x2",
       "commit": "abc1234",
       "processor": "AMD EPYC, 2 cores",
-      "result": {"first": _analysis(32, 3.5), "checked": _analysis(136, 15.2)},
+      "result": {
+          "first": _analysis(32, 3.5),
+          "checked": _analysis(128, 14.5),
+          "fit": {"batch": 136, "config_batch": 128},
+      },
   }
   failed = {
       "config": "configs/looc.py:imagenet100",
@@ -58,7 +62,7 @@ def test_rows_sum_the_collectives_and_show_the_fitted_batch():
       "v5e:2x2",
       "yes",
       "3.50 of 16.0 (batch 32)",
-      "136 (15.2 GiB, fits)",
+      "128 (14.5 GiB, fits); memory alone 136",
       "6, 62.5 MB",
       "1",
       "41.2 (40.0)",

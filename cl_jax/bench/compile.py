@@ -34,7 +34,8 @@ irrelevant to the program), and compiled, not run; so is the evaluation jobs' fe
   - the evaluation forward's memory, collectives (data parallelism needs none) and census.
 --max_batch compiles the step at two per-chip batches (--batch_per_chip, by default the
 config's, and twice that), fits peak = fixed + per image x batch and compiles the largest batch
-the fit allows to check that it fits.
+the fit allows (the largest the config also accepts: MoCo's queue holds a whole number of
+global batches) to check that it fits.
 """
 
 import collections
@@ -461,15 +462,26 @@ def max_batch(config, tgt: Target, first: int) -> dict:
   images per chip, a linear fit, then the fitted batch compiled to check it. Returns
   dict(fit, peaks, first: the analysis at `first`, checked: the fitted batch's, None if
   no batch fits). The fitted batch keeps the global batch a multiple of the batch-norm
-  groups."""
+  groups and is the largest the config accepts (fit["config_batch"]; fit["batch"] is memory's
+  alone)."""
   chips_n = len(tgt.devices)
   peaks, analyses = {}, {}
   for per_chip in (first, 2 * first):
     analyses[per_chip] = analyse(for_target(config, chips_n, per_chip), tgt, per_chip == first)
     peaks[per_chip] = analyses[per_chip]["memory"]["peak"]
   groups = max(config.model.bn_groups, 1)
-  fit = bench_memory.largest_batch(peaks, tgt.chip.hbm_bytes, groups // math.gcd(groups, chips_n))
-  checked = analyse(for_target(config, chips_n, fit["batch"]), tgt, False) if fit["batch"] else None
+  step = groups // math.gcd(groups, chips_n)
+  fit = bench_memory.largest_batch(peaks, tgt.chip.hbm_bytes, step)
+  # The largest batch within the fit that the config accepts (MoCo's queue holds a whole
+  # number of global batches, for one): fit["config_batch"].
+  batch, fitted = fit["batch"], None
+  while batch > 0 and fitted is None:
+    try:
+      fitted = for_target(config, chips_n, batch)
+    except UsageError:
+      batch -= step
+  fit["config_batch"] = batch
+  checked = analyse(fitted, tgt, False) if fitted is not None else None
   return {"fit": fit, "peaks": peaks, "first": analyses[first], "checked": checked}
 
 
@@ -553,10 +565,11 @@ def main(argv):
     if f.max_batch:
       first = f.batch_per_chip or max(1, f.config.optim.batch_size // len(tgt.devices))
       result = max_batch(f.config, tgt, first)
+      fit = result["fit"]
       text = (
-          f"largest batch per chip on {tgt.name}: {result['fit']['batch']} (peak = "
-          f"{result['fit']['fixed_bytes'] / 2**30:.2f} GiB + "
-          f"{result['fit']['per_image_bytes'] / 2**20:.1f} MiB per image)"
+          f"largest batch per chip on {tgt.name}: {fit['config_batch']} that the config accepts, "
+          f"{fit['batch']} that memory allows (peak = {fit['fixed_bytes'] / 2**30:.2f} GiB + "
+          f"{fit['per_image_bytes'] / 2**20:.1f} MiB per image)"
       )
       text += "\n" + report(result["first"])
       if result["checked"]:

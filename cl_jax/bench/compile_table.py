@@ -127,7 +127,7 @@ def row(record: dict) -> str:
   if "failed" in record:
     return "| " + " | ".join(cells + [f"no: {record['failed']}"] + [""] * 5) + " |"
   result = record["result"]
-  first, checked = result["first"], result["checked"]
+  first, checked, fit = result["first"], result["checked"], result["fit"]
   m = first["memory"]
   fits = "yes" if first["fits"] else "compiles, does not fit"
   peak = (
@@ -140,6 +140,8 @@ def row(record: dict) -> str:
       if checked
       else "none"
   )
+  if fit["batch"] != fit["config_batch"]:
+    largest += f"; memory alone {fit['batch']}"
   comms = first["collectives"]
   count = sum(c["count"] for c in comms)
   megabytes = sum(c["bytes"] for c in comms) / 1e6
