@@ -178,8 +178,8 @@ def render(records: list[dict]) -> str:
   processors = sorted({r["processor"] for r in records})
   lines = [
       "| config | target | compiles | peak GiB per chip of HBM (preset's batch per chip) "
-      "| largest batch per chip (its peak) | collectives per step (bytes per chip) "
-      "| unexpected | GFLOP per image (analytic) |",
+      "| largest batch per chip the config accepts (its peak) "
+      "| collectives per step (bytes per chip) | unexpected | GFLOP per image (analytic) |",
       "|---|---|---|---|---|---|---:|---|",
   ]
   lines += [row(r) for r in records]
