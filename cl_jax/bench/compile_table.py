@@ -27,7 +27,8 @@ import time
 
 from absl import app, flags
 
-from cl_jax.runtime import cli
+from cl_jax.bench import report as bench_report
+from cl_jax.runtime import cli, metrics
 from cl_jax.runtime.errors import UsageError
 
 # The presets of every method (configs/*.py) and the quick default, the acceptance cells first.
@@ -95,7 +96,7 @@ def run_cell(config: str, target: str) -> dict:
   """Compile one cell in its own process: its record (module docstring)."""
   command = cell_command(config, target)
   start = time.perf_counter()
-  proc = subprocess.run(command, capture_output=True, text=True, check=False)
+  output = bench_report.run_part(command)
   record = {
       "config": config,
       "target": target,
@@ -104,21 +105,11 @@ def run_cell(config: str, target: str) -> dict:
       "command": " ".join(["python"] + command[1:]),
       "wall_s": round(time.perf_counter() - start, 1),
   }
-  objects = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-  if proc.returncode or not objects:
-    lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-    record["failed"] = (lines[-1] if lines else f"exit status {proc.returncode}")[:500]
+  if "failed" in output:
+    record["failed"] = output["failed"]
   else:
-    record["result"] = json.loads(objects[-1])
+    record["result"] = output
   return record
-
-
-def _write(path: str, text: str) -> None:
-  """Write `text` to `path` through a temporary file, so a stopped queue leaves no torn file."""
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
 
 
 def row(record: dict) -> str:
@@ -228,9 +219,9 @@ def main(argv):
           if os.path.exists(path):
             continue
           record = run_cell(config, target)
-          _write(path, json.dumps(record, indent=1) + "\n")
+          metrics.write_atomically(path, json.dumps(record, indent=1) + "\n")
           print(f"{cell_name(config, target)}: {record.get('failed', 'compiled')}", flush=True)
-    _write(os.path.join(f.out, "table.md"), render(read_records(f.out)))
+    metrics.write_atomically(os.path.join(f.out, "table.md"), render(read_records(f.out)))
 
 
 if __name__ == "__main__":
