@@ -178,10 +178,11 @@ def test_one_and_four_devices_take_the_same_step(module, batch):
   _, _, four, m4 = _step(config, batch, devices=4)
   np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
   # The gradient is summed in another order on 4 devices: entries near zero differ by
-  # float32 rounding, so each array is compared at 1e-4 of its largest entry, or 1e-6
-  # for arrays that are rounding noise only (biases in front of a batch norm).
+  # float32 rounding, so each array is compared at 1e-4 of its largest entry, or 4e-6
+  # for arrays that are rounding noise only (biases in front of a batch norm, whose gradient
+  # is zero: their entries after the step reach 1.2e-6 on an AVX-512 CPU).
   for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(four.params)):
-    np.testing.assert_allclose(b, a, rtol=1e-4, atol=max(1e-6, 1e-4 * np.abs(a).max()))
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=max(4e-6, 1e-4 * np.abs(a).max()))
 
 
 def test_a_state_without_target_and_queue_checkpoints(batch, tmp_path):

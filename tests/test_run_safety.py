@@ -371,29 +371,18 @@ def test_aborted_read_leftovers_are_dropped_and_the_rest_reported(monkeypatch):
   assert reported == [other]
 
 
-def test_only_the_lead_process_reports_a_stop_at_step_chunk(tmp_path, monkeypatch, capsys):
+def test_only_the_lead_process_reports_a_stop_at_step_chunk(tmp_path):
   """In a multi-host run every process returns at a --stop_at_step chunk; process 0 alone
-  prints the "stopped at step" line, and no process runs the probe."""
-  from absl import flags
-  from absl.testing import flagsaver
-
-  from cl_jax import evaluate
-  from cl_jax import main as main_module
-
-  started = []
-  monkeypatch.setattr(
-      main_module.distributed_startup,
-      "initialize_distributed",
-      lambda *a, **k: started.append(a),
+  prints the "stopped at step" line, and no process runs the probe (tests/stubbed_main.py:
+  cl_jax.main with the start-up and the training stubbed)."""
+  lead = (
+      "stopped at step 8 of 16 (--stop_at_step); run the same command again to continue. "
+      "The probe runs when the run is finished."
   )
-  monkeypatch.setattr(main_module.train, "pretrain", lambda *a, **k: (8, 16))
-  monkeypatch.setattr(evaluate, "print_reports", pytest.fail)
-  argv = ["main", "--config=configs/mocov2_patchns.py", f"--workdir={tmp_path}"]
-  lead = "stopped at step 8 of 16 (--stop_at_step); run the same command again to continue."
-  for index, want in ((1, ""), (0, lead + " The probe runs when the run is finished.")):
-    monkeypatch.setattr(main_module.jax, "process_index", lambda i=index: i)
-    with flagsaver.flagsaver():
-      flags.FLAGS([*argv, "--multihost", "--stop_at_step=8", "--probe=true"])
-      main_module.main([])
-    assert capsys.readouterr().out.strip() == want
-  assert started == [(None, None, None)] * 2  # --multihost: JAX's own detection
+  args = ["--config=configs/mocov2_patchns.py", f"--workdir={tmp_path}", "--multihost"]
+  for index, want in ((1, []), (0, [lead])):
+    proc = forked_commands.shared().run(
+        ["tests.stubbed_main", str(index), *args, "--stop_at_step=8", "--probe=true"]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["start-up (None, None, None)", *want], proc.stdout
