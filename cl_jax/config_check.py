@@ -175,6 +175,7 @@ def _check_model(c) -> None:
   if method in ("moco", "simclr") and predictor:
     fail("model.predictor_hidden_dim", predictor, f"method {method!r} has no predictor; " "set 0")
   choice(c, "model.dtype", DTYPES)
+  choice(c, "model.grad_reduce_dtype", DTYPES)
   choice(c, "model.bn_mode", BN_MODES)
   integer(c, "model.bn_groups", 1)
   integer(c, "moco.queue_size", 1)

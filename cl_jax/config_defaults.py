@@ -91,6 +91,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.head_out_bn = False  # BN after the head's output layer (SimSiam)
   c.model.predictor_hidden_dim = 0  # > 0: predictor MLP d -> hidden -> d (BYOL, SimSiam)
   c.model.dtype = "float32"  # "bfloat16" on accelerators
+  # dtype of the cross-device sum of a bfloat16 network's convolution weight gradients:
+  # float32 as mixed-precision practice sums them, or bfloat16 for half the bytes
+  c.model.grad_reduce_dtype = "float32"
   c.model.bn_mode = "shuffle"  # sync | local | shuffle
   c.model.bn_groups = 4  # virtual batch-norm groups over the global batch
 

@@ -144,7 +144,7 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh) -> Built:
   spe = steps_per_epoch(num_records, config.optim.batch_size)
   schedule = optim.lr_schedule(config.optim, spe)
   tx = optim.make_optimizer(config.optim, schedule)
-  encoder = encoder_for(config)
+  encoder = encoder_for(config, mesh)
   moco = config.method == "moco"
   init = functools.partial(
       init_state,

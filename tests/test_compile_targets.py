@@ -93,6 +93,10 @@ def test_the_quick_config_compiles_for_the_target_and_needs_only_data_parallel_t
   found = {c["purpose"] for c in result["collectives"]}
   assert found <= EXPECTED[config_name], result["collectives"]
   assert "gradient reduction" in found
+  # The gradients are summed across chips in float32 (model.grad_reduce_dtype's default), the
+  # bfloat16 convolutions' weight gradients included.
+  reductions = [c for c in result["collectives"] if c["purpose"] == "gradient reduction"]
+  assert {c["dtype"] for c in reductions} == {"f32"}, reductions
   # No image crosses devices in float32: every float32 gather is smaller than a tenth of the
   # batch's images in float32 (the keys' and embeddings' gathers are).
   images_f32 = result["global_batch"] * size * size * 3 * 4

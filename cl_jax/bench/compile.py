@@ -304,24 +304,27 @@ def collectives(
   """The collectives of a compiled program, grouped by (kind, dtype, purpose; classify): count,
   bytes per chip (their results'), replica groups and the JAX operations that caused them. The
   TPU compiler copies a collective into the fusions that consume its result in pieces (its
-  async collective fusions); the copies keep its channel_id and are one transfer, counted once."""
+  async collective fusions); the copies keep its channel_id, operation and result and are one
+  transfer, counted once. (The GPU compiler gives one channel_id to many collectives: the
+  operation or the result tells them apart.)"""
   groups = collections.OrderedDict()
-  channels = set()
+  seen = set()
   for inst in insts:
     kind = inst["op"].removesuffix("-start")
     if kind not in _COLLECTIVES or inst["op"].endswith("-done"):
       continue
-    channel = re.search(r"channel_id=(\d+)", inst["rest"])
-    if channel:
-      if channel.group(1) in channels:
-        continue
-      channels.add(channel.group(1))
     op_name = re.search(r'op_name="([^"]*)"', inst["rest"])
     op_name = op_name.group(1) if op_name else ""
+    arrays = result_arrays(inst)
+    channel = re.search(r"channel_id=(\d+)", inst["rest"])
+    if channel:
+      transfer = (channel.group(1), op_name, tuple(arrays))
+      if transfer in seen:
+        continue
+      seen.add(transfer)
     replica = re.search(
         r"replica_groups=(\{[^=]*?\}\}|\[[^\]]*\]<=\[[^\]]*\][^,\s]*)", inst["rest"]
     )
-    arrays = result_arrays(inst)
     dtypes = sorted(set(d for d, _ in arrays))
     sizes = [_elements(dims) for _, dims in arrays]
     floating = all(d in _FLOATS for d in dtypes)

@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+from jax.sharding import Mesh
 
 from cl_jax.models.heads import Conv5Head, MLPHead, l2_normalize
 from cl_jax.models.resnet import DEPTHS, ResNet, base_width
@@ -105,9 +106,10 @@ def head_layout(config: ml_collections.ConfigDict) -> dict:
   return layout
 
 
-def encoder_for(config: ml_collections.ConfigDict) -> 'Encoder':
-  """The encoder of a run config: build_encoder(config.model, **head_layout(config))."""
-  return build_encoder(config.model, **head_layout(config))
+def encoder_for(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> 'Encoder':
+  """The encoder of a run config: build_encoder(config.model, **head_layout(config)), for
+  training on `mesh` when given (build_encoder's grad_mesh)."""
+  return build_encoder(config.model, **head_layout(config), mesh=mesh)
 
 
 def _check_model_fields(model_cfg: ml_collections.ConfigDict) -> None:
@@ -143,7 +145,9 @@ def _check_model_fields(model_cfg: ml_collections.ConfigDict) -> None:
     _positive_int(model_cfg, field)
 
 
-def _make_head(model_cfg: ml_collections.ConfigDict, conv5_heads: bool) -> nn.Module:
+def _make_head(
+    model_cfg: ml_collections.ConfigDict, conv5_heads: bool, grad_mesh: Mesh | None
+) -> nn.Module:
   """One projection head of the ``model`` block: the MLP head, behind its own conv5 stage
   with `conv5_heads` (LooC++)."""
   groups = model_cfg.bn_groups
@@ -163,6 +167,7 @@ def _make_head(model_cfg: ml_collections.ConfigDict, conv5_heads: bool) -> nn.Mo
       dtype=_DTYPES[model_cfg.dtype],
       bn_groups=groups,
       mlp=mlp,
+      grad_mesh=grad_mesh,
   )
 
 
@@ -171,13 +176,16 @@ def build_encoder(
     heads: int = 1,
     conv5_heads: bool = False,
     region_head_layers: int = 0,
+    mesh: Mesh | None = None,
 ) -> Encoder:
   """Builds the ResNet + MLP-head encoder from the ``model`` config block.
 
   heads: number of projection heads (LooC: n + 1; 1 otherwise). conv5_heads: each head starts
   with its own conv5 stage and the backbone stops after conv4 (LooC++). region_head_layers:
   > 0 adds ICR's region projector, an MLP head of that many layers like the projection head
-  (0: none).
+  (0: none). mesh: the training mesh; with model.grad_reduce_dtype 'float32' a bfloat16
+  network's convolution weight gradients are summed across its data axis in float32
+  (cl_jax.models.conv), with 'bfloat16' by XLA in bfloat16. None: evaluation (no gradient).
 
   Fields: depth (10 | 18 | 50), stem ('imagenet' | 'cifar'), width_multiplier (64 * w a positive
   integer), head_hidden_dim, head_out_dim, head_layers (positive integers), head_bn,
@@ -188,6 +196,14 @@ def build_encoder(
   _check_model_fields(model_cfg)
   if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
     raise ValueError(f'heads must be a positive integer, got {heads!r}')
+  grad_mesh = None
+  if mesh is not None:
+    reduce_dtype = model_cfg.get('grad_reduce_dtype')
+    if reduce_dtype not in _DTYPES:
+      raise ValueError(
+          f"model.grad_reduce_dtype must be 'float32' or 'bfloat16', got {reduce_dtype!r}"
+      )
+    grad_mesh = mesh if reduce_dtype == 'float32' else None
   backbone = ResNet(
       depth=model_cfg.depth,
       stem=model_cfg.stem,
@@ -195,10 +211,11 @@ def build_encoder(
       dtype=_DTYPES[model_cfg.dtype],
       bn_groups=model_cfg.bn_groups,
       stages=3 if conv5_heads else 4,
+      grad_mesh=grad_mesh,
   )
   groups = model_cfg.bn_groups
-  head = _make_head(model_cfg, conv5_heads)
-  extra = tuple(_make_head(model_cfg, conv5_heads) for _ in range(1, heads))
+  head = _make_head(model_cfg, conv5_heads, grad_mesh)
+  extra = tuple(_make_head(model_cfg, conv5_heads, grad_mesh) for _ in range(1, heads))
   hidden = model_cfg.predictor_hidden_dim
   if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
     raise ValueError(f'model.predictor_hidden_dim must be a non-negative integer, got {hidden!r}')

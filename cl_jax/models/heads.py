@@ -5,6 +5,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from cl_jax.models.batchnorm import GroupBatchNorm
 from cl_jax.models.relu import relu
@@ -80,7 +81,7 @@ class Conv5Head(nn.Module):
   MLP head.
 
   Attributes:
-    depth, width_multiplier, dtype, bn_groups: those of the ResNet it completes.
+    depth, width_multiplier, dtype, bn_groups, grad_mesh: those of the ResNet it completes.
     mlp: the MLPHead on the pooled conv5 features.
     zero_init_residual: as the ResNet's.
   """
@@ -91,6 +92,7 @@ class Conv5Head(nn.Module):
   bn_groups: int
   mlp: nn.Module
   zero_init_residual: bool = True
+  grad_mesh: Mesh | None = None
 
   @nn.compact
   def __call__(self, feature_map: jax.Array, train: bool) -> tuple[jax.Array, jax.Array]:

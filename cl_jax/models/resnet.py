@@ -16,8 +16,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from cl_jax.models.batchnorm import GroupBatchNorm
+from cl_jax.models.conv import Conv
 from cl_jax.models.relu import relu
 
 # (block type, blocks per stage) for each supported depth.
@@ -55,18 +57,19 @@ def resnet_feature_dim(depth: int, width_multiplier: float) -> int:
   return 8 * base_width(width_multiplier) * _EXPANSION[_STAGES[depth][0]]
 
 
-def _conv(features: int, kernel: int, stride: int, dtype: Any, name: str) -> nn.Conv:
+def _conv(
+    features: int, kernel: int, stride: int, dtype: Any, name: str, grad_mesh: Mesh | None
+) -> Conv:
   """Bias-free k x k convolution with torch-style symmetric padding k // 2."""
   pad = kernel // 2
-  return nn.Conv(
+  return Conv(
       features,
       (kernel, kernel),
       strides=(stride, stride),
       padding=((pad, pad), (pad, pad)),
-      use_bias=False,
       dtype=dtype,
-      param_dtype=jnp.float32,
       kernel_init=conv_init,
+      grad_mesh=grad_mesh,
       name=name,
   )
 
@@ -85,6 +88,7 @@ class ResidualBlock(nn.Module):
   bn_groups: int
   zero_init_residual: bool
   dtype: Any
+  grad_mesh: Mesh | None = None
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
@@ -92,20 +96,20 @@ class ResidualBlock(nn.Module):
     last_scale_init = nn.initializers.zeros if self.zero_init_residual else nn.initializers.ones
     out_features = self.planes * _EXPANSION[self.kind]
     if self.kind == 'basic':
-      y = _conv(self.planes, 3, self.stride, self.dtype, 'conv1')(x)
+      y = _conv(self.planes, 3, self.stride, self.dtype, 'conv1', self.grad_mesh)(x)
       y = relu(norm(name='bn1')(y, not train))
-      y = _conv(self.planes, 3, 1, self.dtype, 'conv2')(y)
+      y = _conv(self.planes, 3, 1, self.dtype, 'conv2', self.grad_mesh)(y)
       y = norm(scale_init=last_scale_init, name='bn2')(y, not train)
     else:
-      y = _conv(self.planes, 1, 1, self.dtype, 'conv1')(x)
+      y = _conv(self.planes, 1, 1, self.dtype, 'conv1', self.grad_mesh)(x)
       y = relu(norm(name='bn1')(y, not train))
-      y = _conv(self.planes, 3, self.stride, self.dtype, 'conv2')(y)
+      y = _conv(self.planes, 3, self.stride, self.dtype, 'conv2', self.grad_mesh)(y)
       y = relu(norm(name='bn2')(y, not train))
-      y = _conv(out_features, 1, 1, self.dtype, 'conv3')(y)
+      y = _conv(out_features, 1, 1, self.dtype, 'conv3', self.grad_mesh)(y)
       y = norm(scale_init=last_scale_init, name='bn3')(y, not train)
     shortcut = x
     if self.stride != 1 or x.shape[-1] != out_features:
-      shortcut = _conv(out_features, 1, self.stride, self.dtype, 'proj_conv')(x)
+      shortcut = _conv(out_features, 1, self.stride, self.dtype, 'proj_conv', self.grad_mesh)(x)
       shortcut = norm(name='proj_bn')(shortcut, not train)
     return relu(y + shortcut)
 
@@ -125,6 +129,9 @@ class ResNet(nn.Module):
     zero_init_residual: zero-initialise the scale of each residual branch's last BN.
     stages: residual stages to run, 4 (conv2-conv5, the whole network) or 3 (up to conv4;
       LooC++ puts conv5 into each projection head, cl_jax.models.heads.Conv5Head).
+    grad_mesh: the training mesh, whose data axis shards the batch: the convolutions' weight
+      gradients are then summed across it in float32 (cl_jax.models.conv.Conv); None (the
+      evaluation jobs, float32 networks, bfloat16 reduction): autodiff's, summed by XLA.
   """
 
   depth: int
@@ -134,6 +141,7 @@ class ResNet(nn.Module):
   bn_groups: int = 1
   zero_init_residual: bool = True
   stages: int = 4
+  grad_mesh: Mesh | None = None
 
   def __post_init__(self):
     if self.depth not in _STAGES:
@@ -162,9 +170,9 @@ class ResNet(nn.Module):
     kind, blocks = _STAGES[self.depth]
     x = x.astype(self.dtype)
     if self.stem == 'imagenet':
-      x = _conv(width, 7, 2, self.dtype, 'stem_conv')(x)
+      x = _conv(width, 7, 2, self.dtype, 'stem_conv', self.grad_mesh)(x)
     else:
-      x = _conv(width, 3, 1, self.dtype, 'stem_conv')(x)
+      x = _conv(width, 3, 1, self.dtype, 'stem_conv', self.grad_mesh)(x)
     x = GroupBatchNorm(num_groups=self.bn_groups, dtype=self.dtype, name='stem_bn')(x, not train)
     x = relu(x)
     if self.stem == 'imagenet':
@@ -180,7 +188,7 @@ def residual_stage(
 ) -> jax.Array:
   """Residual stage `stage` (0-based; conv{stage + 2} in He et al.'s naming) of `blocks` blocks,
   called inside `parent`'s compact __call__, which owns its blocks (stage{stage + 1}_block{i});
-  parent supplies bn_groups, zero_init_residual and dtype.
+  parent supplies bn_groups, zero_init_residual, dtype and grad_mesh.
   (B, H, W, C) -> (B, H/s, W/s, width 2^stage e), s the stage's stride, e the expansion.
   """
   for index in range(blocks):
@@ -191,6 +199,7 @@ def residual_stage(
         bn_groups=parent.bn_groups,
         zero_init_residual=parent.zero_init_residual,
         dtype=parent.dtype,
+        grad_mesh=parent.grad_mesh,
         name=f'stage{stage + 1}_block{index + 1}',
     )(x, train)
   return x

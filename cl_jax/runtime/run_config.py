@@ -10,7 +10,8 @@ the workdir is touched. Fields that define the run (method, model, data,
 augmentation, loss, seed, batch) may not change: a different value there is a
 different run and needs its own workdir. The fields of CHANGEABLE (logging,
 checkpoint cadence, probe settings, health thresholds, input workers, data
-location, run length and learning rate) may change with --allow_config_change.
+location, run length, learning rate and the gradient reduction's dtype) may
+change with --allow_config_change.
 The fields of an add-on switched off in both configs (<block>.enabled False, or a
 block the stored config lacks) do nothing and may differ, and so may changeable
 fields that the stored config lacks.
@@ -43,6 +44,7 @@ CHANGEABLE = (
     "optim.base_lr",
     "optim.lr_recipe",
     "train.max_param_growth",
+    "model.grad_reduce_dtype",
 )
 # The value `differences` shows for a field that one config lacks.
 ABSENT = "<absent>"
