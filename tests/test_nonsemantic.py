@@ -370,3 +370,12 @@ def test_patch_negatives_rejects_patch_sizes_outside_one_to_view_size(d_min, d_m
   # crops larger than the view and d_min > d_max an empty range.
   with pytest.raises(ValueError):
     nonsemantic.patch_negatives(jax.random.key(0), jnp.zeros((2, 6, 6, 1)), 1, d_min, d_max)
+
+
+def test_texture_negatives_need_the_views_texture_images():
+  ns = nonsemantic.NonSemantic("texture", 1, 2.0, "in", 3, 10)
+  views = jnp.zeros((2, 8, 8, 3))
+  with pytest.raises(ValueError, match="needs the views' texture images"):
+    ns.images(jax.random.key(0), views, None)
+  texture = jnp.ones((2, 8, 8, 3))
+  np.testing.assert_array_equal(ns.images(jax.random.key(0), views, texture), texture[:, None])

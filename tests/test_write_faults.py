@@ -55,6 +55,23 @@ def test_guard_lets_other_errors_through_and_adds_advice_to_an_inner_fault(tmp_p
   assert called == [1]
 
 
+def test_free_space_in_words_and_none_where_it_cannot_be_read(tmp_path, monkeypatch):
+  """The nearest existing parent's file system; a URL or an unreadable one give None."""
+  sizes = {"free": 999, "total": 1_234_567_890_123_456}
+  monkeypatch.setattr(write_faults.shutil, "disk_usage", lambda path: type("Usage", (), sizes))
+  assert write_faults.free_space(str(tmp_path / "not" / "yet")) == "999 B free of 1234.6 TB"
+  sizes.update(free=1_500_000, total=2_000_000_000)
+  assert write_faults.free_space(str(tmp_path)) == "1.5 MB free of 2.0 GB"
+  assert write_faults.free_space("gs://bucket/run") is None
+
+  def unreadable(path):
+    raise OSError(errno.EACCES, "Permission denied", path)
+
+  monkeypatch.setattr(write_faults.shutil, "disk_usage", unreadable)
+  assert write_faults.free_space(str(tmp_path)) is None
+  write_faults.check_writable("gs://bucket/run", "the report")  # URLs are not checked
+
+
 def test_check_writable_fails_before_any_work(tmp_path, monkeypatch):
   write_faults.check_writable(str(tmp_path / "new"), "the report")  # creates it, leaves no file
   assert os.listdir(tmp_path / "new") == []

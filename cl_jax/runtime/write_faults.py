@@ -88,11 +88,12 @@ def reason_in_text(text: str) -> str | None:
 
 
 def _size(n: float) -> str:
-  for unit in ("B", "kB", "MB", "GB", "TB"):
-    if n < 1000 or unit == "TB":
+  """n bytes in B, kB, MB, GB or TB (powers of 1000)."""
+  for unit in ("B", "kB", "MB", "GB"):
+    if n < 1000:
       return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
     n /= 1000
-  raise AssertionError("unreachable")
+  return f"{n:.1f} TB"
 
 
 def free_space(path: str) -> str | None:
