@@ -82,14 +82,20 @@ def _commit() -> str:
 
 
 def _processor() -> str:
+  """The CPU's model name with its family and model numbers (one name covers several
+  generations) and core count, e.g. "AMD EPYC (family 26 model 2), 2 cores"."""
+  fields = {}
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
-        if line.startswith("model name"):
-          return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
   except OSError:
     pass
-  return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+  name = fields.get("model name") or platform.processor() or platform.machine()
+  if "cpu family" in fields and "model" in fields:
+    name += f" (family {fields['cpu family']} model {fields['model']})"
+  return f"{name}, {os.cpu_count()} cores"
 
 
 def run_cell(config: str, target: str) -> dict:
