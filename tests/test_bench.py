@@ -13,7 +13,7 @@ from cl_jax import train_step as step_lib
 from cl_jax.bench import flops, synthetic_step
 from cl_jax.bench import step as bench
 from cl_jax.runtime import parallel
-from configs import dicr, looc, mocov2_patchns
+from configs import dicr, looc, mocov2, mocov2_patchns
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
 
@@ -99,6 +99,14 @@ def test_cli_runs_each_device_count_in_its_own_process():
   gflop = [float(r[3]) for r in rows]
   assert gflop[0] > 0 and abs(gflop[1] - gflop[0]) <= 0.05 * gflop[0]
   assert [r[5] for r in rows] == ["n/a", "n/a"]
+
+
+def test_torch_comparison_switches_off_the_addons_the_reference_lacks():
+  config = mocov2_patchns.get_config(None)
+  reference, addons = bench.torch_comparable(config)
+  assert addons == ["nonsemantic"] and not reference.nonsemantic.enabled
+  assert config.nonsemantic.enabled  # the config itself is left as it was
+  assert bench.torch_comparable(mocov2.get_config(None))[1] == []
 
 
 def test_children_keep_the_xla_flags_but_the_device_count():

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from cl_jax.models import conv
+from cl_jax.models.encoder import build_encoder
 from cl_jax.models.resnet import conv_init
 from cl_jax.runtime import parallel
+from configs import mocov2_patchns
 
 PADDING = ((1, 1), (1, 1))
 
@@ -100,3 +102,18 @@ def test_float32_convolution_takes_autodiff_even_with_a_mesh():
   assert jax.jit(grad, static_argnums=0).lower(ours, params).as_text().replace(
       "jit_grad", ""
   ) == jax.jit(grad, static_argnums=0).lower(flax, params).as_text().replace("jit_grad", "")
+
+
+def test_the_training_encoder_reduces_in_the_configured_dtype():
+  """build_encoder with the training mesh: float32 reduction gives every convolution the mesh
+  (bfloat16 reduction and evaluation encoders none); a bad dtype is named."""
+  mesh = parallel.make_mesh(jax.devices()[:2])
+  model = mocov2_patchns.get_config(None).model
+  model.dtype = "bfloat16"
+  assert build_encoder(model, mesh=mesh).backbone.grad_mesh is mesh
+  assert build_encoder(model).backbone.grad_mesh is None
+  model.grad_reduce_dtype = "bfloat16"
+  assert build_encoder(model, mesh=mesh).backbone.grad_mesh is None
+  model.grad_reduce_dtype = "float16"
+  with pytest.raises(ValueError, match="model.grad_reduce_dtype must be 'float32' or 'bfloat16'"):
+    build_encoder(model, mesh=mesh)

@@ -257,6 +257,16 @@ def _compare_table(dtype: str, jax_row: dict, eager: dict, compiled: dict) -> st
   return "\n".join(lines)
 
 
+def torch_comparable(config) -> tuple:
+  """(a copy of `config` with the MoCo add-ons that the PyTorch reference lacks switched off,
+  their names): the step that --compare=torch times on both sides."""
+  addons = [name for name in _TORCH_ADDONS if config[name].enabled]
+  reference = config.copy_and_resolve_references()
+  for name in addons:
+    reference[name].enabled = False
+  return reference, addons
+
+
 def _compare_torch(config) -> None:
   """--compare=torch: the JAX step on one device beside the PyTorch reference of
   cl_jax.bench.torch_reference, eager and compiled, on the same device (CUDA if torch sees one, else
@@ -269,7 +279,7 @@ def _compare_torch(config) -> None:
     sys.exit(
         f"error: --compare=torch compares MoCo steps; the config's method is {config.method!r}"
     )
-  addons = [name for name in _TORCH_ADDONS if config[name].enabled]
+  reference, addons = torch_comparable(config)
   overrides = [f"--config.{name}.enabled=False" for name in addons]
   # The parent leaves JAX's backend alone, so that it holds no accelerator memory.
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="1")
@@ -287,9 +297,6 @@ def _compare_torch(config) -> None:
     if not _JSON.value:
       print(json.dumps(row), flush=True)
   eager, compiled = torch_rows
-  reference = config.copy_and_resolve_references()
-  for name in addons:
-    reference[name].enabled = False
   torch_device = next((r["device"] for r in torch_rows if "device" in r), "n/a")
   devices = f"JAX on {jax_row['device_kind']}, torch on {torch_device}"
   off = f"; switched off in both: {', '.join(addons)}" if addons else ""
