@@ -10,6 +10,7 @@ import pytest
 from cl_jax.bench import chips
 from cl_jax.bench import compile as bench_compile
 from cl_jax.runtime.errors import UsageError
+from configs import mocov2_patchns, simclr
 
 # A hand-written HLO module: two gradient all-reduces and a concatenated unnamed one (as the GPU
 # compiler emits), a cuDNN convolution, an asynchronous all-gather of bf16 key
@@ -113,3 +114,14 @@ def test_the_tiny_step_on_eight_cpu_devices_communicates_what_data_parallelism_n
   assert (ev["global_batch"], ev["batch_per_chip"]) == (256, 32)
   assert ev["collectives"] == [] and not ev["census"]["host"], ev
   assert ev["memory"]["peak"] > 0 and ev["fits"]
+
+
+def test_a_batch_per_chip_keeps_the_configs_lr_rule():
+  """Presets whose lr follows the batch (SimCLR: base_lr x batch / 256) and presets with a
+  fixed lr recipe both take another batch per chip."""
+  simclr_config = simclr.get_config("imagenet100")
+  got = bench_compile.for_target(simclr_config, 8, 128)  # twice the preset's 64 per chip
+  assert got.optim.batch_size == 1024
+  assert got.optim.lr == pytest.approx(simclr_config.optim.base_lr * 1024 / 256)
+  moco = bench_compile.for_target(mocov2_patchns.get_config("imagenet100"), 8, 64)
+  assert moco.optim.batch_size == 512 and moco.optim.lr_recipe == "custom"
