@@ -8,8 +8,9 @@ Each cell (a config with its preset, a target) runs `python -m cl_jax.bench.comp
 the preset's batch per chip and at twice it, and at the largest per-chip batch their linear
 fit allows (cl_jax.bench.compile.max_batch). The compilers come from requirements-compile.txt,
 named in PYTHONPATH (docs/benchmarks.md). A cell's record, written to OUT/<cell>.json as soon as
-it ends, holds the commit (`git describe --always --dirty`), the processor that compiled it,
-the command, its wall time and the compile's JSON, or the last line of its error. Cells
+it ends, holds the commit (`git describe --always`, "-dirty" for changed code outside
+results/), the processor that compiled it, the command, its wall time and the compile's JSON,
+or the last line of its error. Cells
 whose record exists are kept, so a stopped queue resumes where it stopped. Then OUT/table.md
 is written from every record in OUT (docs/benchmarks.md includes it): per cell, whether it
 compiles, the peak memory per chip at the preset's batch against the chip's, the largest
@@ -75,10 +76,18 @@ def cell_command(config: str, target: str) -> list[str]:
 
 
 def _commit() -> str:
-  proc = subprocess.run(
-      ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
-  )
-  return proc.stdout.strip() or "unknown"
+  """The checkout's commit, "-dirty" when a tracked file outside results/ differs from it (the
+  queue's own records and table there do not change the compiled code)."""
+  describe = subprocess.run(
+      ["git", "describe", "--always"], capture_output=True, text=True, check=False
+  ).stdout.strip()
+  changed = subprocess.run(
+      ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
+      capture_output=True,
+      text=True,
+      check=False,
+  ).stdout.strip()
+  return (describe or "unknown") + ("-dirty" if describe and changed else "")
 
 
 def _processor() -> str:
