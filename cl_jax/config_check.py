@@ -186,8 +186,11 @@ def _check_model(c) -> None:
   number(c, "byol.base_momentum", 0.0, 1.0)
 
 
-def _check_nonsemantic(c, method: str) -> None:
-  """Non-semantic negatives (Ge et al. 2021): patch or texture images."""
+def _check_nonsemantic(c, method: str, reads_data: bool) -> None:
+  """Non-semantic negatives (Ge et al. 2021): patch or texture images.
+
+  reads_data=False skips the texture dataset's location, as for the dataset's.
+  """
   if method == "simsiam":
     fail(
         "nonsemantic.enabled",
@@ -199,7 +202,7 @@ def _check_nonsemantic(c, method: str) -> None:
   num_ns = integer(c, "nonsemantic.num_ns", 1, 64)
   if kind == "texture" and num_ns != 1:
     fail("nonsemantic.num_ns", num_ns, "texture negatives are one image per view; set 1")
-  if kind == "texture" and not get(c, "data.texture_dir"):
+  if reads_data and kind == "texture" and not get(c, "data.texture_dir"):
     fail(
         "data.texture_dir",
         "",
@@ -262,7 +265,7 @@ def _check_ft(c, method: str) -> None:
     )
 
 
-def _check_addons(c) -> None:
+def _check_addons(c, reads_data: bool) -> None:
   """The add-on blocks that are enabled, in order: hcl, nonsemantic, ft, ifm, dicr, looc."""
   method, symmetric = get(c, "method"), get(c, "moco.symmetric")
   if boolean(c, "hcl.enabled"):
@@ -286,7 +289,7 @@ def _check_addons(c) -> None:
           f"switch off {' and '.join(others)} to use it",
       )
   if boolean(c, "nonsemantic.enabled"):
-    _check_nonsemantic(c, method)
+    _check_nonsemantic(c, method, reads_data)
   if boolean(c, "ft.enabled"):
     _check_ft(c, method)
   if boolean(c, "ifm.enabled"):
@@ -444,7 +447,7 @@ def validate(
   integer(c, "seed", 0, 2**31 - 1)
   _check_data(c, reads_data)
   _check_model(c)
-  _check_addons(c)
+  _check_addons(c, reads_data)
   _check_optim(c)
   _check_batch_split(c, num_devices)
   _check_train_eval(c)

@@ -13,7 +13,7 @@ from cl_jax.runtime.errors import UsageError
 from configs import mocov2_patchns, simclr
 
 # A hand-written HLO module: two gradient all-reduces and a concatenated unnamed one (as the GPU
-# compiler emits), a cuDNN convolution, an asynchronous all-gather of bf16 key
+# compiler emits), unnamed small combined ones, a cuDNN convolution, an asynchronous all-gather of bf16 key
 # images in the shuffle_bn scope, an all-to-all nobody asked for, a bf16 and an f32
 # convolution, a float32 dot at full and one at default precision, a float64 constant and a
 # host callback.
@@ -34,6 +34,7 @@ def test_the_readers_find_each_collective_its_bytes_purpose_and_the_census():
       ("all-reduce", "bf16", "gradient reduction"),
       ("all-reduce", "f32", "reduction of a loss or metric"),
       ("all-reduce", "s32", "reduction of a loss or metric"),
+      ("all-reduce", "f32", bench_compile.COMBINED_SMALL),
       ("all-reduce", "f32", "unexpected"),
       ("all-gather", "bf16", "shuffled key batch"),
       ("all-to-all", "f32", "unexpected"),
@@ -42,6 +43,9 @@ def test_the_readers_find_each_collective_its_bytes_purpose_and_the_census():
   # Two reductions of 24 values, combined by XLA into one all-reduce of 48 (more than the
   # batch): each array holds at most one value per image, so it is a metric's.
   assert found["all-reduce", "s32", "reduction of a loss or metric"]["bytes"] == 2 * 24 * 4
+  # Float reductions of at most one value per image that XLA combined and left unnamed (the
+  # synchronised batch norm's statistics and sums, losses).
+  assert found["all-reduce", "f32", bench_compile.COMBINED_SMALL]["bytes"] == (16 + 32) * 4
   # The GPU compiler gives every shard_map psum (cl_jax.models.conv's float32 weight-gradient
   # sums) the same channel_id: different operations, each counted.
   grads = found["all-reduce", "f32", "gradient reduction"]

@@ -35,6 +35,9 @@ def test_cell_names_say_config_preset_and_target():
   assert compile_table.cell_name("configs/mocov2_patchns.py", "h100:8") == (
       "mocov2_patchns-quick-h100_8"
   )
+  assert compile_table.cell_name("configs/dicr.py:simclr,cifar10", "v4:2x2x1") == (
+      "dicr-simclr_cifar10-v4_2x2x1"
+  )
 
 
 def test_rows_sum_the_collectives_and_show_the_fitted_batch():

@@ -5,7 +5,7 @@ tests/test_bench.py, tests/test_compile_targets.py)."""
 import pytest
 
 from cl_jax.bench import flops
-from configs import looc, mocov2_patchns, simclr
+from configs import dicr, looc, loocpp, mocov2_patchns, mocov2_texturens, simclr
 
 
 def test_valid_taps_by_hand():
@@ -31,12 +31,61 @@ def test_resnet50_forward_is_its_published_count():
 
 
 def test_methods_without_a_count_are_named():
-  with pytest.raises(ValueError, match="no analytic FLOP count for method 'moco' with looc"):
-    flops.step_flops_per_image(looc.get_config(None))
   c = simclr.get_config(None)
   c.nonsemantic.enabled = True
-  with pytest.raises(ValueError, match="patch negatives outside MoCo"):
+  with pytest.raises(ValueError, match="non-semantic negatives outside MoCo"):
     flops.step_flops_per_image(c)
+  c = dicr.get_config(None)
+  c.dicr.variant = "icr"
+  with pytest.raises(ValueError, match="ICR's region heads"):
+    flops.step_flops_per_image(c)
+
+
+def test_texture_negatives_and_dicr_cost_what_their_base_costs():
+  """A texture negative is one more key forward per query, as one patch negative; DICR's
+  region means are elementwise, so it counts as its base method."""
+  assert flops.step_flops_per_image(mocov2_texturens.get_config(None)) == (
+      flops.step_flops_per_image(mocov2_patchns.get_config(None))
+  )
+  assert flops.step_flops_per_image(dicr.get_config(None)) == (
+      flops.step_flops_per_image(simclr.get_config(None))
+  )
+
+
+def _tiny(module):
+  """A CIFAR ResNet-18 at 32 px, batch 8, float32, queue 512 of a config module."""
+  c = module.get_config(None)
+  c.data.image_size = 32
+  c.model.update(depth=18, stem="cifar", width_multiplier=1.0, dtype="float32")
+  c.moco.queue_size = 512
+  c.optim.batch_size = 8
+  return c
+
+
+@pytest.mark.parametrize("module", [looc, loocpp], ids=["looc", "loocpp"])
+def test_looc_count_matches_xla_on_the_lowered_step(module):
+  """LooC's and LooC++'s counts (2 heads and 2 key views, LooC++'s heads with their own conv5)
+  against XLA's FLOPs of the unoptimised step: within the BN, activation and augmentation work
+  the count leaves out (as for MoCo, tests/test_bench.py)."""
+  import jax
+
+  from cl_jax.bench import compile as bench_compile
+
+  c = _tiny(module)
+  lowered, _ = bench_compile.lower_step(c, jax.devices("cpu")[:1])
+  xla = lowered.cost_analysis()["flops"] / c.optim.batch_size
+  analytic = flops.step_flops_per_image(c)["per_image"]
+  assert 0.99 * analytic <= xla <= 1.03 * analytic
+
+
+def test_loocpp_counts_one_more_conv5_stage_per_extra_head():
+  """LooC++ = LooC + (heads - 1) copies of conv5, each run by the query (forward, backward:
+  3x) and by every key view (2 views): 5 x conv5 forward more, with 2 heads."""
+  conv5 = sum(flops.convolution_flops(flops.backbone_convolutions(18, "cifar", 1.0, 32)[-5:]))
+  extra = flops.step_flops_per_image(_tiny(loocpp))["per_image"] - (
+      flops.step_flops_per_image(_tiny(looc))["per_image"]
+  )
+  assert extra == pytest.approx(5 * conv5)
 
 
 def test_symmetric_moco_counts_both_directions():

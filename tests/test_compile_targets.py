@@ -29,12 +29,14 @@ EXPECTED = {
         "queue contrast",
         "reduction of a loss or metric",
         "batch-norm statistics",
+        "batch-norm statistics and losses, combined",
     },
     "simclr": {
         "gradient reduction",
         "batch contrast",
         "batch-norm statistics",
         "reduction of a loss or metric",
+        "batch-norm statistics and losses, combined",
     },
 }
 # The analytic count (cl_jax.bench.flops) leaves out batch norm, activations, augmentation and

@@ -74,6 +74,7 @@ def test_config_check_needs_the_texture_dataset_and_one_negative():
   c = mocov2_texturens.get_config(None)
   with pytest.raises(config_check.ConfigError, match="make_texture"):
     config_check.validate(c)
+  config_check.validate(c, reads_data=False)  # a job that opens no data (bench, compile)
   c.data.texture_dir = "/somewhere"
   config_check.validate(c)
   c.nonsemantic.num_ns = 2

@@ -262,6 +262,9 @@ def instructions(hlo_text: str) -> list[dict]:
 _BN = re.compile(r"(^|[/(:])(\w+_)?bn\d*(/|$)|batch_?norm", re.I)
 
 
+COMBINED_SMALL = "batch-norm statistics and losses, combined"
+
+
 def classify(
     op_name: str,
     kind: str,
@@ -278,7 +281,9 @@ def classify(
   such arrays (several, above its combining threshold). Any other all-reduce is a loss's or a
   metric's when each of its arrays (XLA combines several small reductions into one) holds at
   most one value per image, else unexpected (an all-reduce of images is a gather that XLA
-  could not keep on the devices that hold them)."""
+  could not keep on the devices that hold them). XLA's combiner drops the op_name of the small
+  floating-point reductions it merges (the synchronised batch norm's statistics and its
+  hand-written backward's sums, losses): those are COMBINED_SMALL."""
   if "shuffle_bn" in op_name:
     return "shuffled key batch"
   if "queue_contrast" in op_name:
@@ -297,6 +302,8 @@ def classify(
   if _BN.search(op_name) and kind == "all-reduce":
     return "batch-norm statistics"
   if kind == "all-reduce" and (batch is None or max(sizes) <= batch):
+    if floating and not op_name:
+      return COMBINED_SMALL
     return "reduction of a loss or metric"
   return "unexpected"
 

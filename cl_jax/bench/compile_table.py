@@ -47,7 +47,7 @@ CONFIGS = (
     "configs/mocov2_texturens.py:imagenet100",
     "configs/looc.py:imagenet100",
     "configs/loocpp.py:imagenet100",
-    "configs/dicr.py:imagenet100",
+    "configs/dicr.py:simclr,cifar10",  # DICR's presets are its paper's datasets (Sec. 4.1)
 )
 # One slice of each family (four chips; eight H100s on one host).
 TARGETS = ("v5e:2x2", "h100:8", "v4:2x2x1", "v5p:2x2x1", "v6e:2x2")
@@ -56,8 +56,8 @@ GIB = 2**30
 
 def cell_name(config: str, target: str) -> str:
   """The record's file stem: configs/mocov2.py:imagenet100 on v5e:2x2 ->
-  mocov2-imagenet100-v5e_2x2."""
-  name, _, preset = config.partition(":")
+  mocov2-imagenet100-v5e_2x2 (configs/dicr.py:simclr,cifar10 -> dicr-simclr_cifar10-...)."""
+  name, _, preset = config.replace(",", "_").partition(":")
   stem = os.path.splitext(os.path.basename(name))[0]
   return "-".join(p for p in (stem, preset or "quick", target.replace(":", "_")) if p)
 

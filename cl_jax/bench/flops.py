@@ -15,15 +15,23 @@ head), P the predictor's and K the queue's length:
   MoCo (He et al. 2020, Alg. 1): the query's forward and backward, the key's forward, and the
     logits against the queue, 2 d K, and their gradient with respect to the query, 2 d K:
     3 F - F_stem + F + 4 d K; symmetric: both views both ways (twice that); patch negatives
-    (Ge et al. 2021, Sec. 2.3): num_ns more key forwards and logits per query (4 d num_ns).
+    (Ge et al. 2021, Sec. 2.3): num_ns more key forwards and logits per query (4 d num_ns);
+    texture negatives (Sec. 2.2) likewise, one per query.
+  LooC (Xiao et al. 2021, Sec. 3) on MoCo, with H = n + 1 heads and H key views: the query
+    through the backbone and every head forward and backward, every key view through the
+    backbone and every head, and per head the logits against its queue and the H keys of the
+    image with their gradient: 3 F_H - F_stem + H F_H + 4 d H (K + H), where
+    F_H = F_backbone + H F_head; LooC++ (Sec. 4) moves the conv5 stage into each head
+    (F_backbone without conv5, F_head with it).
   SimCLR (Chen et al. 2020): both views forward and backward, and the 2N x 2N similarities of
     the batch and their gradient (6 d 2N per view): 2 (3 F - F_stem) + 24 d N.
   BYOL (Grill et al. 2020): both views through the online encoder and predictor forward and
     backward, and through the target forward: 2 (3 (F + P) - F_stem) + 2 F.
   SimSiam (Chen & He 2021): both views through the encoder and predictor forward and backward:
     2 (3 (F + P) - F_stem).
-The other add-ons (LooC's extra views and heads, texture negatives, DICR's regions) have no
-count here.
+DICR (2025 submission, Sec. 3.2) adds the RoIAlign means of the feature map and a loss over
+four regions per pair: elementwise, not counted, so its count is its base method's. ICR's
+region heads and patch negatives outside MoCo have no count here.
 """
 
 import ml_collections
@@ -78,6 +86,13 @@ def backbone_convolutions(
   return convs
 
 
+def conv5_convolutions(depth: int) -> int:
+  """How many of backbone_convolutions' entries are the last stage's (conv5): its blocks'
+  convolutions and the projection of its strided first block."""
+  kind, blocks = _STAGE_BLOCKS[depth]
+  return blocks[3] * (3 if kind == "bottleneck" else 2) + 1
+
+
 def convolution_flops(convs: list[tuple[int, int, int, int, int]]) -> list[float]:
   """The forward FLOPs of each (C_in, C_out, k, stride, side) convolution (square inputs)."""
   return [2.0 * c_in * c_out * valid_taps(side, k, s)[1] ** 2 for c_in, c_out, k, s, side in convs]
@@ -99,10 +114,11 @@ def step_flops_per_image(config: ml_collections.ConfigDict) -> dict:
   unsupported = [
       name
       for name, on in (
-          ("looc", config.looc.enabled),
-          ("dicr", config.dicr.enabled),
-          ("texture negatives", config.nonsemantic.enabled and config.nonsemantic.kind != "patch"),
-          ("patch negatives outside MoCo", config.nonsemantic.enabled and config.method != "moco"),
+          ("ICR's region heads", config.dicr.enabled and config.dicr.variant == "icr"),
+          (
+              "non-semantic negatives outside MoCo",
+              config.nonsemantic.enabled and config.method != "moco",
+          ),
       )
       if on
   ]
@@ -119,7 +135,13 @@ def step_flops_per_image(config: ml_collections.ConfigDict) -> dict:
   head = mlp_flops([feature] + [m.head_hidden_dim] * (m.head_layers - 1) + [d])
   forward, stem = sum(convs) + head, convs[0]
   predictor = mlp_flops([d, m.predictor_hidden_dim, d]) if m.predictor_hidden_dim else 0.0
-  if config.method == "moco":
+  if config.looc.enabled:
+    heads = 1 + len(config.looc.augmentations)
+    conv5 = sum(convs[-conv5_convolutions(m.depth) :]) if config.looc.conv5_heads else 0.0
+    forward_h = sum(convs) - conv5 + heads * (conv5 + head)
+    per_image = 3 * forward_h - stem + heads * forward_h
+    per_image += 4.0 * d * heads * (config.moco.queue_size + heads)
+  elif config.method == "moco":
     ns = config.nonsemantic.num_ns if config.nonsemantic.enabled else 0
     one_way = 3 * forward - stem + (1 + ns) * forward + 4.0 * d * (config.moco.queue_size + ns)
     per_image = 2 * one_way if config.moco.symmetric else one_way
