@@ -13,8 +13,8 @@ from cl_jax.runtime.errors import UsageError
 from configs import mocov2_patchns, simclr
 
 # A hand-written HLO module: two gradient all-reduces and a concatenated unnamed one (as the GPU
-# compiler emits), unnamed small combined ones, a cuDNN convolution, an asynchronous all-gather of bf16 key
-# images in the shuffle_bn scope, an all-to-all nobody asked for, a bf16 and an f32
+# compiler emits), unnamed small combined ones, a cuDNN convolution, an asynchronous all-gather
+# of bf16 key images in the shuffle_bn scope, an all-to-all nobody asked for, a bf16 and an f32
 # convolution, a float32 dot at full and one at default precision, a float64 constant and a
 # host callback.
 with open(os.path.join(os.path.dirname(__file__), "data", "train_step_collectives.hlo")) as f:
