@@ -1,6 +1,6 @@
 """Run a study: its arms times seeds, then the tables, the plot and, for a claim, the verdict.
 
-python -m cl_jax.study --study=NAME[,NAME...]|claims [--seeds=3] [--workdir=runs/studies]
+python -m cl_jax.study --study=NAME[,NAME...]|claims [--seeds=5] [--workdir=runs/studies]
     [--results=results/studies] [--arms=ARM,...] [--set=FIELD=VALUE ...] [--report_only]
 python -m cl_jax.study --list
 
@@ -39,7 +39,7 @@ from cl_jax.runtime.errors import UsageError
 
 _STUDY = flags.DEFINE_list("study", None, "Studies to run (see --list), or 'claims'.")
 _LIST = flags.DEFINE_bool("list", False, "List the studies with their arms and stop.")
-_SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds per arm (0 .. seeds - 1).", lower_bound=1)
+_SEEDS = flags.DEFINE_integer("seeds", 5, "Seeds per arm (0 .. seeds - 1).", lower_bound=1)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/studies", "Root of the run directories.")
 _RESULTS = flags.DEFINE_string(
     "results", "results/studies", "Root of the per-run records and the tables."

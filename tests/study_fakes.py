@@ -6,6 +6,7 @@ import json
 import numpy as np
 from etils import epath
 
+from cl_jax.analysis import fingerprint
 from cl_jax.runtime import run_config
 
 # Study-wide overrides that make a run 8 steps long on a small Trifeature split.
@@ -25,9 +26,24 @@ def accuracies(seed: int, offset: float) -> dict:
   return {k: float(np.clip(offset + rng.uniform(0, 0.3), 0, 1)) for k in LABELS}
 
 
-def make_run(directory, config, accuracy: dict, random_init: dict, std_sqrt_d=(0.5, 0.6)):
-  """Write a finished run of `config` with the given probe accuracies (fractions)."""
+def make_run(
+    directory,
+    config,
+    accuracy: dict,
+    random_init: dict,
+    std_sqrt_d=(0.5, 0.6),
+    components: dict | None = None,
+):
+  """Write a finished run of `config` with the given probe accuracies (fractions) and its code
+  fingerprint `components` (default: one made-up component), under the source digest the
+  study runner stored in `directory` (else this checkout's) (cl_jax.analysis.fingerprint)."""
   d = epath.Path(directory)
+  d.mkdir(parents=True, exist_ok=True)
+  if not (d / fingerprint.SOURCE_FILE).exists():  # made without the study runner: this code
+    (d / fingerprint.SOURCE_FILE).write_text(json.dumps(fingerprint.source_digest()))
+  source = json.loads((d / fingerprint.SOURCE_FILE).read_text())
+  printed = {"components": components or {"moco": [1.5, 2.5]}, "source": source}
+  (d / fingerprint.FILE).write_text(json.dumps(printed))
   run_config.save_start(config, str(d), 0)
   rows = []
   for i, step in enumerate((4, STEPS)):

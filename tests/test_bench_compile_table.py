@@ -87,6 +87,7 @@ def test_the_queue_writes_a_record_per_cell_and_keeps_it(tmp_path):
       "cl_jax.bench.compile_table",
       f"--out={out}",
       "--configs=configs/mocov2_patchns.py",
+      "--configs=configs/dicr.py:simclr,cifar10",  # a preset with a comma is one config
       "--targets=v9:2x2",  # no such chip: the compile fails at once, in one line
   ]
   first = subprocess.run(
@@ -98,6 +99,9 @@ def test_the_queue_writes_a_record_per_cell_and_keeps_it(tmp_path):
   assert record["failed"].startswith("error: --target=v9:2x2: give FAMILY:SHAPE"), record
   assert record["command"].endswith(
       "cl_jax.bench.compile --config=configs/mocov2_patchns.py --target=v9:2x2 --max_batch --json"
+  )
+  assert json.loads((out / "dicr-simclr_cifar10-v9_2x2.json").read_text())["config"] == (
+      "configs/dicr.py:simclr,cifar10"
   )
   table = (out / "table.md").read_text()
   assert "| `mocov2_patchns.py` | v9:2x2 | no: error: --target=v9:2x2" in table

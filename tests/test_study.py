@@ -14,8 +14,16 @@ import pytest
 import scipy.stats
 
 from cl_jax import config_check
-from cl_jax.analysis import intervals, study, study_plot, study_records, study_runs, study_summary
-from cl_jax.analysis.intervals import NOT_RESOLVED, OPPOSITE, REPRODUCED, Interval
+from cl_jax.analysis import (
+    fingerprint,
+    intervals,
+    study,
+    study_plot,
+    study_records,
+    study_runs,
+    study_summary,
+)
+from cl_jax.analysis.intervals import NOT_RESOLVED, OPPOSITE, REFUSED, REPRODUCED
 from cl_jax.runtime.errors import UsageError
 from cl_jax.studies import CLAIMS, STUDIES
 from tests import forked_commands, study_fakes, tiny_run
@@ -65,6 +73,12 @@ def test_slopes_match_scipy_linregress_per_seed():
     intervals.slopes([1.0, 1.0], np.zeros((2, 2)))
 
 
+def _estimate(low: float, high: float, n: int = 3) -> intervals.Estimate:
+  """The estimate whose 95% t-interval on n - 1 degrees of freedom is [low, high]."""
+  half = scipy.stats.t.ppf(0.975, n - 1)
+  return intervals.Estimate((low + high) / 2, (high - low) / 2 / half, n - 1, n)
+
+
 @pytest.mark.parametrize(
     "low, high, expect, verdict",
     [
@@ -74,24 +88,68 @@ def test_slopes_match_scipy_linregress_per_seed():
         (-2.0, -0.5, "decrease", REPRODUCED),
         (0.5, 2.0, "decrease", OPPOSITE),
         (-0.5, 0.5, "decrease", NOT_RESOLVED),
+        # Kept within a margin of 1: the interval must lie above -1 (below 1).
         (-0.5, 2.0, "no_decrease", REPRODUCED),
-        (0.5, 2.0, "no_decrease", REPRODUCED),
-        (-2.0, -0.5, "no_decrease", OPPOSITE),
+        (-1.5, 2.0, "no_decrease", NOT_RESOLVED),
+        (-3.0, -1.5, "no_decrease", OPPOSITE),
+        (-2.0, 0.5, "no_increase", REPRODUCED),
+        (0.5, 3.0, "no_increase", NOT_RESOLVED),
+        (1.5, 3.0, "no_increase", OPPOSITE),
     ],
 )
-def test_verdict_rules(low, high, expect, verdict):
-  assert intervals.verdict(Interval((low + high) / 2, low, high, 3), expect) == verdict
+def test_a_single_comparison_is_decided_by_its_95_percent_interval(low, high, expect, verdict):
+  """With one decisive comparison Holm's adjusted p is the raw p: the verdict is the 95%
+  interval's against 0 or the margin."""
+  e = _estimate(low, high)
+  p = e.p_value(expect, 1.0)
+  assert intervals.verdict(e, expect, p, margin=1.0) == verdict
+
+
+def test_the_p_value_matches_the_interval_and_scipy():
+  x = np.array([1.2, 0.4, 2.1, 0.9, 1.6])
+  e = intervals.mean_estimate(x)
+  assert e.p_value("increase") == pytest.approx(scipy.stats.ttest_1samp(x, 0.0).pvalue)
+  # Non-inferiority at margin M: twice the one-sided p of H0 theta <= -M.
+  one_sided = scipy.stats.ttest_1samp(x + 0.5, 0.0, alternative="greater").pvalue
+  assert e.p_value("no_decrease", 0.5) == pytest.approx(2 * one_sided)
+  # p < 0.05 exactly when the 95% interval's lower end lies above -M: at M = -low, p = 0.05.
+  low = e.interval().low
+  assert e.p_value("no_decrease", -low) == pytest.approx(0.05)
+
+
+def test_holm_by_hand():
+  """p = (0.01, 0.04, 0.03), m = 3: sorted 0.01, 0.03, 0.04 -> 3 x 0.01 = 0.03, 2 x 0.03 =
+  0.06, max(0.06, 1 x 0.04) = 0.06; levels 1 - 0.05/3, 1 - 0.05/1, 1 - 0.05/2."""
+  assert intervals.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+  assert intervals.holm_levels([0.01, 0.04, 0.03]) == pytest.approx([1 - 0.05 / 3, 0.95, 0.975])
+  assert intervals.holm([0.2, math.nan]) == pytest.approx([0.4, 1.0])
+
+
+def test_pooled_slope_is_the_regression_with_one_intercept_per_seed():
+  x = np.array([0.0, 1.0, 3.0])
+  y = np.array([[0.1, 1.2, 2.8], [1.0, 1.7, 4.1], [-0.5, 0.9, 2.2], [0.3, 1.0, 3.3]])
+  n, m = y.shape
+  design = np.hstack([np.kron(np.eye(n), np.ones((m, 1))), np.tile(x, n)[:, None]])
+  coef, rss, *_ = np.linalg.lstsq(design, y.reshape(-1), rcond=None)
+  df = n * m - n - 1
+  cov = rss[0] / df * np.linalg.inv(design.T @ design)
+  got = intervals.pooled_slope(x, y)
+  assert got.value == pytest.approx(coef[-1]) and got.df == df
+  assert got.se == pytest.approx(math.sqrt(cov[-1, -1]))
 
 
 def test_one_seed_and_combined_verdicts():
-  one = Interval(5.0, math.nan, math.nan, 1)
+  one = intervals.mean_estimate([5.0])
   for expect in intervals.DIRECTIONS:
-    assert intervals.verdict(one, expect) == NOT_RESOLVED
+    assert intervals.verdict(one, expect, math.nan, margin=1.0) == NOT_RESOLVED
   with pytest.raises(ValueError):
-    intervals.verdict(one, "up")
+    intervals.verdict(one, "up", 0.01)
+  with pytest.raises(ValueError, match="needs a margin"):
+    intervals.verdict(one, "no_decrease", 0.01)
   assert intervals.combined_verdict([REPRODUCED, REPRODUCED]) == REPRODUCED
   assert intervals.combined_verdict([REPRODUCED, NOT_RESOLVED]) == NOT_RESOLVED
   assert intervals.combined_verdict([REPRODUCED, OPPOSITE, NOT_RESOLVED]) == OPPOSITE
+  assert intervals.combined_verdict([REPRODUCED, OPPOSITE, REFUSED]) == REFUSED
 
 
 # A two-arm study on the tiny fake runs: MoCo-v2 without and with patch negatives.
@@ -102,7 +160,11 @@ STUDY = study.Study(
     title="pair",
     arms=(BASE, NS),
     metrics=("shape", "pos_mean"),
-    comparisons=(study.Comparison("shape: ns - base", "shape", ("ns", "base"), expect="increase"),),
+    comparisons=(
+        study.Comparison(
+            "shape: ns - base", "shape", ("ns", "base"), expect="increase", quote="It rises."
+        ),
+    ),
 )
 SHAPE = {"base": (0.40, 0.42, 0.41), "ns": (0.45, 0.46, 0.47)}
 
@@ -160,11 +222,24 @@ def test_an_interrupted_run_is_resumed_in_its_own_directory(tmp_path):
   from cl_jax.runtime import run_config
 
   run_config.save_start(study_records.arm_config(NS, 0, study_fakes.TINY), str(directory), 0)
+  # Started before its code version was recorded: refused, the run directory left alone.
+  with pytest.raises(study_runs.RunFailed, match="started without a record of its code"):
+    study_runs.ensure_record(NS, 0, work, results, study_fakes.TINY, train=None)
+  now = fingerprint.source_digest()
+  (directory / fingerprint.SOURCE_FILE).write_text(json.dumps(now))
   study_runs.ensure_record(
       NS, 0, work, results, study_fakes.TINY, train=_fake_trainer(calls), log=lambda s: None
   )
   assert calls == [("ns", 0, str(directory))]
-  assert study_records.record_path(results, "ns", 0).exists()
+  record = json.loads(study_records.record_path(results, "ns", 0).read_text())
+  assert record["code"]["source_sha256"] == now["sha256"]
+  assert record["code"]["fingerprint"] == {"moco": [1.5, 2.5]}
+  # A run that started under other code is not resumed under this code.
+  other = study_records.run_dir(work, "base", 0)
+  other.mkdir(parents=True)
+  (other / fingerprint.SOURCE_FILE).write_text(json.dumps({"sha256": "1" * 64, "commit": "old"}))
+  with pytest.raises(study_runs.RunFailed, match="started under other code \\(old, now"):
+    study_runs.ensure_record(BASE, 0, work, results, study_fakes.TINY, train=None)
 
 
 def test_a_changed_arm_is_refused_before_anything_is_trained(tmp_path):
@@ -189,11 +264,19 @@ def test_a_changed_arm_is_refused_before_anything_is_trained(tmp_path):
     study.run(STUDY, 1, work, results, study_fakes.TINY, only=["nope"], train=None)
 
 
+def _record(metrics: dict, fingerprint=None, commit: str = "abc1234") -> dict:
+  """A record of `metrics` with a code fingerprint (default: one component)."""
+  code = {"commit": commit, "fingerprint": fingerprint or {"moco": [1.5, 2.5]}}
+  return {"metrics": metrics, "code": code}
+
+
 def test_slope_of_paired_gains_and_comparisons_without_records():
   records = {}
   for name, values in {"a1": (1, 2), "a2": (3, 5), "b1": (0, 0), "b2": (1, 1)}.items():
-    records[name] = {s: {"metrics": {"m": float(v)}} for s, v in enumerate(values)}
-  c = study.Comparison("gain vs x", "m", ("a1", "a2"), (1.0, 2.0), "increase", ("b1", "b2"))
+    records[name] = {s: _record({"m": float(v)}) for s, v in enumerate(values)}
+  c = study.Comparison(
+      "gain vs x", "m", ("a1", "a2"), (1.0, 2.0), "increase", ("b1", "b2"), quote="q"
+  )
   out = study_summary.compare(c, records)
   # Gains: seed 0: 1, 2 -> slope 1; seed 1: 2, 4 -> slope 2.
   assert out["seeds"] == [0, 1] and out["interval"]["mean"] == pytest.approx(1.5)
@@ -205,12 +288,84 @@ def test_slope_of_paired_gains_and_comparisons_without_records():
       float(y) for line in ax.lines for y in line.get_ydata() if len(line.get_ydata()) == 2
   )
   assert dots == [1.0, 2.0, 2.0, 4.0]  # each seed's gain over its baseline arm
-  empty = study_summary.compare(
-      study.Comparison("d", "m", ("a1", "zz"), expect="decrease"), records
+  # Two seeds at two x: the pooled regression has no residual degrees of freedom left.
+  assert study_summary.compare(c, records)["sensitivity"]["analysis"] == "pooled"
+  empty = study.Study(
+      "e",
+      "e",
+      (study.arm("a1", "configs/mocov2.py"),),
+      comparisons=(study.Comparison("d", "m", ("a1", "a1"), expect="decrease", quote="q"),),
   )
-  assert empty["interval"] is None and empty["verdict"] == NOT_RESOLVED
+  lone = study_summary.summarise(empty, {})["comparisons"][0]
+  assert lone["interval"] is None and lone["verdict"] == NOT_RESOLVED
   with pytest.raises(ValueError, match="unknown arms"):
     study.Study("s", "s", (BASE,), comparisons=(study.Comparison("d", "m", ("base", "ns")),))
+
+
+def test_a_decisive_comparison_needs_its_quote_and_a_kept_one_its_margin():
+  pair = ("ns", "base")
+  with pytest.raises(ValueError, match="needs the paper's sentence"):
+    study.Study(
+        "s", "s", STUDY.arms, comparisons=(study.Comparison("d", "m", pair, expect="increase"),)
+    )
+  kept = study.Comparison("k", "m", pair, expect="no_decrease", quote="It is kept.")
+  with pytest.raises(ValueError, match="needs a margin > 0 and its reason"):
+    study.Study("s", "s", STUDY.arms, comparisons=(kept,))
+  with pytest.raises(ValueError, match="sweep_analysis"):
+    study.Study("s", "s", STUDY.arms, sweep_analysis="best")
+
+
+def test_records_of_different_code_are_refused_and_the_claim_with_them():
+  same = {"moco": [1.5, 2.5], "moco+nonsemantic_patch": [3.0, 4.0]}
+  records = {
+      "base": {s: _record({"shape": v}, {"moco": [1.5, 2.5]}) for s, v in enumerate((40, 42, 41))},
+      "ns": {s: _record({"shape": v}, same) for s, v in enumerate((45, 46, 47))},
+  }
+  summary = study_summary.summarise(STUDY, records)
+  assert summary["verdict"] == REPRODUCED  # the components they share agree
+  # Seed 2 of the baseline from code whose MoCo step differs: the comparison is refused.
+  records["base"][2] = _record({"shape": 41}, {"moco": [1.5, 2.6]}, commit="def5678")
+  summary = study_summary.summarise(STUDY, records)
+  c = summary["comparisons"][0]
+  assert c["verdict"] == REFUSED and summary["verdict"] == REFUSED and c["interval"] is None
+  assert c["refused"] == (
+      "records ns seed 0 (abc1234) and base seed 2 (def5678) come from different code "
+      "(moco differs): run the older one again"
+  )
+  assert "Refused (shape: ns - base): records ns seed 0" in study_summary.markdown(STUDY, summary)
+  del records["base"][2]["code"]
+  c = study_summary.summarise(STUDY, records)["comparisons"][0]
+  assert c["refused"] == "record base seed 2 has no code fingerprint (older code): run it again"
+
+
+def test_holm_decides_a_claim_of_three_comparisons():
+  """Three paired differences over 5 seeds, each decisive: the raw p-values, Holm's adjusted
+  ones and the verdicts against the hand-applied procedure."""
+  arms = tuple(study.arm(n, "configs/mocov2.py") for n in ("b", "x", "y", "z"))
+  diffs = {"x": (1.0, 1.2, 0.9, 1.1, 1.0), "y": (0.5, -0.1, 0.7, 0.2, 0.4), "z": (-1, 2, 0, 1, -1)}
+  records = {"b": {s: _record({"m": 0.0}) for s in range(5)}}
+  for n, d in diffs.items():
+    records[n] = {s: _record({"m": v}) for s, v in enumerate(d)}
+  claim = study.Study(
+      "h",
+      "h",
+      arms,
+      metrics=("m",),
+      comparisons=tuple(
+          study.Comparison(n, "m", (n, "b"), expect="increase", quote="q") for n in diffs
+      ),
+  )
+  got = study_summary.summarise(claim, records)["comparisons"]
+  p = [scipy.stats.ttest_1samp(d, 0.0).pvalue for d in diffs.values()]
+  assert [c["p"] for c in got] == pytest.approx(p)
+  order = np.argsort(p)
+  want = np.empty(3)
+  want[order] = np.maximum.accumulate([(3 - j) * p[i] for j, i in enumerate(order)])
+  assert [c["p_holm"] for c in got] == pytest.approx(np.minimum(want, 1))
+  assert [c["verdict"] for c in got] == [
+      REPRODUCED if q <= 0.05 else NOT_RESOLVED for q in np.minimum(want, 1)
+  ]
+  assert got[0]["verdict"] == REPRODUCED and got[2]["verdict"] == NOT_RESOLVED
 
 
 def test_claims_name_every_part_and_one_name_is_one_arm_everywhere():
@@ -260,6 +415,12 @@ def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
     record = json.loads((tmp_path / f"results/runs/{arm_name}/seed0.json").read_text())
     assert record["config"]["aug.jitter_prob"] == 0.0 and record["step"] == 8
     assert 0 <= record["metrics"]["shape"] <= 100 and "random_init/shape" in record["metrics"]
+    # The code version: its source and the fingerprint of each of its components.
+    code = record["code"]
+    assert sorted(code["fingerprint"]) == (
+        ["moco"] if arm_name == "mocov2_nojitter" else ["moco", "moco+nonsemantic_patch"]
+    )
+    assert len(code["source_sha256"]) == 64 and code["commit"]
   assert (tmp_path / "results/ge_nojitter.png").stat().st_size > 1000
   again = run(cmd)
   assert again.returncode == 0 and "training in" not in again.stdout
@@ -269,8 +430,8 @@ def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
 
 def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
   records = {
-      "base": {s: {"metrics": {"shape": v}} for s, v in enumerate((40.0, 42.0, 41.0))},
-      "ns": {s: {"metrics": {"shape": v}} for s, v in enumerate((45.0, 46.0, 47.0))},
+      "base": {s: _record({"shape": v}) for s, v in enumerate((40.0, 42.0, 41.0))},
+      "ns": {s: _record({"shape": v}) for s, v in enumerate((45.0, 46.0, 47.0))},
   }
   claim = study.Study(
       name="pair",
@@ -289,7 +450,10 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
   # Differences 5, 4, 6: mean 5, s 1, t_{0.975,2} 4.302653 / sqrt(3) = 2.484 -> [2.5, 7.5].
   assert cells[0] == "Someone 2021, Table 9: negatives raise shape."
   assert cells[1] == "70 -> 75"
-  assert cells[2] == "shape: ns - base (difference): 5.0 [2.5, 7.5], reproduced"
+  # One decisive comparison: Holm's interval is the 95% one.
+  assert cells[2] == (
+      "shape: ns - base (difference, expected increase): 5.0 [2.5, 7.5] [2.5, 7.5], reproduced"
+  )
   assert cells[3:5] == ["**reproduced**", "6 of 8"]
   assert cells[5] == "`python -m cl_jax.study --study=pair`"
   empty = study_summary.claims_table(

@@ -1,5 +1,5 @@
-"""Means over seeds with 95% t-intervals, paired differences and per-seed slopes, and the
-verdict of an expected direction.
+"""Means over seeds with 95% t-intervals, paired differences and slopes, and the verdicts of a
+claim's comparisons under Holm's correction.
 
 Every interval is Student's t over independent replicates: for values x_1..x_n,
 mean +- t_{0.975, n-1} s / sqrt(n), s the sample standard deviation (ddof 1) (scipy.stats.t).
@@ -7,7 +7,25 @@ Replicates are seeds. A comparison of two arms is paired: the difference is take
 (the same seed gives both arms the same data order and initialisation) and the interval is that
 of the differences. A sweep over a value x is summarised by its slope: for each seed the
 least-squares slope of the metric on x over the sweep's arms, then the interval of the seeds'
-slopes. One replicate has no interval (its bounds are NaN).
+slopes. One replicate has no interval (its bounds are NaN). The same sweep's pooled regression
+with seed effects, y_si = a_s + b x_i + e_si (one intercept per seed, one slope b), estimates b
+with a t-interval on n m - n - 1 degrees of freedom (pooled_slope); a claim names which of the
+two is its primary analysis.
+
+A comparison with an expected direction is a test (an Estimate's p_value):
+  increase / decrease: H0 "no difference" (theta = 0), two-sided; reproduced when it is
+    rejected with theta on the expected side, opposite when on the other;
+  no_decrease / no_increase, "is kept": a non-inferiority test with a margin M > 0 fixed
+    before the runs, H0 theta <= -M (no_decrease) or theta >= M (no_increase); its p-value is
+    twice the one-sided one, so p < alpha exactly when the two-sided (1 - alpha) interval lies
+    above -M (below M); reproduced ("kept") when H0 is rejected, opposite when the interval lies
+    wholly beyond the margin on the wrong side.
+A claim's m decisive comparisons are tested together at family-wise level alpha = 0.05 by
+Holm's step-down procedure (Holm 1979, Scand. J. Statist. 6: 65-70): with the p-values sorted,
+p_(1) <= ... <= p_(m), the adjusted p_(j)^Holm = max_{i <= j} min(1, (m - i + 1) p_(i)); a
+comparison's H0 is rejected when its adjusted p-value is at most alpha. Its adjusted interval
+is the (1 - alpha / (m - j + 1)) interval, the level at which Holm's step j tests it. (scipy
+and the project's dependencies have no Holm procedure; it is these few lines.)
 """
 
 import dataclasses
@@ -18,9 +36,14 @@ import numpy as np
 import scipy.stats
 
 LEVEL = 0.95
-# Expected directions of a comparison: the value rises, falls, or at least does not fall.
-DIRECTIONS = ("increase", "decrease", "no_decrease")
+ALPHA = 1 - LEVEL
+# Expected directions of a comparison: the value rises, falls, or is kept (does not fall, does
+# not rise: non-inferiority within a margin).
+DIRECTIONS = ("increase", "decrease", "no_decrease", "no_increase")
+NON_INFERIORITY = ("no_decrease", "no_increase")
 REPRODUCED, OPPOSITE, NOT_RESOLVED = "reproduced", "opposite", "not resolved"
+# A comparison whose records come from different code (cl_jax.analysis.fingerprint).
+REFUSED = "refused"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,16 +62,51 @@ class Interval:
     return f"{self.mean:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
 
 
-def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
-  """Mean of `values` (n,) and mean +- t_{(1+level)/2, n-1} s / sqrt(n)."""
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """An estimate `value` with standard error `se` on `df` degrees of freedom from `n` seeds
+  (se and df NaN for one seed)."""
+
+  value: float
+  se: float
+  df: float
+  n: int
+
+  def interval(self, level: float = LEVEL) -> Interval:
+    """value +- t_{(1+level)/2, df} se."""
+    if self.n < 2:
+      return Interval(self.value, math.nan, math.nan, self.n)
+    half = float(scipy.stats.t.ppf((1 + level) / 2, self.df) * self.se)
+    return Interval(self.value, self.value - half, self.value + half, self.n)
+
+  def p_value(self, expect: str, margin: float | None = None) -> float:
+    """The p-value of the test of `expect` (module docstring): two-sided for H0 theta = 0, or
+    twice the one-sided one for the non-inferiority H0 beyond `margin`; NaN for one seed."""
+    if self.n < 2:
+      return math.nan
+    if expect in NON_INFERIORITY:
+      distance = self.value + margin if expect == "no_decrease" else margin - self.value
+      if self.se == 0:
+        return 0.0 if distance > 0 else 1.0
+      return min(1.0, 2 * float(scipy.stats.t.sf(distance / self.se, self.df)))
+    if self.se == 0:
+      return 0.0 if self.value != 0 else 1.0
+    return float(2 * scipy.stats.t.sf(abs(self.value) / self.se, self.df))
+
+
+def mean_estimate(values: Sequence[float]) -> Estimate:
+  """The mean of independent replicates `values` (n,): se s / sqrt(n), df n - 1."""
   x = np.asarray(values, dtype=np.float64)
   if x.ndim != 1 or x.size == 0:
     raise ValueError(f"t_interval needs a non-empty 1-d sequence, got shape {x.shape}")
-  mean = float(x.mean())
   if x.size < 2:
-    return Interval(mean, math.nan, math.nan, 1)
-  half = float(scipy.stats.t.ppf((1 + level) / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-  return Interval(mean, mean - half, mean + half, int(x.size))
+    return Estimate(float(x.mean()), math.nan, math.nan, 1)
+  return Estimate(float(x.mean()), float(x.std(ddof=1) / math.sqrt(x.size)), x.size - 1, x.size)
+
+
+def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
+  """Mean of `values` (n,) and mean +- t_{(1+level)/2, n-1} s / sqrt(n)."""
+  return mean_estimate(values).interval(level)
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Interval:
@@ -73,31 +131,85 @@ def slope_interval(x: Sequence[float], y: np.ndarray, level: float = LEVEL) -> I
   return t_interval(slopes(x, y), level)
 
 
-def verdict(interval: Interval, expect: str) -> str:
-  """The verdict of `interval` for the expected direction `expect` (DIRECTIONS):
+def pooled_slope(x: Sequence[float], y: np.ndarray) -> Estimate:
+  """The slope b of the regression y_si = a_s + b x_i + e_si over y (n seeds, m values) on x
+  (m,), one intercept per seed: b = sum_s sum_i (x_i - x̄)(y_si - ȳ_s) / (n sum_i (x_i - x̄)^2)
+  (with every seed at the same x, the mean of the per-seed slopes), se^2 = RSS / (n m - n - 1)
+  / (n sum_i (x_i - x̄)^2), on n m - n - 1 degrees of freedom."""
+  x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+  per_seed = slopes(x, y)
+  n, m = y.shape
+  dx = x - x.mean()
+  b = float(per_seed.mean())
+  df = n * m - n - 1
+  if df < 1:
+    return Estimate(b, math.nan, math.nan, 1)
+  residuals = y - y.mean(axis=1, keepdims=True) - b * dx
+  se = math.sqrt(float((residuals**2).sum()) / df / (n * float(dx @ dx)))
+  return Estimate(b, se, df, n)
 
-  increase / decrease: reproduced when the interval excludes 0 on the expected side,
-  opposite when it excludes 0 on the other side, else not resolved.
-  no_decrease (a value that should not fall): opposite when the interval lies wholly
-  below 0, else reproduced; with one replicate (no interval) it is not resolved.
-  """
+
+def holm(p_values: Sequence[float]) -> list[float]:
+  """Holm's adjusted p-values (module docstring) in the order given; a NaN p-value (one seed)
+  counts as 1."""
+  p = np.nan_to_num(np.asarray(p_values, dtype=np.float64), nan=1.0)
+  order = np.argsort(p, kind="stable")
+  m = p.size
+  adjusted = np.empty(m)
+  running = 0.0
+  for j, i in enumerate(order):
+    running = max(running, min(1.0, (m - j) * p[i]))
+    adjusted[i] = running
+  return adjusted.tolist()
+
+
+def holm_levels(p_values: Sequence[float], alpha: float = ALPHA) -> list[float]:
+  """The confidence level at which Holm's procedure tests each comparison: 1 - alpha / (m - j)
+  for the one at 0-based rank j of the sorted p-values."""
+  p = np.nan_to_num(np.asarray(p_values, dtype=np.float64), nan=1.0)
+  levels = np.empty(p.size)
+  for j, i in enumerate(np.argsort(p, kind="stable")):
+    levels[i] = 1 - alpha / (p.size - j)
+  return levels.tolist()
+
+
+def verdict(
+    estimate: Estimate,
+    expect: str,
+    p_adjusted: float,
+    margin: float | None = None,
+    level: float = LEVEL,
+    alpha: float = ALPHA,
+) -> str:
+  """The verdict of a comparison with expected direction `expect` (DIRECTIONS) from its
+  estimate and its Holm-adjusted p-value (module docstring): reproduced, opposite or not
+  resolved; with one seed not resolved. `level`: the adjusted interval's, which decides
+  "opposite" for a non-inferiority comparison (wholly beyond the margin on the wrong side)."""
   if expect not in DIRECTIONS:
     raise ValueError(f"expected direction must be one of {DIRECTIONS}, got {expect!r}")
-  if interval.n < 2:
+  if expect in NON_INFERIORITY and not (margin and margin > 0):
+    raise ValueError(f"a {expect} comparison needs a margin > 0, got {margin!r}")
+  if estimate.n < 2:
     return NOT_RESOLVED
-  above, below = interval.low > 0, interval.high < 0
-  if expect == "no_decrease":
-    return OPPOSITE if below else REPRODUCED
-  if expect == "decrease":
-    above, below = below, above
-  return REPRODUCED if above else OPPOSITE if below else NOT_RESOLVED
+  if expect in NON_INFERIORITY:
+    if p_adjusted <= alpha:
+      return REPRODUCED
+    i = estimate.interval(level)
+    beyond = i.high < -margin if expect == "no_decrease" else i.low > margin
+    return OPPOSITE if beyond else NOT_RESOLVED
+  if p_adjusted > alpha:
+    return NOT_RESOLVED
+  expected_side = estimate.value > 0 if expect == "increase" else estimate.value < 0
+  return REPRODUCED if expected_side else OPPOSITE
 
 
 def combined_verdict(verdicts: Sequence[str]) -> str:
-  """A claim's verdict from its parts': reproduced when every part is, opposite when any
-  part is opposite, else not resolved."""
+  """A claim's verdict from its parts': refused when any part is (records of different code),
+  else reproduced when every part is, opposite when any part is opposite, else not resolved."""
   if not verdicts:
     raise ValueError("a claim needs at least one part with an expected direction")
+  if any(v == REFUSED for v in verdicts):
+    return REFUSED
   if any(v == OPPOSITE for v in verdicts):
     return OPPOSITE
   return REPRODUCED if all(v == REPRODUCED for v in verdicts) else NOT_RESOLVED

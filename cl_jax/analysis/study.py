@@ -45,6 +45,7 @@ from cl_jax.runtime import metrics
 from cl_jax.runtime.errors import UsageError
 
 ANALYSES = ("normstd",)
+SWEEP_ANALYSES = ("per_seed", "pooled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,10 @@ class Comparison:
   in the order of their swept values x) of one record metric; `expect` is its expected
   direction (intervals.DIRECTIONS) or None for a comparison reported without a verdict.
   A slope with `minus` (one baseline arm per swept arm) is the slope of the paired gains
-  metric(arms[i]) - metric(minus[i])."""
+  metric(arms[i]) - metric(minus[i]). A decisive comparison (with `expect`) quotes the
+  paper's sentence that states its direction (`quote`, with `where` it stands); a
+  non-inferiority one ("no_decrease", "no_increase") has its `margin`, in the metric's units,
+  fixed before the runs, and `margin_reason`."""
 
   label: str
   metric: str
@@ -75,6 +79,10 @@ class Comparison:
   x: tuple[float, ...] = ()
   expect: str | None = None
   minus: tuple[str, ...] = ()
+  quote: str = ""
+  where: str = ""
+  margin: float | None = None
+  margin_reason: str = ""
 
   @property
   def kind(self) -> str:
@@ -85,8 +93,11 @@ class Comparison:
 class Study:
   """Arms, the analyses run on each finished run (ANALYSES), the record metrics tabulated per
   arm, comparisons, and for a claim of a paper: where it stands (paper, figure or table), the
-  claim in one sentence and what the paper reports. `outputs`, when given, writes the study's
-  own tables (study, records -> {file name: text}) beside the standard ones."""
+  claim (the paper's words) and what the paper reports. `outputs`, when given, writes the
+  study's own tables (study, records -> {file name: text}) beside the standard ones.
+  `sweep_analysis`: the primary analysis of its slopes, "per_seed" (the interval of the
+  seeds' least-squares slopes) or "pooled" (one regression with seed effects); the other is
+  reported beside it as a sensitivity check (cl_jax.analysis.intervals)."""
 
   name: str
   title: str
@@ -100,6 +111,7 @@ class Study:
   paper_result: str = ""
   notes: str = ""
   outputs: Callable[["Study", dict], dict] | None = None
+  sweep_analysis: str = "per_seed"
 
   def __post_init__(self):
     names = [a.name for a in self.arms]
@@ -120,6 +132,14 @@ class Study:
         raise ValueError(f"study {self.name}: {c.label}: minus needs a slope, one arm per x")
       if c.expect is not None and c.expect not in intervals.DIRECTIONS:
         raise ValueError(f"study {self.name}: {c.label} expects {c.expect!r}")
+      if c.expect is not None and not c.quote:
+        raise ValueError(f"study {self.name}: {c.label} needs the paper's sentence (quote)")
+      if c.expect in intervals.NON_INFERIORITY and not (
+          c.margin and c.margin > 0 and c.margin_reason
+      ):
+        raise ValueError(f"study {self.name}: {c.label} needs a margin > 0 and its reason")
+    if self.sweep_analysis not in SWEEP_ANALYSES:
+      raise ValueError(f"study {self.name}: sweep_analysis must be one of {SWEEP_ANALYSES}")
 
   @property
   def is_claim(self) -> bool:
@@ -196,7 +216,8 @@ def run(
   failed = []
   for a in chosen:
     for s in range(seeds):
-      existed = record_path(results, a.name, s).exists()
+      path = record_path(results, a.name, s)
+      existed = path.exists() and "code" in json.loads(path.read_text())
       try:
         record = ensure_record(a, s, workdir, results, extra, study.analyses, train, log)
       except RunFailed as e:

@@ -2,7 +2,8 @@
 arm at a seed, the comparison of a stored config with the arm's (refused with one line naming the
 fields that differ), where runs and records live, and the record of a finished run (its probe
 accuracies, final loss and health signals, last-epoch score statistics, analyses' numbers, wall
-time and the environment that decides its arithmetic).
+time, the environment that decides its arithmetic and the code version with its numerics
+fingerprint, cl_jax.analysis.fingerprint).
 """
 
 from __future__ import annotations
@@ -116,6 +117,28 @@ def _normstd(directory: epath.Path, step: int) -> dict:
   return out
 
 
+def _code(directory: epath.Path) -> dict:
+  """The run's code version: the commit and source digest it started under and its numerics
+  fingerprint (cl_jax.analysis.fingerprint); UsageError when the fingerprint was computed
+  under other source than the run started with."""
+  from cl_jax.analysis import fingerprint
+
+  started = json.loads((directory / fingerprint.SOURCE_FILE).read_text())
+  printed = json.loads((directory / fingerprint.FILE).read_text())
+  if printed["source"]["sha256"] != started["sha256"]:
+    raise UsageError(
+        f"{directory}: its fingerprint was computed under other code "
+        f"({printed['source']['commit']}) than the run started with ({started['commit']}); "
+        f"delete {fingerprint.FILE} there and run the study again"
+    )
+  return {
+      "commit": started["commit"],
+      "clean": not started["commit"].endswith("-dirty"),
+      "source_sha256": started["sha256"],
+      "fingerprint": printed["components"],
+  }
+
+
 def collect(
     arm_: Arm, seed: int, config, directory: epath.Path, step: int, wall_s: float | None, analyses
 ) -> dict:
@@ -140,6 +163,7 @@ def collect(
       values[k] = float(np.mean(tail))
   if "normstd" in analyses:
     values.update(_normstd(directory, step))
+  code = _code(directory)
   h = config.health
   return {
       "arm": arm_.name,
@@ -150,6 +174,7 @@ def collect(
       "wall_s": wall_s,
       "analyses": sorted(analyses),
       "environment": environment(),
+      "code": code,
       "metrics": values,
       "collapse_flagged_steps": [
           r["step"] for r in rows if collapse.collapse_warning(r, h.min_std_sqrt_d, h.min_rank)

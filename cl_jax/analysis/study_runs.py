@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from etils import epath
 
+from cl_jax.analysis import fingerprint
 from cl_jax.analysis.study_records import (
     arm_config,
     collect,
@@ -88,12 +89,36 @@ def run_child(cmd: list[str]) -> int:
   return code
 
 
+def same_source(arm_: Arm, seed: int, directory: epath.Path) -> None:
+  """Store the source digest (cl_jax.analysis.fingerprint) in a run directory that has none
+  yet, before its run starts; raise RunFailed when it holds another digest (the run started
+  under other code, and a resumed run would mix two code versions)."""
+  now = fingerprint.source_digest()
+  path = directory / fingerprint.SOURCE_FILE
+  if path.exists():
+    started = json.loads(path.read_text())
+    if started["sha256"] != now["sha256"]:
+      raise RunFailed(
+          f"arm {arm_.name} seed {seed}: {directory} started under other code "
+          f"({started['commit']}, now {now['commit']}); delete it to train the run again"
+      )
+    return
+  if (directory / "config.json").exists():
+    raise RunFailed(
+        f"arm {arm_.name} seed {seed}: {directory} holds a run started without a record of its "
+        "code; delete it to train the run again"
+    )
+  directory.mkdir(parents=True, exist_ok=True)
+  metrics.write_atomically(path, json.dumps(now, indent=1))
+
+
 def train_subprocess(
     arm_: Arm, seed: int, extra, directory: epath.Path, analyses=()
 ) -> float | None:
   """Pretrain and probe (or resume) with cl_jax.main unless the final probe report exists,
-  then the `analyses` (study.ANALYSES) not yet done, each in a process of its own (run_child); a
-  command that fails raises RunFailed naming it, a stop signal StudyStopped. Returns cl_jax.main's
+  then the `analyses` (study.ANALYSES) not yet done and the code fingerprint
+  (cl_jax.analysis.fingerprint), each in a process of its own (run_child); a command that fails
+  raises RunFailed naming it, a stop signal StudyStopped. Returns cl_jax.main's
   wall time (None if it did not run): start-up, compilation, training and the probe; a resumed
   run's time counts only the part after the resume."""
   where = os.path.abspath(str(directory)) if "://" not in str(directory) else str(directory)
@@ -107,6 +132,8 @@ def train_subprocess(
     commands.append(
         [sys.executable, "-m", "cl_jax.analysis.normstd", f"--workdir={where}", *NORMSTD_FLAGS]
     )
+  if not (epath.Path(where) / fingerprint.FILE).exists():
+    commands.append([sys.executable, "-m", "cl_jax.analysis.fingerprint", f"--workdir={where}"])
   wall_s = None
   for cmd in commands:
     start = time.perf_counter()
@@ -128,14 +155,18 @@ def ensure_record(
     log: Callable[[str], None] = print,
 ) -> dict:
   """The record of arm_ at seed with the `analyses`: read when it exists and holds them, else
-  trained (or resumed, or only analysed) and written."""
+  trained (or resumed, or only analysed) and written, under the source its run started with
+  (same_source). A record without a code fingerprint (older code) is trained again."""
   config = arm_config(arm_, seed, extra)
   path = record_path(results, arm_.name, seed)
   record = None
   if path.exists():
     record = json.loads(path.read_text())
     refuse_changed(arm_, seed, str(path), config_differences(record["config"], config))
-    if set(analyses) <= set(record["analyses"]):
+    if "code" not in record:
+      log(f"{path} was written by older code (no fingerprint): training it again")
+      record = None
+    elif set(analyses) <= set(record["analyses"]):
       return record
   directory = run_dir(workdir, arm_.name, seed)
   if (directory / "config.json").exists():
@@ -146,6 +177,7 @@ def ensure_record(
         f"{path} lacks the analyses {sorted(set(analyses) - set(record['analyses']))} and its "
         f"run {directory} is gone; delete the record to train the run again"
     )
+  same_source(arm_, seed, directory)
   step = total_steps(config)
   wanted = sorted(set(analyses) | set(record["analyses"] if record else ()))
   log(f"{arm_.name} seed {seed}: {'analysing' if record else 'training'} in {directory}")

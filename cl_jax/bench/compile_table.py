@@ -1,7 +1,7 @@
 """Every preset compiled ahead of time for every chip family: the table of docs/benchmarks.md.
 
-python -m cl_jax.bench.compile_table --out=results/compile [--configs=A,B] [--targets=X,Y]
-    [--render_only]
+python -m cl_jax.bench.compile_table --out=results/compile [--configs=A --configs=B]
+    [--targets=X,Y] [--render_only]
 
 Each cell (a config with its preset, a target) runs `python -m cl_jax.bench.compile
 --config=CONFIG --target=TARGET --max_batch --json` in its own process: the step compiled at
@@ -208,15 +208,17 @@ def read_records(out: str) -> list[dict]:
   return records
 
 
-def _chosen(value: str | None, default: tuple) -> tuple:
-  """The comma-separated names of a flag, or the default."""
-  return tuple(v.strip() for v in (value or "").split(",") if v.strip()) or default
+def _chosen(values: list[str] | None, default: tuple) -> tuple:
+  """The names a flag gives, or the default."""
+  return tuple(v.strip() for v in values or () if v.strip()) or default
 
 
 def _define_flags():
   flags.DEFINE_string("out", "results/compile", "Folder of the cell records and table.md.")
-  flags.DEFINE_string("configs", None, "Comma-separated configs (default: CONFIGS).")
-  flags.DEFINE_string("targets", None, "Comma-separated targets (default: TARGETS).")
+  flags.DEFINE_multi_string(
+      "configs", None, "A config with its preset, one per flag (default: CONFIGS)."
+  )
+  flags.DEFINE_list("targets", None, "Comma-separated targets (default: TARGETS).")
   flags.DEFINE_bool("render_only", False, "Write table.md from the records; compile nothing.")
 
 

@@ -1,12 +1,16 @@
-"""Ge et al. 2021, Sec. 4.1 and Fig. 6a-b: the weight alpha of the patch negatives trades
-texture for shape."""
+"""Ge et al. 2021, Sec. 3.1 and 4.1, Fig. 6a-b: the weight alpha of the patch negatives trades
+texture for shape, and alpha 2 improves the in-domain accuracy."""
 
 from cl_jax.analysis.study import Comparison, Study
-from cl_jax.studies.arms import MOCOV2, mocov2_ns
+from cl_jax.studies.arms import MOCOV2, MOCOV2_NS, mocov2_ns
 
 ALPHAS = (0.0, 1.0, 2.0, 3.0, 5.0)  # 0: plain MoCo-v2, no negatives (the paper's baseline)
 ARMS = (MOCOV2, *(mocov2_ns(a) for a in ALPHAS[1:]))
 NAMES = tuple(a.name for a in ARMS)
+SWEEP = (
+    "As shown in Figure 6b, when \u03b1 increases the texture accuracy on the stimuli dataset "
+    "monotonically decreases while the shape accuracy monotonically increases."
+)
 
 STUDY = Study(
     name="ge_alpha",
@@ -14,17 +18,37 @@ STUDY = Study(
     arms=ARMS,
     metrics=("colour", "shape", "texture", "mean"),
     comparisons=(
-        Comparison("shape vs alpha", "shape", NAMES, ALPHAS, "increase"),
-        Comparison("texture vs alpha", "texture", NAMES, ALPHAS, "decrease"),
+        Comparison(
+            "shape vs alpha", "shape", NAMES, ALPHAS, "increase", quote=SWEEP, where="Sec. 4.1"
+        ),
+        Comparison(
+            "texture vs alpha", "texture", NAMES, ALPHAS, "decrease", quote=SWEEP, where="Sec. 4.1"
+        ),
+        Comparison(
+            "accuracy: alpha 2 - alpha 0",
+            "mean",
+            (MOCOV2_NS.name, MOCOV2.name),
+            expect="increase",
+            quote="When \u03b1 = 2, it also increases the in-domain accuracy by 1.47% and "
+            "accuracy on ImageNet-C by 2.05%.",
+            where="Sec. 3.1",
+        ),
         Comparison("colour vs alpha", "colour", NAMES, ALPHAS),
+        Comparison("accuracy vs alpha", "mean", NAMES, ALPHAS),
     ),
     paper="Ge et al. 2021",
-    where="Sec. 4.1, Fig. 6a-b",
-    claim="a larger weight alpha of the patch negatives raises shape and lowers texture "
-    "accuracy (on cue-conflict images, MoCo-v2 on ImageNet-100).",
+    where="Sec. 3.1 and 4.1, Fig. 6a-b, Table 1",
+    claim="\u201cLarger \u03b1 monotonically increases the model bias to shape features over "
+    "texture features.\u201d (Fig. 6 caption)",
     paper_result="shape accuracy rises and texture accuracy falls monotonically for alpha "
-    "0 -> 5 (plotted only); ImageNet-100 top-1 77.88 (alpha 0), 79.35 (2), 75.58 (3).",
-    notes="Slopes in points per unit of alpha, one least-squares slope per seed over the five "
-    "arms. Colour is reported without an expectation: the patch negatives keep the image's "
-    "colours, the paper does not say what happens to them.",
+    "0 -> 5 on cue-conflict images (plotted only); ImageNet-100 top-1 77.88 (alpha 0), 79.35 (2), "
+    "75.58 (3).",
+    notes="The paper's shape and texture accuracies are those of cue-conflict (style-transfer) "
+    "images; here they are Trifeature's shape and texture probes, and its top-1 accuracy is the "
+    "mean of the three probes (the rule of every claim). Slopes in points per unit of alpha; "
+    "the primary analysis is the interval of the seeds' least-squares slopes over the five "
+    "arms, the pooled regression with seed effects beside it. Colour and the accuracy's slope "
+    "are reported without a verdict: the paper says nothing of colour, and its accuracy peaks "
+    "at alpha 2 and falls below the baseline at 3 (\u201cthe standard accuracy gets hurt\u201d, "
+    "Sec. 4.1).",
 )

@@ -1,5 +1,5 @@
-"""Ge et al. 2021, Sec. 3.3 and Table 3: without colour jitter, patch negatives keep the
-network off the colour shortcut."""
+"""Ge et al. 2021, Sec. 3.3 and Table 3: without colour jitter, patch negatives raise MoCo-v2's
+accuracy (they keep it off the colour shortcut)."""
 
 from cl_jax.analysis.study import Comparison, Study
 from cl_jax.studies.arms import MOCOV2, MOCOV2_NS, variant
@@ -14,17 +14,30 @@ STUDY = Study(
     arms=(BASE, NS),
     metrics=("colour", "shape", "texture", "mean"),
     comparisons=(
-        Comparison("shape: patch negatives - none", "shape", PAIR, expect="increase"),
-        Comparison("texture: patch negatives - none", "texture", PAIR, expect="increase"),
+        Comparison(
+            "accuracy: patch negatives - none",
+            "mean",
+            PAIR,
+            expect="increase",
+            quote="We conduct experiments with MoCo-v2 on the ImageNet-100 dataset while removing "
+            "the color jittering from the augmentations. The accuracy of models with and without "
+            "patch-based negatives are reported in Table 3. We found that patch-based negatives "
+            "contribute significant effectiveness in preventing the models from learning such a "
+            "color distribution shortcut.",
+            where="Sec. 3.3, Table 3",
+        ),
+        Comparison("shape: patch negatives - none", "shape", PAIR),
+        Comparison("texture: patch negatives - none", "texture", PAIR),
         Comparison("colour: patch negatives - none", "colour", PAIR),
     ),
     paper="Ge et al. 2021",
     where="Sec. 3.3, Table 3",
-    claim="with colour jitter switched off, patch negatives (which share the query's colour "
-    "distribution) keep MoCo-v2 from the colour shortcut.",
+    claim="\u201cWe found that patch-based negatives contribute significant effectiveness in "
+    "preventing the models from learning such a color distribution shortcut.\u201d (Sec. 3.3)",
     paper_result="ImageNet-100 top-1 without colour jitter: MoCo-v2 70.44, + patch negatives "
-    "76.42 (+5.98; 77.88 with jitter).",
-    notes="Only the jitter is off (aug.jitter_prob 0); random grayscale stays on, as the paper "
-    "mentions no other change. The shortcut is read as shape and texture, the features a "
-    "colour shortcut would leave unlearnt.",
+    "76.42 (+5.98; 77.88 with jitter), one run each.",
+    notes="The paper measures the shortcut by the top-1 accuracy alone: here the mean of the "
+    "three probes (the rule of every claim). Colour, shape and texture are reported without a "
+    "verdict: the paper states no direction for any single feature. Only the jitter is off "
+    "(aug.jitter_prob 0); random grayscale stays on, as the paper mentions no other change.",
 )

@@ -1,61 +1,47 @@
-"""Robinson et al. 2021, Sec. 4 and Fig. 6: implicit feature modification raises the feature
-the baseline represents worst without lowering the others, for SimCLR and MoCo-v2."""
+"""Robinson et al. 2021, Sec. 4.1 and Fig. 6: implicit feature modification raises the readout
+of colour, shape and texture together, at every temperature, for SimCLR on Trifeature."""
 
 from cl_jax.analysis.study import Comparison, Study
-from cl_jax.studies.arms import MOCOV2, SIMCLR, simclr, variant
+from cl_jax.studies.arms import simclr
 
-EPSILONS = (0.05, 0.1, 0.2)
-PAPER_EPSILON = 0.1
-# The feature each baseline represents worst, fixed before any run of this study from the
-# recipe check's three seeds (README "The quick recipe"): texture, 31-34% for SimCLR and MoCo-v2
-# against 46-52% shape and 98-99% colour.
-WORST = "texture"
-OTHERS = ("colour", "shape")
-
-
-def _mocov2_ifm(eps: float):
-  name = "mocov2_ifm" if eps == PAPER_EPSILON else f"mocov2_ifm_e{eps:g}"
-  return variant(MOCOV2, name, ifm__enabled=True, ifm__epsilon=float(eps))
+TEMPERATURES = (0.05, 0.2, 0.5)
+EPSILON = 0.1  # the paper's Trifeature setting (Sec. 4.1)
+FEATURES = ("colour", "shape", "texture")
+BASES = tuple(simclr(t) for t in TEMPERATURES)
+IFMS = tuple(simclr(t, ifm_epsilon=EPSILON) for t in TEMPERATURES)
+ALL_THREE = (
+    "Fig. 6 shows that IFM improves the linear readout accuracy across all three features for "
+    "all temperature settings."
+)
 
 
-SIMCLR_IFM = tuple(simclr(0.5, ifm_epsilon=e) for e in EPSILONS)
-MOCOV2_IFM = tuple(_mocov2_ifm(e) for e in EPSILONS)
-
-
-def _parts(method: str, base, arms):
+def _parts():
   out = []
-  for eps, a in zip(EPSILONS, arms):
-    decisive = eps == PAPER_EPSILON
-    pair = (a.name, base.name)
-    out.append(
-        Comparison(
-            f"{method} eps {eps:g}: {WORST}", WORST, pair, expect="increase" if decisive else None
-        )
-    )
-    for m in OTHERS:
+  for t, base, ifm in zip(TEMPERATURES, BASES, IFMS):
+    pair = (ifm.name, base.name)
+    for m in FEATURES:
       out.append(
-          Comparison(
-              f"{method} eps {eps:g}: {m}", m, pair, expect="no_decrease" if decisive else None
-          )
+          Comparison(f"T {t:g}: {m}", m, pair, expect="increase", quote=ALL_THREE, where="Sec. 4.1")
       )
+    out.append(Comparison(f"T {t:g}: mean", "mean", pair))
   return tuple(out)
 
 
 STUDY = Study(
     name="robinson_ifm",
-    title="Implicit feature modification and the worst-represented feature (Robinson et al. "
-    "2021, Sec. 4, Fig. 6)",
-    arms=(SIMCLR, *SIMCLR_IFM, MOCOV2, *MOCOV2_IFM),
+    title="Implicit feature modification on Trifeature (Robinson et al. 2021, Sec. 4.1, Fig. 6)",
+    arms=(*BASES, *IFMS),
     metrics=("colour", "shape", "texture", "mean"),
-    comparisons=_parts("SimCLR", SIMCLR, SIMCLR_IFM) + _parts("MoCo-v2", MOCOV2, MOCOV2_IFM),
+    comparisons=_parts(),
     paper="Robinson et al. 2021",
-    where="Sec. 4.1-4.2, Fig. 6, Table 1",
-    claim="IFM raises the feature the baseline represents worst without lowering the others.",
-    paper_result="Trifeature (SimCLR, eps 0.1): IFM raises colour, shape and texture together "
-    "at every T (plotted only); ImageNet-100 MoCo-v2 80.4 -> 81.1 / 80.9 / 80.7 at eps 0.05 / "
-    "0.1 / 0.2.",
-    notes="Differences are paired by seed against the method's quick baseline. The verdict "
-    "rests on the paper's eps 0.1 (its Trifeature setting): texture must rise, colour and shape "
-    "must not fall (no_decrease: opposite only when the interval lies wholly below 0); eps "
-    "0.05 and 0.2 are reported without a verdict.",
+    where="Sec. 4.1, Fig. 6",
+    claim="\u201cImplicit feature modification reduces feature suppression, enhancing the "
+    "representation of texture, shape and color features simultaneously.\u201d (Fig. 6 caption)",
+    paper_result="Trifeature, ResNet-18, T 0.05, 0.2, 0.5, eps 0.1, three seeds: IFM raises "
+    "colour, shape and texture at every T (plotted only).",
+    notes="SimCLR (the paper's Trifeature framework, Sec. 2.2) at each temperature with and "
+    "without IFM at eps 0.1, differences paired by seed; every feature must rise at every "
+    "temperature (nine decisive comparisons under Holm's correction). The mean is reported "
+    "without a verdict. The paper states nothing about MoCo-v2 or other eps on Trifeature "
+    "(its ImageNet-100 MoCo-v2 results, Table 1, are a single top-1 accuracy).",
 )

@@ -1,0 +1,162 @@
+"""The code version of a study's run: a digest of its source and a numerics fingerprint.
+
+python -m cl_jax.analysis.fingerprint --workdir=RUN   (writes RUN/fingerprint.json)
+
+Two runs are comparable only if the same arithmetic produced them: a refactor that changes how a
+step is computed (the order of a sum, a hand-written backward) changes every later number of a
+run, though its maths stays the same. The fingerprint detects such a change from the numbers
+themselves. It is the loss and gradient norm of one train step, from a fixed initialisation on a
+fixed synthetic batch, of each component of the run's method: the base step (the method, and
+for MoCo whether it is symmetric) and each enabled add-on (non-semantic negatives of each kind,
+FT, IFM, hard negatives, DICR, LooC). Each component's step runs a canonical tiny config (the
+method's quick config at batch 8, a ResNet-10 of width 0.25, float32, the add-on alone at its
+defaults), not the run's own settings, so arms that differ in a setting (patch negatives at
+alpha 1 and alpha 3) share the component's fingerprint, and a comparison checks every
+component its records have in common (cl_jax.analysis.study_summary). The values are float32
+and exact: the same code on the same processor's arithmetic gives the same bits
+(README "Reproducibility": another processor may not).
+
+The source digest is a SHA-256 over the tracked files of cl_jax/ and configs/ (paths and
+contents), which names a code version whether or not it is committed; the study runner stores
+it before a run starts and refuses a record whose run ended under other source
+(cl_jax.analysis.study_runs).
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+
+import ml_collections
+
+from cl_jax.runtime import cli, metrics, run_config
+from cl_jax.runtime.errors import UsageError
+
+FILE = "fingerprint.json"
+SOURCE_FILE = "source.json"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SOURCE_DIRS = ("cl_jax", "configs")
+# The quick config of each method, the base of its components' canonical configs.
+METHOD_CONFIGS = {
+    "moco": "configs/mocov2.py",
+    "simclr": "configs/simclr.py",
+    "byol": "configs/byol.py",
+    "simsiam": "configs/simsiam.py",
+}
+ADDONS = ("nonsemantic", "ft", "ifm", "hcl", "dicr", "looc")
+
+
+def source_digest(root: str = ROOT) -> dict:
+  """{"sha256": digest of the code, "commit": `git describe --always --dirty` or ""}: the
+  digest covers every file git tracks under SOURCE_DIRS (or, outside a git checkout, every
+  .py file there), read as it is on disk now."""
+  listed = subprocess.run(
+      ["git", "ls-files", "-z", "--", *SOURCE_DIRS],
+      cwd=root,
+      capture_output=True,
+      check=False,
+  )
+  if listed.returncode == 0 and listed.stdout:
+    files = sorted(p for p in listed.stdout.decode().split("\0") if p)
+  else:
+    files = sorted(
+        os.path.relpath(os.path.join(d, f), root)
+        for top in SOURCE_DIRS
+        for d, _, names in os.walk(os.path.join(root, top))
+        for f in names
+        if f.endswith(".py")
+    )
+  h = hashlib.sha256()
+  for rel in files:
+    path = os.path.join(root, rel)
+    if os.path.isfile(path):
+      with open(path, "rb") as f:
+        h.update(rel.encode() + b"\0" + f.read() + b"\0")
+  commit = subprocess.run(
+      ["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, check=False
+  ).stdout.decode()
+  return {"sha256": h.hexdigest(), "commit": commit.strip()}
+
+
+def components(config: ml_collections.ConfigDict) -> list[str]:
+  """The components of a run's config: its base step ("moco", "moco_symmetric", "simclr",
+  "byol", "simsiam") and one "<method>+<add-on>" per enabled add-on (non-semantic negatives
+  by kind: "+nonsemantic_patch", "+nonsemantic_texture")."""
+  method = config.method
+  base = "moco_symmetric" if method == "moco" and config.moco.symmetric else method
+  out = [base]
+  for addon in ADDONS:
+    if config[addon].enabled:
+      name = f"nonsemantic_{config.nonsemantic.kind}" if addon == "nonsemantic" else addon
+      out.append(f"{base}+{name}")
+  return out
+
+
+def canonical_config(component: str) -> ml_collections.ConfigDict:
+  """The tiny config whose one step fingerprints `component` (module docstring)."""
+  base, _, addon = component.partition("+")
+  method = base.removesuffix("_symmetric")
+  c = cli._load_config(os.path.join(ROOT, METHOD_CONFIGS[method]))
+  if base == "moco_symmetric":
+    c.moco.symmetric = True
+  if addon:
+    block = "nonsemantic" if addon.startswith("nonsemantic") else addon
+    c[block].enabled = True
+    if block == "nonsemantic":
+      c.nonsemantic.kind = addon.removeprefix("nonsemantic_")
+  c.seed = 0
+  c.optim.batch_size = 8
+  c.moco.queue_size = 64
+  c.model.update(depth=10, width_multiplier=0.25, dtype="float32")
+  return c
+
+
+def step_fingerprint(config: ml_collections.ConfigDict) -> list[float]:
+  """[loss, gradient norm] of one train step of `config` on one device from its fresh state
+  (config.seed) at the last epoch's step on the synthetic batch of seed 0
+  (cl_jax.bench.synthetic_step), as float32 values; the gradient norm is the root of the
+  summed squares of the per-layer norms."""
+  import jax
+  import numpy as np
+
+  from cl_jax.bench import synthetic_step
+
+  step, state, data = synthetic_step.build(config, devices=1, statistics=True)
+  # The last epoch's step (one step per epoch here): every add-on scheduled by epoch (DICR's
+  # lambda, FT's start epoch) is on.
+  _, out = step(state.replace(step=state.step + config.optim.epochs - 1), data)
+  out = jax.device_get(out)
+  norms = np.array([v for k, v in out.items() if k.startswith("grad_norm/")], np.float32)
+  return [float(np.float32(out["loss"])), float(np.sqrt(np.sum(norms * norms, dtype=np.float32)))]
+
+
+def fingerprint(config: ml_collections.ConfigDict) -> dict:
+  """{component: [loss, gradient norm]} for every component of `config`."""
+  return {name: step_fingerprint(canonical_config(name)) for name in components(config)}
+
+
+def differing(a: dict, b: dict) -> list[str]:
+  """The components that fingerprints `a` and `b` both hold with other values."""
+  return sorted(k for k in set(a) & set(b) if a[k] != b[k])
+
+
+def main(argv):
+  del argv
+  from absl import flags
+
+  workdir = flags.FLAGS.workdir
+  with cli.report():
+    if not workdir or not os.path.exists(os.path.join(workdir, "config.json")):
+      raise UsageError(f"--workdir={workdir} holds no run (no config.json)")
+    config = run_config.read(workdir)
+    out = {"components": fingerprint(config), "source": source_digest()}
+    path = os.path.join(workdir, FILE)
+    metrics.write_atomically(path, json.dumps(out, indent=1))
+    print(path)
+
+
+if __name__ == "__main__":
+  from absl import app, flags
+
+  flags.DEFINE_string("workdir", None, "Run directory (its config.json names the method).")
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,66 @@
+"""cl_jax.analysis.fingerprint: a run's components, their canonical tiny configs, the
+fingerprint's determinism and its sensitivity to the code a step runs, and the source digest."""
+
+import pytest
+
+from cl_jax import config_check
+from cl_jax.analysis import fingerprint
+from configs import dicr, mocov2_patchns, mocov2_texturens, simclr
+
+
+def test_components_name_the_base_step_and_each_addon():
+  assert fingerprint.components(mocov2_patchns.get_config(None)) == [
+      "moco",
+      "moco+nonsemantic_patch",
+  ]
+  assert fingerprint.components(mocov2_texturens.get_config(None))[1] == (
+      "moco+nonsemantic_texture"
+  )
+  assert fingerprint.components(dicr.get_config("moco")) == [
+      "moco_symmetric",
+      "moco_symmetric+dicr",
+  ]
+  c = simclr.get_config(None)
+  c.ifm.enabled = True
+  assert fingerprint.components(c) == ["simclr", "simclr+ifm"]
+
+
+@pytest.mark.parametrize(
+    "component",
+    ["moco", "moco_symmetric+dicr", "moco+ft", "simclr+hcl", "byol", "simsiam+dicr"],
+)
+def test_canonical_configs_are_tiny_valid_and_hold_their_addon_alone(component):
+  c = fingerprint.canonical_config(component)
+  config_check.validate(c, num_devices=1, reads_data=False)
+  assert (c.optim.batch_size, c.model.depth, c.model.dtype) == (8, 10, "float32")
+  assert fingerprint.components(c) == [component.partition("+")[0]] + (
+      [component] if "+" in component else []
+  )
+
+
+@pytest.mark.slow
+def test_the_fingerprint_repeats_and_tells_the_code_paths_apart():
+  """The same step twice gives the same bits; an add-on's step (patch negatives; DICR, whose
+  weight is 0 in the first epoch and on in the last one, where the fingerprint's step is)
+  gives other values than its base's."""
+  base = fingerprint.step_fingerprint(fingerprint.canonical_config("moco_symmetric"))
+  assert base == fingerprint.step_fingerprint(fingerprint.canonical_config("moco_symmetric"))
+  with_dicr = fingerprint.step_fingerprint(fingerprint.canonical_config("moco_symmetric+dicr"))
+  patch = fingerprint.step_fingerprint(fingerprint.canonical_config("moco+nonsemantic_patch"))
+  assert with_dicr[0] != base[0] and patch != fingerprint.step_fingerprint(
+      fingerprint.canonical_config("moco")
+  )
+  assert all(isinstance(v, float) and v > 0 for v in base + with_dicr + patch)
+  assert fingerprint.differing({"a": [1.0, 2.0], "b": base}, {"a": [1.0, 2.5]}) == ["a"]
+
+
+def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path):
+  (tmp_path / "cl_jax").mkdir()
+  (tmp_path / "configs").mkdir()
+  (tmp_path / "cl_jax" / "step.py").write_text("x = 1\n")
+  (tmp_path / "configs" / "a.py").write_text("y = 2\n")
+  first = fingerprint.source_digest(str(tmp_path))
+  (tmp_path / "README.md").write_text("docs\n")
+  assert fingerprint.source_digest(str(tmp_path))["sha256"] == first["sha256"]
+  (tmp_path / "cl_jax" / "step.py").write_text("x = 2\n")
+  assert fingerprint.source_digest(str(tmp_path))["sha256"] != first["sha256"]
