@@ -123,7 +123,10 @@ def _check_data(c, reads_data: bool) -> None:
   from cl_jax.data import sources  # light: imports no TensorFlow
 
   name = choice(c, "data.name", sources.DATASET_NAMES)
-  if reads_data and name != "trifeature" and not get(c, "data.data_dir"):
+  choice(c, "data.bad_images", ("stop", "skip"))
+  if reads_data and name == "folder" and not get(c, "data.folder"):
+    fail("data.folder", "", "data.name folder reads your images: set data.folder to their folder")
+  if reads_data and name not in ("trifeature", "folder") and not get(c, "data.data_dir"):
     fail(
         "data.data_dir",
         "",

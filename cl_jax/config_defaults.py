@@ -51,6 +51,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.name = "trifeature"  # or a TFDS name: cifar10, cifar100, stl10, imagenet2012, imagenet100
   c.data.data_dir = ""  # TFDS data_dir (prepared with --file_format=array_record)
+  # data.name "folder": your images, DIR/train/<class>/ + DIR/val/<class>/, or any tree of
+  # images for pretraining alone (cl_jax.data.folder_source)
+  c.data.folder = ""
+  c.data.bad_images = "stop"  # folder images that cannot be read: stop | skip (named, left out)
   c.data.image_size = 32
   c.data.crop_scale = (0.2, 1.0)  # RandomResizedCrop area range
   c.data.eval_crop_fraction = 1.0  # probe test views: resize to size/fraction, centre crop
@@ -296,6 +300,15 @@ PRESETS = {
             "eval_crop_fraction": 0.875,
             "workers": 16,
         },
+        "model": _RESNET50,
+        "nonsemantic": {"alpha": 2.0, "patch_min": 16, "patch_max": 72},
+    },
+    # Your images at ImageNet scale (cl_jax.data.folder_source): the ImageNet-100 recipe on
+    # --config.data.folder=DIR (DIR/train/<class>/ and DIR/val/<class>/ for the probe).
+    "folder": {
+        **_PAPER_MOCO,
+        "preset": "folder",
+        "data": {"name": "folder", "image_size": 224, "eval_crop_fraction": 0.875, "workers": 16},
         "model": _RESNET50,
         "nonsemantic": {"alpha": 2.0, "patch_min": 16, "patch_max": 72},
     },

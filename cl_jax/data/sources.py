@@ -1,4 +1,5 @@
-"""Dataset sources by name: the built-in Trifeature set or a TFDS dataset.
+"""Dataset sources by name: the built-in Trifeature set, a TFDS dataset, or a folder of your
+images (cl_jax.data.folder_source).
 
 A source is random access (`len(src)`, `src[i] -> {"image": (H, W, 3) uint8,
 <label name>: int, ...}`) with `src.num_classes -> {label name: classes}`.
@@ -9,7 +10,7 @@ import ml_collections
 
 from cl_jax.data import tfds_source, trifeature
 
-DATASET_NAMES = ("trifeature",) + tuple(tfds_source.DATASETS)
+DATASET_NAMES = ("trifeature", "folder") + tuple(tfds_source.DATASETS)
 ROLES = ("pretrain", "probe_train", "test")
 
 
@@ -30,4 +31,8 @@ def open_source(data: ml_collections.ConfigDict, role: str):
         max_texture_angle=data.get("trifeature_texture_angle", trifeature.MAX_TEXTURE_ANGLE_DEG),
     )
     return trifeature.TrifeatureSource(images)
+  if data.name == "folder":
+    from cl_jax.data import folder_source
+
+    return folder_source.open_source(data, role)
   return tfds_source.open_source(data.name, role, data.data_dir)

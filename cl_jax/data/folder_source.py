@@ -1,0 +1,189 @@
+"""Your own images as a dataset: a folder of JPEG or PNG files, for pretraining and the probe.
+
+`--config.data.name=folder --config.data.folder=DIR` reads DIR in one of two layouts:
+- DIR/train/<class>/... and DIR/val/<class>/... (or DIR/test/): pretraining reads train/, the
+  linear probe and kNN fit on train/ and evaluate on val/ (test/ where there is no val/); an
+  image's label is the class folder it lies in, at any depth below it;
+- any other tree of images: pretraining reads every image under DIR, at any depth, and there
+  are no labels (a run on it sets probe.after_pretrain=False; the probe asks for the layout
+  above).
+
+The file index (the images' paths relative to their split folder, sorted, and their classes) is
+built once per split folder, walking the tree with a progress bar on a terminal, and cached as
+JSON in <data.cache_dir>/folder_index/ (data.cache_dir "": $CL_JAX_CACHE or ~/.cache/cl_jax),
+so a million-file folder is not listed at every start and a resumed run reads the same images in
+the same order. The cache is keyed by the folder's absolute path: delete the file (its path is
+logged) to index a folder whose images changed. Unreadable images are handled as
+cl_jax.data.image_folder does for the evaluators (data.bad_images: "stop" names the file and
+stops, "skip" decodes every image once and leaves the unreadable ones out, each named).
+"""
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import sys
+from typing import Any
+
+import ml_collections
+import numpy as np
+import tqdm
+from absl import logging
+
+from cl_jax.data import image_folder
+from cl_jax.data.tfds_source import UNLABELLED, DatasetNotFoundError
+from cl_jax.runtime import metrics
+from cl_jax.runtime.errors import UsageError
+
+TRAIN, TEST_SPLITS = "train", ("val", "test")
+INDEX_FOLDER = "folder_index"
+
+
+def split_folder(root: str, role: str) -> str:
+  """The folder read for `role` (pretrain, probe_train or test) under `root` (module
+  docstring); UsageError when the probe's roles have no labelled split."""
+  train = os.path.join(root, TRAIN)
+  if role == "pretrain":
+    return train if os.path.isdir(train) else root
+  test = next(
+      (os.path.join(root, s) for s in TEST_SPLITS if os.path.isdir(os.path.join(root, s))), None
+  )
+  if not os.path.isdir(train) or test is None:
+    raise UsageError(
+        f"data.folder={root}: the probe and kNN read labelled splits, {root}/train/<class>/ and "
+        f"{root}/val/<class>/ (or test/); this folder has "
+        f"{'no train/' if not os.path.isdir(train) else 'no val/ or test/'}. Pretrain with "
+        "--config.probe.after_pretrain=False, or add the splits"
+    )
+  return train if role == "probe_train" else test
+
+
+def _walk(folder: str) -> list[str]:
+  """Every image under `folder` (IMAGE_EXTENSIONS, any case, any depth), as sorted paths
+  relative to it; a progress bar counts them on a terminal."""
+  found = []
+  bar = tqdm.tqdm(desc=f"indexing {folder}", unit=" images", disable=not sys.stderr.isatty())
+  for directory, subfolders, names in os.walk(folder, followlinks=True):
+    subfolders.sort()
+    for name in names:
+      if name.lower().endswith(image_folder.IMAGE_EXTENSIONS):
+        found.append(os.path.relpath(os.path.join(directory, name), folder))
+        bar.update()
+  bar.close()
+  return sorted(found)
+
+
+def build_index(folder: str) -> dict:
+  """{"folder", "files" (sorted relative paths), "classes" (sorted class folder names, or
+  None), "labels" (per file, or None)}: labelled when every image lies inside a first-level
+  folder, the class being that folder."""
+  if not os.path.isdir(folder):
+    raise DatasetNotFoundError(f"data.folder: {folder!r} is not a folder of images")
+  files = _walk(folder)
+  if not files:
+    raise DatasetNotFoundError(
+        f"no images in {folder!r}: expected files ending in "
+        f"{', '.join(image_folder.IMAGE_EXTENSIONS)} (any case), at any depth"
+    )
+  tops = [f.split(os.sep, 1)[0] if os.sep in f else None for f in files]
+  if any(t is None for t in tops):
+    return {"folder": folder, "files": files, "classes": None, "labels": None}
+  classes = sorted(set(tops))
+  position = {c: i for i, c in enumerate(classes)}
+  return {
+      "folder": folder,
+      "files": files,
+      "classes": classes,
+      "labels": [position[t] for t in tops],
+  }
+
+
+def index_path(cache_dir: str, folder: str) -> str:
+  """The cached index of `folder` (module docstring)."""
+  root = cache_dir or os.environ.get("CL_JAX_CACHE") or os.path.expanduser("~/.cache/cl_jax")
+  key = hashlib.sha256(os.path.abspath(folder).encode()).hexdigest()[:16]
+  return os.path.join(root, INDEX_FOLDER, f"{key}.json")
+
+
+def cached_index(cache_dir: str, folder: str) -> dict:
+  """The index of `folder`, read from its cache or built and cached."""
+  path = index_path(cache_dir, folder)
+  if os.path.exists(path):
+    with open(path) as f:
+      index = json.load(f)
+    logging.info("image index of %s: %d images from %s", folder, len(index["files"]), path)
+    return index
+  index = build_index(folder)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  metrics.write_atomically(path, json.dumps(index))
+  logging.info("image index of %s: %d images, cached in %s", folder, len(index["files"]), path)
+  return index
+
+
+class FolderSource:
+  """Random-access source over an index's images: `source[i]` is {"image": (H, W, 3) uint8 RGB,
+  "label": int} (UNLABELLED for an unlabelled tree), in index order. `files` the absolute paths,
+  `labels` (N,) int64, `skipped` the (path, reason) of the unreadable images left out with
+  bad_images "skip". Pickling carries the file list, not the images."""
+
+  def __init__(self, index: dict, bad_images: str = "stop", labelled: bool = False):
+    """Raises UsageError when `labelled` is asked of an index without classes."""
+    folder = index["folder"]
+    if labelled and index["classes"] is None:
+      raise UsageError(
+          f"{folder} has images outside class folders: the probe needs every image in "
+          f"{folder}/<class>/"
+      )
+    self.folder = folder
+    self.class_names = index["classes"] or []
+    self.files = [os.path.join(folder, f) for f in index["files"]]
+    labels = index["labels"] or [UNLABELLED] * len(self.files)
+    self.bad_images = image_folder.check_bad_images(bad_images)
+    self.skipped: list[tuple[str, str]] = []
+    if self.bad_images == "skip":
+      with concurrent.futures.ThreadPoolExecutor(image_folder.CHECK_THREADS) as pool:
+        reasons = list(pool.map(image_folder.unreadable, self.files))
+      self.skipped = [(f, r) for f, r in zip(self.files, reasons) if r is not None]
+      for path, reason in self.skipped:
+        print(f"warning: skipped unreadable image {path}: {reason}", file=sys.stderr)
+      kept = [i for i, r in enumerate(reasons) if r is None]
+      if not kept:
+        raise DatasetNotFoundError(
+            f"none of the {len(self.files)} images in {folder!r} can be read"
+        )
+      self.files = [self.files[i] for i in kept]
+      labels = [labels[i] for i in kept]
+    self.labels = np.asarray(labels, np.int64)
+
+  @property
+  def num_classes(self) -> dict[str, int]:
+    return {"label": len(self.class_names)} if self.class_names else {}
+
+  def __len__(self) -> int:
+    return len(self.files)
+
+  def __getitem__(self, i: int) -> dict[str, Any]:
+    if not 0 <= i < len(self):
+      raise IndexError(f"index {i} out of range for a source of {len(self)} images")
+    path = self.files[i]
+    try:
+      pixels = image_folder.decode(path)
+    except image_folder.DECODE_ERRORS as error:
+      raise image_folder.BadImageError(
+          f"cannot read image {path}: {image_folder.unreadable(path)}. Remove or replace the "
+          "file, or set --config.data.bad_images=skip to leave unreadable images out (each is "
+          "then named in a warning)"
+      ) from error
+    return {"image": pixels, "label": int(self.labels[i])}
+
+  def __repr__(self) -> str:
+    return f"FolderSource({self.folder}, {len(self)} images, {len(self.class_names)} classes)"
+
+
+def open_source(data: ml_collections.ConfigDict, role: str) -> FolderSource:
+  """The folder source of `data` (data.folder, data.cache_dir, data.bad_images) for `role`."""
+  if not data.folder:
+    raise UsageError("data.name=folder needs data.folder, the folder of your images")
+  folder = split_folder(data.folder, role)
+  index = cached_index(data.cache_dir, folder)
+  return FolderSource(index, data.bad_images, labelled=role != "pretrain")

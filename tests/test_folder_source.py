@@ -1,0 +1,151 @@
+"""Pretraining and the probe on a folder of your images (cl_jax.data.folder_source): the two
+layouts, the cached index, unreadable images, the same data order after a restart, and a run of
+cl_jax.main on a generated folder of JPEGs."""
+
+import json
+import os
+
+import numpy as np
+import PIL.Image
+import pytest
+
+from cl_jax import config_defaults
+from cl_jax.data import folder_source, image_folder, pipeline, sources
+from cl_jax.data.tfds_source import UNLABELLED
+from cl_jax.runtime.errors import UsageError
+from tests import tiny_run
+
+
+def _image(path, seed: int, size=(40, 48), fmt="JPEG"):
+  rng = np.random.default_rng(seed)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+  PIL.Image.fromarray(pixels).save(path, format=fmt)
+
+
+def make_labelled(root, per_class: int = 6, classes=("cat", "dog"), val: int = 2):
+  """root/train/<class>/ and root/val/<class>/ of JPEGs and PNGs, one class with a nested
+  subfolder."""
+  n = 0
+  for split, count in (("train", per_class), ("val", val)):
+    for c in classes:
+      for i in range(count):
+        nested = "deep/" if c == classes[0] and i % 2 else ""
+        ext, fmt = (".png", "PNG") if i % 3 == 0 else (".JPG", "JPEG")
+        _image(os.path.join(root, split, c, f"{nested}{i:03d}{ext}"), n, fmt=fmt)
+        n += 1
+  return root
+
+
+def _data(root, cache, **fields):
+  c = config_defaults.base_config().data
+  c.update(name="folder", folder=str(root), cache_dir=str(cache), **fields)
+  return c
+
+
+def test_a_labelled_folder_gives_each_split_its_classes_and_caches_the_index(tmp_path):
+  root = make_labelled(tmp_path / "images")
+  data = _data(root, tmp_path / "cache")
+  train = sources.open_source(data, "probe_train")
+  test = sources.open_source(data, "test")
+  assert (len(train), len(test)) == (12, 4) and train.num_classes == {"label": 2}
+  # Sorted by path; a nested image belongs to its top class folder.
+  names = [os.path.relpath(f, root / "train") for f in train.files]
+  assert names == sorted(names) and "cat/deep/001.JPG" in names
+  assert train.labels.tolist() == [0] * 6 + [1] * 6
+  item = train[names.index("dog/004.JPG")]
+  assert item["image"].shape == (40, 48, 3) and item["label"] == 1
+  # Pretraining reads train/; the index is cached, so a file added later is not listed.
+  pretrain = sources.open_source(data, "pretrain")
+  assert pretrain.files == train.files
+  cached = folder_source.index_path(str(tmp_path / "cache"), str(root / "train"))
+  assert json.loads(open(cached).read())["classes"] == ["cat", "dog"]
+  _image(root / "train" / "cat" / "999.jpg", 99)
+  assert len(sources.open_source(data, "pretrain")) == 12
+  os.remove(cached)
+  assert len(sources.open_source(data, "pretrain")) == 13
+
+
+def test_any_tree_of_images_pretrains_without_labels_and_the_probe_asks_for_splits(tmp_path):
+  root = tmp_path / "photos"
+  _image(root / "a.jpg", 0)
+  _image(root / "2021" / "05" / "b.png", 1, fmt="PNG")
+  (root / "notes.txt").write_text("not an image")
+  data = _data(root, tmp_path / "cache")
+  pretrain = sources.open_source(data, "pretrain")
+  assert len(pretrain) == 2 and pretrain[1]["label"] == UNLABELLED
+  with pytest.raises(UsageError, match="labelled splits.*probe.after_pretrain=False"):
+    sources.open_source(data, "probe_train")
+  with pytest.raises(UsageError, match="not a folder of images|no images"):
+    sources.open_source(_data(tmp_path / "none", tmp_path / "cache"), "pretrain")
+
+
+def test_unreadable_images_stop_naming_the_file_or_are_skipped_and_named(tmp_path, capsys):
+  root = make_labelled(tmp_path / "images", per_class=3)
+  bad = root / "train" / "dog" / "broken.jpg"
+  bad.write_bytes(b"\xff\xd8\xff not a jpeg")
+  stop = sources.open_source(_data(root, tmp_path / "cache"), "pretrain")
+  with pytest.raises(image_folder.BadImageError, match="broken.jpg.*bad_images=skip"):
+    stop[stop.files.index(str(bad))]
+  skip = sources.open_source(_data(root, tmp_path / "cache", bad_images="skip"), "pretrain")
+  assert len(skip) == len(stop) - 1 and skip.skipped[0][0] == str(bad)
+  assert "warning: skipped unreadable image" in capsys.readouterr().err
+
+
+def test_a_restart_reads_the_same_batches_from_the_cached_index(tmp_path):
+  """The pipeline's element n depends on the index order: a new process (here: a new source)
+  reading the cached index gets the same batch n, even after a file was added to the folder."""
+  root = make_labelled(tmp_path / "images", per_class=8)
+  data = _data(root, tmp_path / "cache")
+
+  def batch(n: int) -> dict:
+    ds = pipeline.pretrain_dataset(
+        sources.open_source(data, "pretrain"),
+        batch_size=4,
+        image_size=16,
+        crop_scale=(0.2, 1.0),
+        seed=3,
+    )
+    return ds[n]
+
+  first = batch(5)  # mid-epoch 2 of 16 images in batches of 4
+  _image(root / "train" / "cat" / "000a.jpg", 77)
+  again = batch(5)
+  for k in ("view1", "view2", "box1"):
+    np.testing.assert_array_equal(first[k], again[k])
+
+
+@pytest.mark.slow
+def test_a_run_pretrains_on_a_folder_of_jpegs_and_probes_its_labelled_split(tmp_path):
+  root = make_labelled(tmp_path / "images", per_class=20, val=6)
+  flags = [f for f in tiny_run.FLAGS if not f.startswith("--config.data.trifeature")]
+  flags += [
+      "--config.data.name=folder",
+      f"--config.data.folder={root}",
+      f"--config.data.cache_dir={tmp_path / 'cache'}",
+      "--config.optim.epochs=1",
+      "--config.eval.every=0",
+      "--config.probe.batch_size=16",
+  ]
+  proc = tiny_run.start(tmp_path / "run", flags)[0]
+  out, err = proc.communicate(timeout=600)
+  assert proc.returncode == 0, err[-3000:]
+  # 40 images in batches of 32: one step per epoch.
+  report = json.loads((tmp_path / "run" / "probe_step1_fast.json").read_text())
+  assert set(report["accuracy"]) == {"label"} and 0 <= report["accuracy"]["label"]["top1"] <= 1
+
+
+def test_the_folder_preset_is_the_imagenet100_recipe_on_your_folder():
+  from cl_jax import config_check
+  from configs import mocov2_patchns
+
+  c = mocov2_patchns.get_config("folder")
+  paper = mocov2_patchns.get_config("imagenet100")
+  assert (c.data.name, c.data.image_size, c.model.depth) == ("folder", 224, 50)
+  assert (c.optim.lr, c.optim.batch_size, c.moco.queue_size) == (
+      paper.optim.lr,
+      paper.optim.batch_size,
+      paper.moco.queue_size,
+  )
+  with pytest.raises(config_check.ConfigError, match="set data.folder"):
+    config_check.validate(c)
