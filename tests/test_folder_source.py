@@ -149,3 +149,20 @@ def test_the_folder_preset_is_the_imagenet100_recipe_on_your_folder():
   )
   with pytest.raises(config_check.ConfigError, match="set data.folder"):
     config_check.validate(c)
+
+
+def test_exported_trifeature_images_read_back_with_their_shape_classes(tmp_path):
+  from cl_jax.data import export_folder, trifeature
+
+  root = export_folder.export(str(tmp_path / "tri"), "shape", train=30, val=10, image_size=16)
+  data = _data(root, tmp_path / "cache")
+  train, val = sources.open_source(data, "probe_train"), sources.open_source(data, "test")
+  assert (len(train), len(val)) == (30, 10)
+  assert train.class_names == sorted(trifeature.SHAPES)
+  # Each file's class is its image's shape in Trifeature's train split.
+  shapes = trifeature.load("train", image_size=16, num_images=30, seed=0).labels["shape"]
+  for path, label in zip(train.files, train.labels):
+    n = int(os.path.basename(path).split(".")[0])
+    assert train.class_names[label] == trifeature.SHAPES[shapes[n]]
+  with pytest.raises(UsageError, match="--label must be one of"):
+    export_folder.export(str(tmp_path / "x"), "size", 1, 1, 16)
