@@ -381,30 +381,48 @@ def main(argv):
 _INPUT = flags.DEFINE_enum(
     "input",
     "synthetic",
-    ["synthetic", "jpeg"],
+    ["synthetic", "jpeg", "folder"],
     "synthetic: time the step on a synthetic batch (above). jpeg: time the training loop end "
     "to end on a generated ImageNet-like JPEG folder (input pipeline alone with 0, 1, 2, ... "
     "workers, exact and reduced-size decoding; loop on JPEGs / loop on batches in memory; "
-    "cl_jax.bench.input) on this process's devices (--devices is not used).",
+    "cl_jax.bench.input) on this process's devices (--devices is not used). folder: the input "
+    "pipeline alone on the same folder read as data.name=folder reads it and from an "
+    "ArrayRecord file of its JPEGs (cl_jax.bench.folder_input).",
 )
 _JPEG_DIR = flags.DEFINE_string(
-    "jpeg_dir", "", "--input=jpeg: the folder (default: in $CL_JAX_CACHE or ~/.cache/cl_jax)."
+    "jpeg_dir",
+    "",
+    "--input=jpeg or folder: the folder (default: in $CL_JAX_CACHE or ~/.cache/cl_jax).",
 )
 _JPEG_IMAGES = flags.DEFINE_integer(
-    "jpeg_images", 512, "--input=jpeg: images in the generated folder.", lower_bound=1
+    "jpeg_images", 512, "--input=jpeg or folder: images in the generated folder.", lower_bound=1
 )
 _JPEG_PIPELINE_IMAGES = flags.DEFINE_integer(
     "jpeg_pipeline_images",
     768,
-    "--input=jpeg: images timed per row of the input pipeline alone (at least 3 batches).",
+    "--input=jpeg or folder: images timed per row of the input pipeline alone (at least 3 "
+    "batches).",
     lower_bound=1,
 )
 
 
 def _main_with_input(argv):
-  """main, or with --input=jpeg the JPEG loop benchmark of cl_jax.bench.input."""
-  if _INPUT.value != "jpeg" or _CHILD.value is not None:
+  """main, or with --input=jpeg the JPEG loop benchmark of cl_jax.bench.input, or with
+  --input=folder the folder-against-ArrayRecord benchmark of cl_jax.bench.folder_input."""
+  if _INPUT.value == "synthetic" or _CHILD.value is not None:
     return main(argv)
+  if _INPUT.value == "folder":
+    from cl_jax.bench import folder_input
+
+    with cli.report():
+      folder_input.run(
+          _CONFIG.value,
+          jpeg_dir=_JPEG_DIR.value,
+          jpeg_images=_JPEG_IMAGES.value,
+          pipeline_images=_JPEG_PIPELINE_IMAGES.value,
+          as_json=_JSON.value,
+      )
+    return None
   from cl_jax.bench import input as bench_input  # only this mode needs it
 
   with cli.report():
