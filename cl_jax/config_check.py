@@ -454,3 +454,4 @@ def validate(
   _check_optim(c)
   _check_batch_split(c, num_devices)
   _check_train_eval(c)
+  boolean(c, "log.wandb")

@@ -192,6 +192,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.dicr.dirr_similarity = 0.8  # DIRR's constant s in place of sim(h_o1, h_o2)
   c.dicr.icr_layers = 1  # ICR's projector: 1 linear layer (ICR^1) or an MLP of that many layers
 
+  # Weights & Biases beside TensorBoard and metrics.jsonl (cl_jax.runtime.wandb_tracker; the
+  # optional wandb package); WANDB_MODE=offline keeps it local.
+  c.log = ml_collections.ConfigDict()
+  c.log.wandb = False
+  c.log.wandb_project = "cl_jax"
+  c.log.wandb_entity = ""  # "" = your default entity
+
   c.train = ml_collections.ConfigDict()
   c.train.log_every = 10
   c.train.checkpoint_every = 100

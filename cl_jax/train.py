@@ -43,6 +43,7 @@ from cl_jax.runtime import (
     parallel,
     run_config,
     run_summary,
+    wandb_tracker,
     workdir_lock,
     write_faults,
 )
@@ -225,6 +226,8 @@ def _open_log(config, workdir: str, start: int, lead: bool) -> MetricWriter:
     run_config.save_start(config, workdir, start)
   writer = MetricWriter(workdir, start_step=start)
   writer.write_text("config", f"```\n{config.to_json(indent=2)}\n```", start)
+  if lead and config.log.wandb:
+    writer.track(wandb_tracker.Tracker(workdir, config))
   return writer
 
 
@@ -234,6 +237,7 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
   # ---- Config and data.
   mesh = parallel.make_mesh()
   config_check.validate(config, num_devices=mesh.devices.size)
+  wandb_tracker.check_available(config)
   changes = resume_changes(config, workdir, allow_config_change)
   lead = jax.process_index() == 0
   source, texture = _pretrain_source(config)

@@ -52,6 +52,7 @@ class MetricWriter:
 
   def __init__(self, workdir: str, start_step: int = 0, appendable: bool | None = None):
     self._active = jax.process_index() == 0
+    self._tracker = None
     self._root = epath.Path(workdir)
     self._appendable = "://" not in str(workdir) if appendable is None else appendable
     if not self._active:
@@ -80,10 +81,17 @@ class MetricWriter:
     """Where the rows go: metrics.jsonl, or the segments folder."""
     return str(self._root / (METRICS_FILE if self._appendable else SEGMENTS_DIR))
 
+  def track(self, tracker) -> None:
+    """Send every later row to `tracker` too (write(step, scalars), close(): a
+    cl_jax.runtime.wandb_tracker.Tracker)."""
+    self._tracker = tracker
+
   def write(self, step: int, scalars: dict[str, float]) -> None:
     """Record `scalars` (name -> float) at `step`."""
     if not self._active:
       return
+    if self._tracker is not None:
+      self._tracker.write(step, scalars)
     for name, value in scalars.items():
       self._tb.add_scalar(name, value, step)
     line = json.dumps({"step": step, **scalars})
@@ -102,8 +110,10 @@ class MetricWriter:
       self._tb.add_text(tag, text, step)
 
   def close(self) -> None:
-    """Flush and close the event file and metrics.jsonl."""
+    """Flush and close the event file, metrics.jsonl and the tracker."""
     if self._active:
+      if self._tracker is not None:
+        self._tracker.close()
       self._tb.close()
       if self._appendable:
         self._jsonl.close()
@@ -137,6 +147,9 @@ def append_row(
   for name, value in scalars.items():
     writer.add_scalar(name, value, step)
   writer.close()
+  from cl_jax.runtime import wandb_tracker
+
+  wandb_tracker.log_row(str(workdir), step, scalars)
 
 
 def read_jsonl(path: str) -> list[dict]:

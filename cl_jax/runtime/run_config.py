@@ -34,6 +34,7 @@ CHANGEABLE = (
     "probe.",
     "eval.",
     "health.",
+    "log.",
     "data.workers",
     "data.data_dir",
     "data.cache_dir",
