@@ -314,7 +314,16 @@ def _check_addons(c, reads_data: bool) -> None:
 def _check_optim(c) -> None:
   """The optimizer, the lr (a named recipe or base_lr scaling) and its schedule."""
   choice(c, "optim.optimizer", OPTIMIZERS)
+  integer(c, "optim.batch_per_chip", 0)
+  integer(c, "optim.lr_reference_batch", 0)
   recipe = choice(c, "optim.lr_recipe", tuple(LR_RECIPES))
+  if get(c, "optim.batch_per_chip") and recipe != "custom":
+    fail(
+        "optim.batch_per_chip",
+        get(c, "optim.batch_per_chip"),
+        f"the lr recipe {recipe!r} fixes the batch: set optim.batch_per_chip=0 or "
+        "optim.lr_recipe=custom",
+    )
   lr = number(c, "optim.lr", 0.0, None, lo_open=True)
   batch = integer(c, "optim.batch_size", 1)
   if LR_RECIPES[recipe] is not None and (lr, batch) != LR_RECIPES[recipe]:

@@ -167,7 +167,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.optimizer = "sgd"  # sgd (momentum, coupled weight decay) | lars
   c.optim.lr_recipe = "custom"  # see cl_jax/config_check.py LR_RECIPES
   c.optim.lr = 0.06
-  c.optim.batch_size = 128  # global batch
+  c.optim.batch_size = 128  # global batch (with batch_per_chip > 0: the lr's reference batch)
+  # > 0: the global batch is batch_per_chip x the run's devices, the lr scaled linearly from
+  # (lr, batch_size) (cl_jax.batch_plan); 0: batch_size is the global batch
+  c.optim.batch_per_chip = 0
+  # with batch_per_chip: the batch at which optim.lr is the paper's lr (0: optim.batch_size);
+  # optim.batch_size must then equal it (the batch follows batch_per_chip, not batch_size)
+  c.optim.lr_reference_batch = 0
   c.optim.momentum = 0.9
   c.optim.weight_decay = 5e-4
   c.optim.warmup_epochs = 0
@@ -273,12 +279,16 @@ _RESNET50 = {
     "dtype": "bfloat16",
     "bn_groups": 8,
 }
+# The lr and batch scale with the chips: 128 images per chip, lr 0.03 per 128 images
+# (cl_jax.batch_plan); PAPER_BATCH keeps the paper's global batch of 128 on any chips.
 _PAPER_MOCO = {
     "moco": {"queue_size": 16384, "temperature": 0.2, "momentum": 0.999},
     "optim": {
-        "lr_recipe": "moco_0.03_b128",
+        "lr_recipe": "custom",
         "lr": 0.03,
         "batch_size": 128,
+        "batch_per_chip": 128,
+        "lr_reference_batch": 128,
         "weight_decay": 1e-4,
         "epochs": 200,
     },
@@ -345,6 +355,19 @@ PRESETS = {
         "probe": {"protocol": "fast", "epochs": 100},
     },
 }
+
+
+# The paper's exact recipe, reachable by name: <preset>_b128 is <preset> at the global batch of
+# 128 and the lr recipe of Ge et al. 2021 (App. C.1) on any number of chips.
+PAPER_BATCH = {
+    "lr_recipe": "moco_0.03_b128",
+    "lr": 0.03,
+    "batch_size": 128,
+    "batch_per_chip": 0,
+    "lr_reference_batch": 0,
+}
+for _name in ("imagenet100", "stl10"):
+  PRESETS[f"{_name}_b128"] = {**PRESETS[_name], "optim": {**PRESETS[_name]["optim"], **PAPER_BATCH}}
 
 
 def with_preset(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:

@@ -32,7 +32,7 @@ import ml_collections
 import optax
 from etils import epath
 
-from cl_jax import config_check, memory_queue, optim
+from cl_jax import batch_plan, config_check, memory_queue, optim
 from cl_jax import train_step as step_lib
 from cl_jax.analysis import collapse
 from cl_jax.data import pipeline, sources, texture_source
@@ -236,6 +236,7 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
   warnings, reported once the run's log is open."""
   # ---- Config and data.
   mesh = parallel.make_mesh()
+  config = batch_plan.resolve(config, mesh.devices.size)  # optim.batch_per_chip's batch and lr
   config_check.validate(config, num_devices=mesh.devices.size)
   wandb_tracker.check_available(config)
   changes = resume_changes(config, workdir, allow_config_change)

@@ -33,6 +33,8 @@ def apply_looc(c, arg: str | None) -> None:
         lr_recipe="custom",
         lr=0.03,
         batch_size=256,
+        batch_per_chip=0,  # the paper's global batch on any number of chips
+        lr_reference_batch=0,
         epochs=500,
         schedule="step",
         decay_epochs=(300, 400),

@@ -29,7 +29,14 @@ def get_config(arg: str | None = None):
     c.optim.epochs = 8  # learns in 312 steps; the MoCo runs need 16 (configs/config_defaults.py)
   elif c.preset == "imagenet100":
     c.model.update(head_layers=3, head_hidden_dim=2048, head_out_dim=2048, predictor_hidden_dim=512)
-    c.optim.update(lr_recipe="custom", batch_size=512, weight_decay=1e-4, epochs=200)
+    c.optim.update(
+        lr_recipe="custom",
+        batch_size=512,
+        batch_per_chip=0,
+        lr_reference_batch=0,
+        weight_decay=1e-4,
+        epochs=200,
+    )
     config_defaults.scale_lr_with_batch(c.optim, 0.05)  # Sec. 4: lr x BatchSize / 256, base lr 0.05
   elif c.preset == "cifar10":
     c.model.update(head_layers=2, head_hidden_dim=2048, head_out_dim=2048, predictor_hidden_dim=512)

@@ -91,3 +91,22 @@ parse_options() {
     fi
   done
 }
+
+# print_batch_plan PYTHON CONFIG CHIPS [ARGS...]: the run's per-chip batch, global batch and
+# learning rate on CHIPS chips (python -m cl_jax.batch_plan, run by PYTHON in this checkout;
+# the --config.* ARGS apply), on stderr; where PYTHON cannot run it, the command that would.
+print_batch_plan() {
+  local python=$1 config=$2 chips=$3 arg out root
+  shift 3
+  local overrides=()
+  for arg in "$@"; do
+    if [[ $arg == --config.* ]]; then overrides+=("$arg"); fi
+  done
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  if out=$(cd "$root" && "$python" -m cl_jax.batch_plan --config="$config" --chips="$chips" "${overrides[@]}" 2>&1); then
+    printf 'batch plan: %s\n' "$out" >&2
+  else
+    printf 'batch plan: not computed here (%s): python -m cl_jax.batch_plan --config=%s --chips=%s\n' \
+      "${out##*$'\n'}" "$config" "$chips" >&2
+  fi
+}

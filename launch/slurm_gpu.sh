@@ -33,7 +33,8 @@ Options (OPTION VALUE or OPTION=VALUE):
   --repo DIR            cl_jax checkout on the shared filesystem, the job's working directory
                         (default: $DEFAULT_REPO)
   --dry-run             print the commands and the batch script instead of submitting
-                        (slurm need not be installed)
+                        (slurm need not be installed), and on stderr the per-GPU batch,
+                        global batch and lr of the run (python -m cl_jax.batch_plan)
   -h, --help            this message
 
 Arguments after -- go to python -m cl_jax.main unchanged, e.g. -- --config.optim.epochs=100
@@ -158,6 +159,9 @@ EOF
 submit() {
   local job_path=$WORKDIR/$JOB_FILE
   if [[ $DRY_RUN == true ]]; then
+    local python=python3
+    if [[ -x $VENV/bin/python ]]; then python=$VENV/bin/python; fi
+    print_batch_plan "$python" "$CONFIG" $((NODES * GPUS_PER_NODE)) "${EXTRA_ARGS[@]}"
     printf '%s\n' "$(quote_words mkdir -p "$WORKDIR")"
     printf "cat > %s <<'%s'\n" "$(quote_words "$job_path")" "$HEREDOC_END"
     batch_script

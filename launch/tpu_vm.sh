@@ -51,7 +51,9 @@ Options (OPTION VALUE or OPTION=VALUE):
                             require (every worker writes checkpoints there), or an absolute
                             path on the VM for a single-worker type
   --dry-run                 print every command, one per line and shell-quoted, instead of
-                            running it (gcloud need not be installed)
+                            running it (gcloud need not be installed); run and all also print,
+                            on stderr, the per-chip batch, global batch and lr of the run
+                            (python -m cl_jax.batch_plan)
   -h, --help                this message
 
 Arguments after -- go to python -m cl_jax.main unchanged, e.g. -- --config.optim.epochs=100
@@ -107,6 +109,18 @@ workers_of() {
         printf '%d' $((size / 4))
       fi
       ;;
+  esac
+}
+
+# Prints the number of chips of an accelerator type (v2/v3/v4/v5p types count TensorCores, 2 per
+# chip; v5litepod/v6e types count chips).
+chips_of() {
+  local type=$1
+  workers_of "$type" >/dev/null
+  [[ $type =~ ^(v2|v3|v4|v5p|v5litepod|v6e)-([1-9][0-9]*)$ ]]
+  case ${BASH_REMATCH[1]} in
+    v2 | v3 | v4 | v5p) printf '%d' $((BASH_REMATCH[2] / 2)) ;;
+    *) printf '%d' "${BASH_REMATCH[2]}" ;;
   esac
 }
 
@@ -199,6 +213,9 @@ cmd_install() {
 }
 
 cmd_run() {
+  if [[ $DRY_RUN == true ]]; then
+    print_batch_plan python3 "$CONFIG" "$(chips_of "$ACCELERATOR_TYPE")" "${EXTRA_ARGS[@]}"
+  fi
   local args=(--config="$CONFIG" --workdir="$WORKDIR")
   if (($(workers_of "$ACCELERATOR_TYPE") > 1)); then
     args=(--multihost "${args[@]}")

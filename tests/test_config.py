@@ -30,7 +30,19 @@ def test_imagenet100_preset_carries_table1_settings():
   )
   assert c.nonsemantic.enabled and c.nonsemantic.alpha == 2.0
   assert (c.nonsemantic.patch_min, c.nonsemantic.patch_max) == (16, 72)
-  assert c.optim.epochs == 200 and c.optim.lr_recipe == "moco_0.03_b128"
+  # Per chip 128 images at lr 0.03 per 128 (App. C.1): one chip runs the paper's recipe.
+  assert (c.optim.epochs, c.optim.batch_per_chip, c.optim.batch_size, c.optim.lr) == (
+      200,
+      128,
+      128,
+      0.03,
+  )
+  exact = mocov2_patchns.get_config("imagenet100_b128")
+  assert (exact.preset, exact.optim.lr_recipe, exact.optim.batch_per_chip) == (
+      "imagenet100",
+      "moco_0.03_b128",
+      0,
+  )
   assert (c.probe.lr, c.probe.batch_size, c.probe.epochs, tuple(c.probe.decay_epochs)) == (
       10.0,
       128,
@@ -153,7 +165,7 @@ def test_symmetric_queue_must_hold_both_views_keys():
 
 
 def test_lr_recipe_fixes_lr_and_batch():
-  c = mocov2.get_config("imagenet100")
+  c = mocov2.get_config("imagenet100_b128")
   c.data.data_dir = "/data/tfds"
   c.optim.lr = 0.8
   with pytest.raises(config_check.ConfigError, match=r"optim\.lr_recipe.*custom"):

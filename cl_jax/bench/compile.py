@@ -54,7 +54,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from cl_jax import config_check, config_defaults, train
+from cl_jax import batch_plan, config_check, train
 from cl_jax import train_step as step_lib
 from cl_jax.bench import chips, synthetic_step
 from cl_jax.bench import flops as bench_flops
@@ -162,15 +162,15 @@ def target(name: str) -> Target:
 
 
 def for_target(config: ml_collections.ConfigDict, chips_n: int, batch_per_chip: int | None):
-  """`config` with its global batch set to batch_per_chip x chips (the lr recipe made
-  "custom", or the lr scaled from optim.base_lr: the learning rate does not change the
-  program), validated for chips_n devices."""
+  """`config` resolved for chips_n devices as the trainer resolves it (cl_jax.batch_plan):
+  with `batch_per_chip`, at that per-chip batch (the lr recipe made "custom" and the lr scaled
+  linearly: the learning rate does not change the program); without, at the config's own
+  (its optim.batch_per_chip, or its global optim.batch_size); validated for chips_n devices."""
   config = config.copy_and_resolve_references()
   if batch_per_chip is not None:
     config.optim.lr_recipe = "custom"
-    config.optim.batch_size = batch_per_chip * chips_n
-    if "base_lr" in config.optim:  # its lr follows the batch (SimCLR, BYOL, SimSiam presets)
-      config_defaults.scale_lr_with_batch(config.optim, config.optim.base_lr)
+    config.optim.batch_per_chip = batch_per_chip
+  config = batch_plan.resolve(config, chips_n)
   config_check.validate(config, num_devices=chips_n, reads_data=False)
   return config
 

@@ -66,6 +66,8 @@ INERT = {
     "aug.texture_prob": 0.0,
     "data.texture_dir": "",
     "data.folder": "",
+    "optim.batch_per_chip": 0,
+    "optim.lr_reference_batch": 0,
     "data.bad_images": "stop",
     "data.trifeature_max_angle": 45.0,
     "data.trifeature_texture_angle": 360.0,

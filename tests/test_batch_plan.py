@@ -1,0 +1,111 @@
+"""Per-chip batches and the linear lr rule (cl_jax.batch_plan): the presets' reference points,
+the paper's exact recipe by name, the refusals, the trainer's resolved config, and the launch
+scripts' --dry-run line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cl_jax import batch_plan, config_check
+from cl_jax.runtime.errors import UsageError
+from configs import mocov2_patchns, simclr
+from tests import tiny_run
+
+LAUNCH = os.path.join(tiny_run.ROOT, "launch")
+
+
+@pytest.mark.parametrize("chips, batch, lr", [(1, 128, 0.03), (8, 1024, 0.24), (16, 2048, 0.48)])
+def test_the_imagenet100_preset_scales_from_the_papers_reference_point(chips, batch, lr):
+  """Ge et al. 2021, App. C.1: lr 0.03 at batch 128; 128 images per chip, the lr linear in the
+  global batch (Goyal et al. 2017)."""
+  p = batch_plan.plan(mocov2_patchns.get_config("imagenet100"), chips)
+  assert (p["per_chip"], p["global_batch"]) == (128, batch)
+  assert p["lr"] == pytest.approx(lr)
+  resolved = batch_plan.resolve(mocov2_patchns.get_config("imagenet100"), chips)
+  resolved.data.data_dir = "/data/tfds"
+  config_check.validate(resolved, num_devices=chips)
+
+
+def test_a_global_batch_set_on_a_per_chip_preset_is_refused():
+  c = mocov2_patchns.get_config("imagenet100")
+  c.optim.batch_size = 1024
+  with pytest.raises(UsageError, match="optim.batch_size=1024: this config's batch follows"):
+    batch_plan.resolve(c, 8)
+
+
+def test_the_paper_recipe_by_name_keeps_its_batch_on_any_chips():
+  p = batch_plan.plan(mocov2_patchns.get_config("imagenet100_b128"), 8)
+  assert (p["per_chip"], p["global_batch"], p["lr"]) == (16, 128, 0.03)
+
+
+def test_a_base_lr_config_scales_by_its_papers_rule_per_256():
+  """SimCLR (Chen et al. 2020, Sec. B.1): lr 0.3 x B / 256, at 64 images on each of 8 chips."""
+  c = simclr.get_config("imagenet100")
+  c.optim.batch_per_chip = 64
+  resolved = batch_plan.resolve(c, 8)
+  assert resolved.optim.batch_size == 512 and resolved.optim.lr == pytest.approx(0.3 * 512 / 256)
+  resolved.data.data_dir = "/data/tfds"
+  config_check.validate(resolved, num_devices=8)
+
+
+def test_a_named_recipe_with_a_per_chip_batch_is_refused():
+  c = mocov2_patchns.get_config("imagenet100_b128")
+  c.optim.batch_per_chip = 64
+  with pytest.raises(UsageError, match="fixes the batch.*set optim.batch_per_chip=0"):
+    batch_plan.resolve(c, 8)
+  c.data.data_dir = "/data/tfds"
+  with pytest.raises(config_check.ConfigError, match="optim.batch_per_chip"):
+    config_check.validate(c)
+  with pytest.raises(UsageError, match="does not split over 3 chips"):
+    batch_plan.plan(mocov2_patchns.get_config("imagenet100_b128"), 3)
+
+
+@pytest.mark.slow
+def test_the_trainer_stores_the_resolved_batch_and_lr(tmp_path):
+  """A tiny run with 8 images per chip on 2 devices trains at batch 16 and at the lr scaled
+  from the config's (lr, batch 32)."""
+  flags = tiny_run.FLAGS + [
+      "--config.optim.epochs=1",
+      "--config.optim.batch_per_chip=8",
+      "--config.probe.after_pretrain=False",
+      "--config.eval.every=0",
+      "--stop_at_step=1",
+  ]
+  proc = subprocess.run(
+      tiny_run.command(tmp_path / "run", flags),
+      cwd=tiny_run.ROOT,
+      env=tiny_run.env(devices=2),
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  stored = json.loads((tmp_path / "run" / "config.json").read_text())
+  reference = mocov2_patchns.get_config(None).optim.lr
+  assert stored["optim"]["batch_size"] == 16
+  assert stored["optim"]["lr"] == pytest.approx(reference * 16 / 32)
+
+
+def _with_python_path() -> str:
+  return os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+
+
+def test_the_launch_scripts_dry_run_prints_the_plan():
+  env = {**os.environ, "PATH": _with_python_path()}
+  config = "configs/mocov2_patchns.py:imagenet100"
+  tpu = subprocess.run(
+      [os.path.join(LAUNCH, "tpu_vm.sh"), "run", "--dry-run", "--name", "t", "--zone", "z",
+       "--accelerator-type", "v4-32", f"--config={config}", "--workdir", "gs://b/r"],
+      capture_output=True, text=True, env=env, timeout=120, check=True,
+  )  # fmt: skip
+  assert "batch plan: 16 chips: per-chip batch 128, global batch 2048, lr 0.48" in tpu.stderr
+  slurm = subprocess.run(
+      [os.path.join(LAUNCH, "slurm_gpu.sh"), "--dry-run", "--nodes", "2", "--gpus-per-node",
+       "8", "--partition", "p", "--time", "60", f"--config={config}", "--workdir", "/tmp/r",
+       "--venv", "/nonexistent", "--", "--config.optim.batch_per_chip=64"],
+      capture_output=True, text=True, env=env, timeout=120, check=True,
+  )  # fmt: skip
+  assert "batch plan: 16 chips: per-chip batch 64, global batch 1024, lr 0.24" in slurm.stderr
