@@ -110,3 +110,17 @@ print_batch_plan() {
       "${out##*$'\n'}" "$config" "$chips" >&2
   fi
 }
+
+# add_batch_per_chip: with --batch-per-chip N, checks N and appends
+# --config.optim.batch_per_chip=N to EXTRA_ARGS (what follows -- for cl_jax.main).
+add_batch_per_chip() {
+  [[ -n $BATCH_PER_CHIP ]] || return 0
+  [[ $BATCH_PER_CHIP =~ ^[1-9][0-9]*$ ]] || die "--batch-per-chip '$BATCH_PER_CHIP' must be a positive integer"
+  local arg
+  for arg in "${EXTRA_ARGS[@]}"; do
+    if [[ $arg == --config.optim.batch_per_chip=* ]]; then
+      die "'$arg' after -- and --batch-per-chip both set the batch per chip: give one"
+    fi
+  done
+  EXTRA_ARGS+=("--config.optim.batch_per_chip=$BATCH_PER_CHIP")
+}

@@ -32,6 +32,8 @@ Options (OPTION VALUE or OPTION=VALUE):
                         activated on the nodes (required)
   --repo DIR            cl_jax checkout on the shared filesystem, the job's working directory
                         (default: $DEFAULT_REPO)
+  --batch-per-chip N     images per GPU (--config.optim.batch_per_chip=N; the global batch is
+                        N x nodes x GPUs per node and the lr follows it: python -m cl_jax.batch_plan)
   --dry-run             print the commands and the batch script instead of submitting
                         (slurm need not be installed), and on stderr the per-GPU batch,
                         global batch and lr of the run (python -m cl_jax.batch_plan)
@@ -177,8 +179,8 @@ submit() {
 
 parse_args() {
   NODES="" GPUS_PER_NODE="" PARTITION="" TIME="" ACCOUNT="" JOB_NAME="" CONFIG="" WORKDIR=""
-  VENV="" REPO="$DEFAULT_REPO" DRY_RUN=false EXTRA_ARGS=()
-  parse_options "nodes gpus-per-node partition time account job-name config workdir venv repo" \
+  VENV="" REPO="$DEFAULT_REPO" DRY_RUN=false EXTRA_ARGS=() BATCH_PER_CHIP=""
+  parse_options "nodes gpus-per-node partition time account job-name config workdir venv repo batch-per-chip" \
     "dry-run" "$@"
   ((${#POSITIONAL[@]} == 0)) || die "unknown option '${POSITIONAL[0]}' (see --help)"
 }
@@ -190,6 +192,7 @@ absolute() {
 
 main() {
   parse_args "$@"
+  add_batch_per_chip
   [[ -z $WORKDIR ]] || WORKDIR=$(absolute "${WORKDIR%/}")
   [[ -z $VENV ]] || VENV=$(absolute "$VENV")
   REPO=$(absolute "$REPO")

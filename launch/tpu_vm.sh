@@ -50,6 +50,8 @@ Options (OPTION VALUE or OPTION=VALUE):
   --workdir DIR             run directory (run, all): a gs:// path, which multi-worker slices
                             require (every worker writes checkpoints there), or an absolute
                             path on the VM for a single-worker type
+  --batch-per-chip N        images per chip (run, all: --config.optim.batch_per_chip=N; the
+                            global batch is N x chips and the lr follows it)
   --dry-run                 print every command, one per line and shell-quoted, instead of
                             running it (gcloud need not be installed); run and all also print,
                             on stderr, the per-chip batch, global batch and lr of the run
@@ -245,8 +247,8 @@ cmd_all() {
 
 parse_args() {
   SUBCOMMAND="" NAME="" ZONE="" PROJECT="" ACCELERATOR_TYPE="" VERSION="" REPO="$DEFAULT_REPO"
-  CONFIG="" WORKDIR="" SPOT=false PREEMPTIBLE=false DRY_RUN=false EXTRA_ARGS=()
-  parse_options "name zone project accelerator-type version repo config workdir" \
+  CONFIG="" WORKDIR="" SPOT=false PREEMPTIBLE=false DRY_RUN=false EXTRA_ARGS=() BATCH_PER_CHIP=""
+  parse_options "name zone project accelerator-type version repo config workdir batch-per-chip" \
     "spot preemptible dry-run" "$@"
   local word
   for word in "${POSITIONAL[@]}"; do
@@ -263,6 +265,7 @@ parse_args() {
 
 main() {
   parse_args "$@"
+  add_batch_per_chip
   case $SUBCOMMAND in
     create) check_create_options ;;
     install) check_install_options ;;

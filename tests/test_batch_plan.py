@@ -109,3 +109,19 @@ def test_the_launch_scripts_dry_run_prints_the_plan():
       capture_output=True, text=True, env=env, timeout=120, check=True,
   )  # fmt: skip
   assert "batch plan: 16 chips: per-chip batch 64, global batch 1024, lr 0.24" in slurm.stderr
+  # --batch-per-chip passes the per-chip batch to cl_jax.main; v5litepod-16 is 16 chips.
+  tpu = subprocess.run(
+      [os.path.join(LAUNCH, "tpu_vm.sh"), "run", "--dry-run", "--name", "t", "--zone", "z",
+       "--accelerator-type", "v5litepod-16", f"--config={config}", "--workdir", "gs://b/r",
+       "--batch-per-chip", "32"],
+      capture_output=True, text=True, env=env, timeout=120, check=True,
+  )  # fmt: skip
+  assert "batch plan: 16 chips: per-chip batch 32, global batch 512, lr 0.12" in tpu.stderr
+  assert "--config.optim.batch_per_chip=32" in tpu.stdout
+  both = subprocess.run(
+      [os.path.join(LAUNCH, "tpu_vm.sh"), "run", "--dry-run", "--name", "t", "--zone", "z",
+       "--accelerator-type", "v4-8", f"--config={config}", "--workdir", "gs://b/r",
+       "--batch-per-chip", "32", "--", "--config.optim.batch_per_chip=64"],
+      capture_output=True, text=True, env=env, timeout=120, check=False,
+  )  # fmt: skip
+  assert both.returncode != 0 and "give one" in both.stderr

@@ -166,3 +166,31 @@ def test_exported_trifeature_images_read_back_with_their_shape_classes(tmp_path)
     assert train.class_names[label] == trifeature.SHAPES[shapes[n]]
   with pytest.raises(UsageError, match="--label must be one of"):
     export_folder.export(str(tmp_path / "x"), "size", 1, 1, 16)
+
+
+@pytest.mark.slow
+def test_a_folder_run_stopped_mid_epoch_resumes_on_the_same_batches(tmp_path):
+  """80 images in batches of 32: 2 steps per epoch, 2 epochs; one run stops after step 1 (mid
+  epoch 1) and resumes, another runs through: the same losses at every step."""
+  root = make_labelled(tmp_path / "images", per_class=40, val=4)
+  flags = [f for f in tiny_run.FLAGS if not f.startswith("--config.data.trifeature")]
+  flags += [
+      "--config.data.name=folder",
+      f"--config.data.folder={root}",
+      f"--config.data.cache_dir={tmp_path / 'cache'}",
+      "--config.optim.epochs=2",
+      "--config.eval.every=0",
+      "--config.probe.after_pretrain=False",
+  ]
+  losses = {}
+  for name, chunks in (("through", [[]]), ("resumed", [["--stop_at_step=1"], []])):
+    for extra in chunks:
+      proc = tiny_run.start(tmp_path / name, flags + extra)[0]
+      _, err = proc.communicate(timeout=600)
+      assert proc.returncode == 0, err[-3000:]
+    rows = [
+        json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+    ]
+    losses[name] = {r["step"]: r["loss"] for r in rows if "loss" in r}
+  assert sorted(losses["through"]) == [1, 2, 3, 4]
+  assert losses["resumed"] == losses["through"]
