@@ -330,7 +330,7 @@ def test_records_of_different_code_are_refused_and_the_claim_with_them():
   assert c["verdict"] == REFUSED and summary["verdict"] == REFUSED and c["interval"] is None
   assert c["refused"] == (
       "records ns seed 0 (abc1234) and base seed 2 (def5678) come from different code "
-      "(moco differs): run the older one again"
+      "(moco differs): delete the older record and run the study again"
   )
   assert "Refused (shape: ns - base): records ns seed 0" in study_summary.markdown(STUDY, summary)
   del records["base"][2]["code"]

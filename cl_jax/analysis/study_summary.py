@@ -43,8 +43,8 @@ def code_refusal(records: dict, arm_names: Sequence[str], seeds: Sequence[int]) 
       if differ:
         return (
             f"records {a} seed {s} ({r['code']['commit']}) and {b} seed {t} "
-            f"({q['code']['commit']}) come from different code ({differ[0]} differs): run the "
-            "older one again"
+            f"({q['code']['commit']}) come from different code ({differ[0]} differs): delete the "
+            "older record and run the study again"
         )
   return None
 
