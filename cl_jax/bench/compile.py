@@ -15,9 +15,11 @@ not in the memory figures), installed into a folder of their own and named in PY
 
 The step, its state and batch shardings are built by the trainer's own code
 (cl_jax.train.build, cl_jax.train_step, cl_jax.runtime.parallel) on a mesh over the target's
-devices, at the config's global batch (or --batch_per_chip x chips, the learning rate being
-irrelevant to the program), and compiled, not run; so is the evaluation jobs' feature forward
-(cl_jax.evaluators.features) at the probe's batch. Reported per chip:
+devices, at the config's batch as the trainer resolves it on that many chips (its
+optim.batch_per_chip x chips, or its global optim.batch_size; cl_jax.batch_plan), or at
+--batch_per_chip x chips (the learning rate being irrelevant to the program), and compiled,
+not run; so is the evaluation jobs' feature forward (cl_jax.evaluators.features) at the
+probe's batch. Reported per chip:
   - memory: argument, output, aliased (donated), temporary and peak bytes (XLA's buffer
     assignment for the chip, cl_jax.bench.memory.memory_analysis) against the chip's HBM
     (cl_jax.bench.chips); donated bytes against the state's;
@@ -576,7 +578,8 @@ def main(argv):
   with cli.report():
     tgt = target(f.target)
     if f.max_batch:
-      first = f.batch_per_chip or max(1, f.config.optim.batch_size // len(tgt.devices))
+      first = batch_plan.plan(f.config, len(tgt.devices))["per_chip"]  # the config's own
+      first = f.batch_per_chip or first
       result = max_batch(f.config, tgt, first)
       fit = result["fit"]
       text = (
