@@ -129,3 +129,28 @@ def test_a_batch_per_chip_keeps_the_configs_lr_rule():
   assert got.optim.lr == pytest.approx(simclr_config.optim.base_lr * 1024 / 256)
   moco = bench_compile.for_target(mocov2_patchns.get_config("imagenet100"), 8, 64)
   assert moco.optim.batch_size == 512 and moco.optim.lr_recipe == "custom"
+
+
+def test_max_batch_refits_when_the_linear_fit_overshoots(monkeypatch):
+  """Memory that grows faster than linearly (1 GiB + 10 MiB x b + 1 KiB x b^2 here): the line
+  through 64 and 128 images overshoots 80 GiB; the refits through the largest batch that fits
+  and the one that did not end on a batch that fits, within 5% of the true largest."""
+  import types
+
+  gib = 2**30
+
+  def peak(b):
+    return gib + 10 * 2**20 * b + 1024 * b * b
+
+  monkeypatch.setattr(bench_compile, "for_target", lambda config, chips, b: b)
+  monkeypatch.setattr(
+      bench_compile,
+      "analyse",
+      lambda b, tgt, with_eval=True: {"memory": {"peak": peak(b)}, "fits": peak(b) <= 80 * gib},
+  )
+  tgt = types.SimpleNamespace(devices=[0], chip=types.SimpleNamespace(hbm_bytes=80 * gib))
+  config = types.SimpleNamespace(model=types.SimpleNamespace(bn_groups=1))
+  out = bench_compile.max_batch(config, tgt, 64)
+  true_largest = max(b for b in range(1, 20000) if peak(b) <= 80 * gib)
+  assert out["fit"]["refits"] >= 1 and out["checked"]["fits"]
+  assert 0.95 * true_largest <= out["fit"]["config_batch"] <= true_largest

@@ -472,13 +472,18 @@ def analyse_eval(config, tgt: Target, param_elements: int) -> dict:
   }
 
 
+REFITS = 4
+
+
 def max_batch(config, tgt: Target, first: int) -> dict:
   """The largest per-chip batch whose step fits the chip: peaks at `first` and 2 x `first`
   images per chip, a linear fit, then the fitted batch compiled to check it. Returns
   dict(fit, peaks, first: the analysis at `first`, checked: the fitted batch's, None if
   no batch fits). The fitted batch keeps the global batch a multiple of the batch-norm
   groups and is the largest the config accepts (fit["config_batch"]; fit["batch"] is memory's
-  alone)."""
+  alone). Where the fitted batch does not fit, it is refitted on the line through the largest
+  batch that fits and the smallest that does not, up to REFITS times (fit["refits"]; fit then
+  holds the last refit's line), and the largest batch that fits is the result."""
   chips_n = len(tgt.devices)
   peaks, analyses = {}, {}
   for per_chip in (first, 2 * first):
@@ -495,8 +500,40 @@ def max_batch(config, tgt: Target, first: int) -> dict:
       fitted = for_target(config, chips_n, batch)
     except UsageError:
       batch -= step
-  fit["config_batch"] = batch
   checked = analyse(fitted, tgt, False) if fitted is not None else None
+  # A fit extrapolated far past its two batches can overshoot (memory that grows faster than
+  # linearly): refit on the line through the largest batch that fits and the smallest that
+  # does not (regula falsi) until they are within 2% or REFITS compiles.
+  fitting = {b: a for b, a in analyses.items() if a["fits"]}
+  failing = {}
+  if checked is not None and not checked["fits"]:
+    failing[batch] = checked["memory"]["peak"]
+  refits = 0
+  while fitting and failing and refits < REFITS:
+    low, high = max(fitting), min(failing)
+    if high - low <= max(step, 0.02 * low):
+      break
+    refits += 1
+    pair = {low: fitting[low]["memory"]["peak"], high: failing[high]}
+    fit.update(bench_memory.largest_batch(pair, tgt.chip.hbm_bytes, step))
+    candidate, fitted = min(fit["batch"], high - step), None
+    while candidate > low and fitted is None:
+      try:
+        fitted = for_target(config, chips_n, candidate)
+      except UsageError:
+        candidate -= step
+    if fitted is None:  # no batch the config accepts between the two
+      break
+    result = analyse(fitted, tgt, False)
+    peaks[candidate] = result["memory"]["peak"]
+    if result["fits"]:
+      fitting[candidate] = result
+    else:
+      failing[candidate] = result["memory"]["peak"]
+  if failing and fitting:
+    batch = max(fitting)
+    checked = fitting[batch]
+  fit["config_batch"], fit["refits"] = batch, refits
   return {"fit": fit, "peaks": peaks, "first": analyses[first], "checked": checked}
 
 
@@ -584,9 +621,17 @@ def main(argv):
       fit = result["fit"]
       text = (
           f"largest batch per chip on {tgt.name}: {fit['config_batch']} that the config accepts, "
-          f"{fit['batch']} that memory allows (peak = {fit['fixed_bytes'] / 2**30:.2f} GiB + "
-          f"{fit['per_image_bytes'] / 2**20:.1f} MiB per image)"
       )
+      if fit["refits"]:
+        text += (
+            f"after {fit['refits']} refits of the line through the largest batch that fits and "
+            "the smallest that does not (memory grows faster than linearly)"
+        )
+      else:
+        text += (
+            f"{fit['batch']} that memory allows (peak = {fit['fixed_bytes'] / 2**30:.2f} GiB + "
+            f"{fit['per_image_bytes'] / 2**20:.1f} MiB per image)"
+        )
       text += "\n" + report(result["first"])
       if result["checked"]:
         text += "\n" + report(result["checked"])

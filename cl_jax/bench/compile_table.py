@@ -146,7 +146,9 @@ def row(record: dict) -> str:
       if checked
       else "none"
   )
-  if fit["batch"] != fit["config_batch"]:
+  if fit.get("refits"):
+    largest += f"; {fit['refits']} refits"
+  elif fit["batch"] != fit["config_batch"]:
     largest += f"; memory alone {fit['batch']}"
   comms = first["collectives"]
   count = sum(c["count"] for c in comms)
