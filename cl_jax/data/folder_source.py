@@ -18,7 +18,6 @@ cl_jax.data.image_folder does for the evaluators (data.bad_images: "stop" names 
 stops, "skip" decodes every image once and leaves the unreadable ones out, each named).
 """
 
-import concurrent.futures
 import hashlib
 import json
 import os
@@ -141,18 +140,9 @@ class FolderSource:
     self.bad_images = image_folder.check_bad_images(bad_images)
     self.skipped: list[tuple[str, str]] = []
     if self.bad_images == "skip":
-      with concurrent.futures.ThreadPoolExecutor(image_folder.CHECK_THREADS) as pool:
-        reasons = list(pool.map(image_folder.unreadable, self.files))
-      self.skipped = [(f, r) for f, r in zip(self.files, reasons) if r is not None]
-      for path, reason in self.skipped:
-        print(f"warning: skipped unreadable image {path}: {reason}", file=sys.stderr)
-      kept = [i for i, r in enumerate(reasons) if r is None]
-      if not kept:
-        raise DatasetNotFoundError(
-            f"none of the {len(self.files)} images in {folder!r} can be read"
-        )
-      self.files = [self.files[i] for i in kept]
-      labels = [labels[i] for i in kept]
+      self.files, labels, self.skipped = image_folder.drop_unreadable(
+          self.files, labels, repr(folder)
+      )
     self.labels = np.asarray(labels, np.int64)
 
   @property
@@ -165,15 +155,7 @@ class FolderSource:
   def __getitem__(self, i: int) -> dict[str, Any]:
     if not 0 <= i < len(self):
       raise IndexError(f"index {i} out of range for a source of {len(self)} images")
-    path = self.files[i]
-    try:
-      pixels = image_folder.decode(path)
-    except image_folder.DECODE_ERRORS as error:
-      raise image_folder.BadImageError(
-          f"cannot read image {path}: {image_folder.unreadable(path)}. Remove or replace the "
-          "file, or set --config.data.bad_images=skip to leave unreadable images out (each is "
-          "then named in a warning)"
-      ) from error
+    pixels = image_folder.read(self.files[i], "set --config.data.bad_images=skip")
     return {"image": pixels, "label": int(self.labels[i])}
 
   def __repr__(self) -> str:

@@ -86,6 +86,37 @@ def unreadable(path: str) -> str | None:
   return None
 
 
+def read(path: str, how_to_skip: str) -> np.ndarray:
+  """`path` decoded (decode), or BadImageError naming the file, the reason and `how_to_skip`
+  (the flag that leaves unreadable images out)."""
+  try:
+    return decode(path)
+  except DECODE_ERRORS as error:
+    raise BadImageError(
+        f"cannot read image {path}: {_reason(path, error)}. Remove or replace the file, or "
+        f"{how_to_skip} to leave unreadable images out (each is then named in a warning and "
+        "counted in the report)"
+    ) from error
+
+
+def drop_unreadable(files: list[str], labels: list, where: str) -> tuple[list, list, list]:
+  """(readable files, their labels, [(path, reason)] of the unreadable ones): every file
+  decoded once on CHECK_THREADS threads, each unreadable one named in a warning on stderr;
+  DatasetNotFoundError when none of the images in `where` can be read."""
+  with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS) as pool:
+    reasons = list(pool.map(unreadable, files))
+  skipped = [(f, r) for f, r in zip(files, reasons) if r is not None]
+  for path, reason in skipped:
+    print(f"warning: skipped unreadable image {path}: {reason}", file=sys.stderr)
+  if len(skipped) == len(files):
+    path, reason = skipped[0]
+    raise DatasetNotFoundError(
+        f"none of the {len(files)} images in {where} can be read (the first, {path}: {reason})"
+    )
+  kept = [i for i, r in enumerate(reasons) if r is None]
+  return [files[i] for i in kept], [labels[i] for i in kept], skipped
+
+
 class ImageFolderSource:
   """Random-access source over the images `<root>/<class>/*.{jpg,jpeg,png}` (any case).
 
@@ -131,20 +162,7 @@ class ImageFolderSource:
       )
     self.skipped: list[tuple[str, str]] = []
     if self.bad_images == "skip":
-      with concurrent.futures.ThreadPoolExecutor(CHECK_THREADS) as pool:
-        reasons = list(pool.map(unreadable, self.files))
-      self.skipped = [(f, r) for f, r in zip(self.files, reasons) if r is not None]
-      for path, reason in self.skipped:
-        print(f"warning: skipped unreadable image {path}: {reason}", file=sys.stderr)
-      if len(self.skipped) == len(self.files):
-        path, reason = self.skipped[0]
-        raise DatasetNotFoundError(
-            f"none of the {len(self.files)} images of the {len(self.class_names)} classes in "
-            f"{root!r} can be read (the first, {path}: {reason})"
-        )
-      kept = [i for i, r in enumerate(reasons) if r is None]
-      self.files = [self.files[i] for i in kept]
-      labels = [labels[i] for i in kept]
+      self.files, labels, self.skipped = drop_unreadable(self.files, labels, repr(root))
     self.labels = np.asarray(labels, np.int64)
 
   @property
@@ -157,15 +175,7 @@ class ImageFolderSource:
   def __getitem__(self, i: int) -> dict[str, Any]:
     if not 0 <= i < len(self):
       raise IndexError(f"index {i} out of range for a source of {len(self)} images")
-    path = self.files[i]
-    try:
-      pixels = decode(path)
-    except DECODE_ERRORS as error:
-      raise BadImageError(
-          f"cannot read image {path}: {_reason(path, error)}. Remove or replace the file, or "
-          "pass --bad_images=skip to leave unreadable images out (each is then named in a "
-          "warning and counted in the report)"
-      ) from error
+    pixels = read(self.files[i], "pass --bad_images=skip")
     return {"image": pixels, "label": int(self.labels[i])}
 
   def __repr__(self) -> str:
