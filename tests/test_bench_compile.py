@@ -154,3 +154,34 @@ def test_max_batch_refits_when_the_linear_fit_overshoots(monkeypatch):
   true_largest = max(b for b in range(1, 20000) if peak(b) <= 80 * gib)
   assert out["fit"]["refits"] >= 1 and out["checked"]["fits"]
   assert 0.95 * true_largest <= out["fit"]["config_batch"] <= true_largest
+
+
+def test_max_batch_compiles_each_batch_once(monkeypatch):
+  """Linear memory (1 GiB + 55 MiB x b) on a 16 GiB chip fits 256 images with a queue that
+  takes multiples of 128 per chip: the fit rounds down to 2 x 128, which was compiled already
+  and is not compiled again."""
+  import types
+
+  gib = 2**30
+
+  def peak(b):
+    return gib + 55 * 2**20 * b
+
+  compiled = []
+
+  def for_target(config, chips, b):
+    if b % 128:
+      raise bench_compile.UsageError(f"batch {b} is not a multiple of 128")
+    return b
+
+  def analyse(b, tgt, with_eval=True):
+    compiled.append(b)
+    return {"memory": {"peak": peak(b)}, "fits": peak(b) <= 16 * gib}
+
+  monkeypatch.setattr(bench_compile, "for_target", for_target)
+  monkeypatch.setattr(bench_compile, "analyse", analyse)
+  tgt = types.SimpleNamespace(devices=[0], chip=types.SimpleNamespace(hbm_bytes=16 * gib))
+  config = types.SimpleNamespace(model=types.SimpleNamespace(bn_groups=1))
+  out = bench_compile.max_batch(config, tgt, 128)
+  assert out["fit"]["batch"] == 279 and out["fit"]["config_batch"] == 256
+  assert compiled == [128, 256] and out["checked"]["fits"]

@@ -483,7 +483,8 @@ def max_batch(config, tgt: Target, first: int) -> dict:
   groups and is the largest the config accepts (fit["config_batch"]; fit["batch"] is memory's
   alone). Where the fitted batch does not fit, it is refitted on the line through the largest
   batch that fits and the smallest that does not, up to REFITS times (fit["refits"]; fit then
-  holds the last refit's line), and the largest batch that fits is the result."""
+  holds the last refit's line), and the largest batch that fits is the result. A batch is
+  compiled at most once."""
   chips_n = len(tgt.devices)
   peaks, analyses = {}, {}
   for per_chip in (first, 2 * first):
@@ -500,7 +501,14 @@ def max_batch(config, tgt: Target, first: int) -> dict:
       fitted = for_target(config, chips_n, batch)
     except UsageError:
       batch -= step
-  checked = analyse(fitted, tgt, False) if fitted is not None else None
+  # A batch already compiled (the config's queue often rounds the fit down to 2 x `first`) is
+  # not compiled again.
+  if fitted is None:
+    checked = None
+  elif batch in analyses:
+    checked = analyses[batch]
+  else:
+    checked = analyse(fitted, tgt, False)
   # A fit extrapolated far past its two batches can overshoot (memory that grows faster than
   # linearly): refit on the line through the largest batch that fits and the smallest that
   # does not (regula falsi) until they are within 2% or REFITS compiles.
