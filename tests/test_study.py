@@ -264,10 +264,15 @@ def test_a_changed_arm_is_refused_before_anything_is_trained(tmp_path):
     study.run(STUDY, 1, work, results, study_fakes.TINY, only=["nope"], train=None)
 
 
-def _record(metrics: dict, fingerprint=None, commit: str = "abc1234") -> dict:
-  """A record of `metrics` with a code fingerprint (default: one component)."""
-  code = {"commit": commit, "fingerprint": fingerprint or {"moco": [1.5, 2.5]}}
-  return {"metrics": metrics, "code": code}
+ZEN = {"jax": "0.10.2", "xla_flags": "", "cpu": "AMD EPYC", "isa": "avx512f avx2", "cpus": 2}
+
+
+def _record(metrics: dict, fingerprint=None, commit: str = "abc1234", environment=None) -> dict:
+  """A record of `metrics` with a code fingerprint (default: one component), the source digest
+  of `commit` and the processor `environment` (default ZEN)."""
+  code = {"commit": commit, "source_sha256": f"sha-of-{commit}"}
+  code["fingerprint"] = fingerprint or {"moco": [1.5, 2.5]}
+  return {"metrics": metrics, "code": code, "environment": environment or ZEN}
 
 
 def test_slope_of_paired_gains_and_comparisons_without_records():
@@ -336,6 +341,29 @@ def test_records_of_different_code_are_refused_and_the_claim_with_them():
   del records["base"][2]["code"]
   c = study_summary.summarise(STUDY, records)["comparisons"][0]
   assert c["refused"] == "record base seed 2 has no code fingerprint (older code): run it again"
+
+
+def test_processors_differ_in_fingerprints_not_in_code():
+  """The same source on two processors: fingerprints differ in their last bits, the records
+  compare. Other source on other processors cannot be checked: refused."""
+  xeon = dict(ZEN, cpu="Intel Xeon")
+  records = {
+      "base": {s: _record({"shape": v}) for s, v in enumerate((40, 42, 41))},
+      "ns": {s: _record({"shape": v}) for s, v in enumerate((45, 46, 47))},
+  }
+  records["base"][2] = _record({"shape": 41}, {"moco": [1.5, 2.5000002]}, environment=xeon)
+  assert study_summary.summarise(STUDY, records)["verdict"] == REPRODUCED
+  # The same JAX is part of the same code.
+  records["base"][2]["environment"] = dict(xeon, jax="0.10.1")
+  c = study_summary.summarise(STUDY, records)["comparisons"][0]
+  assert c["verdict"] == REFUSED and "other source on other processors" in c["refused"]
+  records["base"][2] = _record({"shape": 41}, commit="def5678", environment=xeon)
+  c = study_summary.summarise(STUDY, records)["comparisons"][0]
+  assert c["refused"] == (
+      "records ns seed 0 (abc1234) and base seed 2 (def5678) come from other source on other "
+      "processors, so their code fingerprints cannot be compared: run the study again from one "
+      "commit or on one processor"
+  )
 
 
 def test_holm_decides_a_claim_of_three_comparisons():

@@ -27,10 +27,26 @@ def _by_seed(records: dict, arm_name: str, metric: str) -> dict[int, float]:
   }
 
 
+def _same_source(r: dict, q: dict) -> bool:
+  """Records trained from the same source (its digest) with the same JAX: the same code,
+  whatever processor ran them."""
+  same_jax = r.get("environment", {}).get("jax") == q.get("environment", {}).get("jax")
+  return same_jax and r["code"].get("source_sha256") == q["code"].get("source_sha256")
+
+
+def _arithmetic(r: dict) -> tuple:
+  """What decides a fingerprint's bits beside the code: JAX, XLA_FLAGS and the processor."""
+  env = r.get("environment", {})
+  return tuple(env.get(k) for k in ("jax", "xla_flags", "cpu", "isa", "cpus"))
+
+
 def code_refusal(records: dict, arm_names: Sequence[str], seeds: Sequence[int]) -> str | None:
-  """One line naming two records of `arm_names` x `seeds` that come from different code (a
-  fingerprint component both hold differs, cl_jax.analysis.fingerprint), or a record without a
-  fingerprint (written by older code); None when they agree."""
+  """One line naming two records of `arm_names` x `seeds` that may come from different code, or
+  a record without a fingerprint (written by older code); None when they agree. Two records
+  agree when they were trained from the same source (digest and JAX version), or, from other
+  source on the same processor, when every fingerprint component both hold is equal
+  (cl_jax.analysis.fingerprint). Fingerprints from different processors differ in their last
+  bits whatever the code, so records from other source on other processors are refused."""
   from cl_jax.analysis import fingerprint
 
   used = [(a, s, records[a][s]) for a in dict.fromkeys(arm_names) for s in seeds]
@@ -39,12 +55,21 @@ def code_refusal(records: dict, arm_names: Sequence[str], seeds: Sequence[int]) 
       return f"record {a} seed {s} has no code fingerprint (older code): run it again"
   for i, (a, s, r) in enumerate(used):
     for b, t, q in used[i + 1 :]:
+      if _same_source(r, q):
+        continue
+      named = (
+          f"records {a} seed {s} ({r['code']['commit']}) and {b} seed {t} ({q['code']['commit']})"
+      )
+      if _arithmetic(r) != _arithmetic(q):
+        return (
+            f"{named} come from other source on other processors, so their code fingerprints "
+            "cannot be compared: run the study again from one commit or on one processor"
+        )
       differ = fingerprint.differing(r["code"]["fingerprint"], q["code"]["fingerprint"])
       if differ:
         return (
-            f"records {a} seed {s} ({r['code']['commit']}) and {b} seed {t} "
-            f"({q['code']['commit']}) come from different code ({differ[0]} differs): delete the "
-            "older record and run the study again"
+            f"{named} come from different code ({differ[0]} differs): delete the older record "
+            "and run the study again"
         )
   return None
 
