@@ -64,3 +64,27 @@ def test_the_source_digest_follows_the_code_and_nothing_else(tmp_path):
   assert fingerprint.source_digest(str(tmp_path))["sha256"] == first["sha256"]
   (tmp_path / "cl_jax" / "step.py").write_text("x = 2\n")
   assert fingerprint.source_digest(str(tmp_path))["sha256"] != first["sha256"]
+
+
+def test_the_commit_is_dirty_only_for_changed_source(tmp_path):
+  """A commit's records (outside cl_jax/ and configs/) rewritten by a study leave the code
+  clean; an edited source file makes it "-dirty"."""
+  import subprocess
+
+  def git(*args):
+    subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+  (tmp_path / "cl_jax").mkdir()
+  (tmp_path / "cl_jax" / "step.py").write_text("x = 1\n")
+  (tmp_path / "seed0.json").write_text("{}\n")
+  git("init", "-q")
+  git("add", ".")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+  head = subprocess.run(
+      ["git", "-C", str(tmp_path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+  ).stdout.strip()
+  assert fingerprint.source_digest(str(tmp_path))["commit"] == head
+  (tmp_path / "seed0.json").write_text('{"a": 1}\n')
+  assert fingerprint.source_digest(str(tmp_path))["commit"] == head
+  (tmp_path / "cl_jax" / "step.py").write_text("x = 2\n")
+  assert fingerprint.source_digest(str(tmp_path))["commit"] == head + "-dirty"

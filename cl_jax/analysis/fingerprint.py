@@ -47,9 +47,10 @@ ADDONS = ("nonsemantic", "ft", "ifm", "hcl", "dicr", "looc")
 
 
 def source_digest(root: str = ROOT) -> dict:
-  """{"sha256": digest of the code, "commit": `git describe --always --dirty` or ""}: the
-  digest covers every file git tracks under SOURCE_DIRS (or, outside a git checkout, every
-  .py file there), read as it is on disk now."""
+  """{"sha256": digest of the code, "commit": the short commit, "-dirty" when a file git tracks
+  under SOURCE_DIRS differs from it, or "" outside a git checkout}: the digest covers every file
+  git tracks under SOURCE_DIRS (or, outside a git checkout, every .py file there), read as it is
+  on disk now. Files outside SOURCE_DIRS (a study's records, the docs) leave both unchanged."""
   listed = subprocess.run(
       ["git", "ls-files", "-z", "--", *SOURCE_DIRS],
       cwd=root,
@@ -72,10 +73,16 @@ def source_digest(root: str = ROOT) -> dict:
     if os.path.isfile(path):
       with open(path, "rb") as f:
         h.update(rel.encode() + b"\0" + f.read() + b"\0")
-  commit = subprocess.run(
-      ["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, check=False
-  ).stdout.decode()
-  return {"sha256": h.hexdigest(), "commit": commit.strip()}
+
+  def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, check=False
+    ).stdout.decode()
+
+  commit = git("rev-parse", "--short", "HEAD").strip()
+  if commit and git("status", "--porcelain", "--untracked-files=no", "--", *SOURCE_DIRS).strip():
+    commit += "-dirty"
+  return {"sha256": h.hexdigest(), "commit": commit}
 
 
 def components(config: ml_collections.ConfigDict) -> list[str]:
