@@ -185,3 +185,47 @@ def test_max_batch_compiles_each_batch_once(monkeypatch):
   out = bench_compile.max_batch(config, tgt, 128)
   assert out["fit"]["batch"] == 279 and out["fit"]["config_batch"] == 256
   assert compiled == [128, 256] and out["checked"]["fits"]
+
+
+def test_max_batch_searches_below_a_batch_the_tpu_compiler_refuses(monkeypatch):
+  """A TPU compiler refuses every program over 16 GiB (no peak to fit a line through): the
+  config's 128 images per chip are refused, 64 fit, and halving the gap finds a batch within
+  one step of the true largest (1 GiB + 150 MiB x b: 102) in REFITS + 1 more compiles, none
+  compiled twice."""
+  import types
+
+  gib = 2**30
+
+  def peak(b):
+    return gib + 150 * 2**20 * b
+
+  compiled = []
+
+  def analyse(b, tgt, with_eval=True):
+    compiled.append(b)
+    if peak(b) > 16 * gib:
+      return {"memory": None, "fits": False, "out_of_memory": "Ran out of memory on HBM"}
+    return {"memory": {"peak": peak(b)}, "fits": True}
+
+  monkeypatch.setattr(bench_compile, "for_target", lambda config, chips, b: b)
+  monkeypatch.setattr(bench_compile, "analyse", analyse)
+  tgt = types.SimpleNamespace(devices=[0], chip=types.SimpleNamespace(hbm_bytes=16 * gib))
+  config = types.SimpleNamespace(model=types.SimpleNamespace(bn_groups=1))
+  out = bench_compile.max_batch(config, tgt, 128)
+  true_largest = max(b for b in range(1, 1000) if peak(b) <= 16 * gib)
+  assert true_largest == 102 and out["first"]["out_of_memory"]
+  assert compiled[:2] == [128, 64] and len(compiled) == len(set(compiled))
+  assert len(compiled) <= 2 + bench_compile.REFITS + 1
+  assert out["checked"]["fits"] and true_largest - 2 <= out["fit"]["config_batch"] <= true_largest
+  # Nothing fits: no batch, no line.
+  monkeypatch.setattr(
+      bench_compile,
+      "analyse",
+      lambda b, tgt, with_eval=True: {
+          "memory": None,
+          "fits": False,
+          "out_of_memory": "Ran out of memory on HBM",
+      },
+  )
+  out = bench_compile.max_batch(config, tgt, 4)
+  assert out["checked"] is None and out["fit"] is None

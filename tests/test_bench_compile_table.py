@@ -79,6 +79,33 @@ def test_rows_sum_the_collectives_and_show_the_fitted_batch():
   assert "at commit `abc1234` on AMD EPYC, 2 cores" in table
 
 
+def test_a_preset_out_of_hbm_shows_the_largest_batch_that_fits():
+  """A TPU compile of the preset's batch refused for HBM: the row says so and shows the
+  communication and FLOPs of the largest batch that fits, naming its batch."""
+  refused = {"batch_per_chip": 128, "memory": None, "hbm_bytes": 16 * GIB, "fits": False}
+  record = {
+      "config": "configs/byol.py:imagenet100",
+      "target": "v5e:2x2",
+      "result": {
+          "first": refused,
+          "checked": _analysis(96, 15.1),
+          "fit": {"batch": None, "config_batch": 96, "refits": 3},
+      },
+  }
+  cells = [c.strip() for c in compile_table.row(record).strip("|").split("|")]
+  assert cells[2:] == [
+      "no: out of HBM",
+      "over 16.0 (batch 128)",
+      "96 (15.1 GiB, fits); 3 refits",
+      "6, 62.5 MB (batch 96)",
+      "1",
+      "41.2 (40.0)",
+  ]
+  record["result"].update(checked=None, fit=None)
+  cells = [c.strip() for c in compile_table.row(record).strip("|").split("|")]
+  assert cells[2:5] == ["no: out of HBM", "over 16.0 (batch 128)", "none"]
+
+
 def test_the_queue_writes_a_record_per_cell_and_keeps_it(tmp_path):
   out = tmp_path / "compile"
   command = [

@@ -398,9 +398,34 @@ def analyse(config, tgt: Target, with_eval: bool = True) -> dict:
   """Compile the lean train step of `config` for `tgt` and read it (module docstring); with
   `with_eval`, the evaluation forward too (result["eval"])."""
   chips_n = len(tgt.devices)
+  batch = config.optim.batch_size
+  head = {
+      "target": tgt.name,
+      "chip": tgt.chip.name,
+      "chips": chips_n,
+      "hosts": tgt.hosts,
+      "preset": config.get("preset", ""),
+      "global_batch": batch,
+      "batch_per_chip": batch // chips_n,
+  }
   start = time.perf_counter()
   lowered, state = lower_step(config, tgt.devices)
-  compiled = lowered.compile()
+  param_elements = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state.params))
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    # The TPU compiler refuses a program that does not fit the chip's HBM.
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    return {
+        **head,
+        "compile_s": round(time.perf_counter() - start, 1),
+        "out_of_memory": str(e).strip().splitlines()[0].split("RESOURCE_EXHAUSTED: ")[-1],
+        "memory": None,
+        "hbm_bytes": tgt.chip.hbm_bytes,
+        "fits": False,
+        "eval": analyse_eval(config, tgt, param_elements) if with_eval else None,
+    }
   compile_s = time.perf_counter() - start
   memory = bench_memory.memory_analysis(compiled)
   cost = compiled.cost_analysis() or {}
@@ -419,8 +444,6 @@ def analyse(config, tgt: Target, with_eval: bool = True) -> dict:
       for s in jax.tree.leaves(state)
   )
   insts = instructions(compiled.as_text())
-  param_elements = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state.params))
-  batch = config.optim.batch_size
   flops = float(cost.get("flops", 0.0))
   try:
     analytic = bench_flops.step_flops_per_image(config)["per_image"]
@@ -429,13 +452,7 @@ def analyse(config, tgt: Target, with_eval: bool = True) -> dict:
   accessed = float(cost.get("bytes accessed", 0.0))
   bound_s = max(flops / tgt.chip.peak_bf16_flops, accessed / tgt.chip.hbm_bytes_per_s)
   return {
-      "target": tgt.name,
-      "chip": tgt.chip.name,
-      "chips": chips_n,
-      "hosts": tgt.hosts,
-      "preset": config.get("preset", ""),
-      "global_batch": batch,
-      "batch_per_chip": batch // chips_n,
+      **head,
       "compile_s": round(compile_s, 1),
       "memory": memory,
       "hbm_bytes": tgt.chip.hbm_bytes,
@@ -476,83 +493,90 @@ REFITS = 4
 
 
 def max_batch(config, tgt: Target, first: int) -> dict:
-  """The largest per-chip batch whose step fits the chip: peaks at `first` and 2 x `first`
-  images per chip, a linear fit, then the fitted batch compiled to check it. Returns
-  dict(fit, peaks, first: the analysis at `first`, checked: the fitted batch's, None if
-  no batch fits). The fitted batch keeps the global batch a multiple of the batch-norm
-  groups and is the largest the config accepts (fit["config_batch"]; fit["batch"] is memory's
-  alone). Where the fitted batch does not fit, it is refitted on the line through the largest
-  batch that fits and the smallest that does not, up to REFITS times (fit["refits"]; fit then
-  holds the last refit's line), and the largest batch that fits is the result. A batch is
-  compiled at most once."""
+  """The largest per-chip batch whose step fits the chip. Compiles `first` (the config's batch)
+  and 2 x `first`; where `first` does not fit, halves it until a batch does. Then narrows the
+  gap between the largest batch that fits and the smallest that does not, up to REFITS more
+  compiles: on the line through two peaks (the two batches that fit while none fails; the
+  batches either side once one fails, regula falsi), or halfway between them where the TPU
+  compiler refused the batch that does not fit (its peak unknown). Each candidate is the
+  largest batch the config accepts (fit["config_batch"]: MoCo's queue holds a whole number of
+  global batches, the global batch a multiple of the batch-norm groups); a batch is compiled at
+  most once; the search ends within 2% (or one step of the groups). Returns dict(fit: the last
+  line, {fixed_bytes, per_image_bytes, batch: memory's alone} or None where no line was drawn,
+  with config_batch and refits; peaks {batch: bytes} of the batches that compiled; first: the
+  analysis at `first`; checked: the largest batch's that fits, None if none does)."""
   chips_n = len(tgt.devices)
-  peaks, analyses = {}, {}
-  for per_chip in (first, 2 * first):
-    analyses[per_chip] = analyse(for_target(config, chips_n, per_chip), tgt, per_chip == first)
-    peaks[per_chip] = analyses[per_chip]["memory"]["peak"]
   groups = max(config.model.bn_groups, 1)
   step = groups // math.gcd(groups, chips_n)
-  fit = bench_memory.largest_batch(peaks, tgt.chip.hbm_bytes, step)
-  # The largest batch within the fit that the config accepts (MoCo's queue holds a whole
-  # number of global batches, for one): fit["config_batch"].
-  batch, fitted = fit["batch"], None
-  while batch > 0 and fitted is None:
-    try:
-      fitted = for_target(config, chips_n, batch)
-    except UsageError:
-      batch -= step
-  # A batch already compiled (the config's queue often rounds the fit down to 2 x `first`) is
-  # not compiled again.
-  if fitted is None:
-    checked = None
-  elif batch in analyses:
-    checked = analyses[batch]
-  else:
-    checked = analyse(fitted, tgt, False)
-  # A fit extrapolated far past its two batches can overshoot (memory that grows faster than
-  # linearly): refit on the line through the largest batch that fits and the smallest that
-  # does not (regula falsi) until they are within 2% or REFITS compiles.
-  fitting = {b: a for b, a in analyses.items() if a["fits"]}
-  failing = {}
-  if checked is not None and not checked["fits"]:
-    failing[batch] = checked["memory"]["peak"]
-  refits = 0
-  while fitting and failing and refits < REFITS:
-    low, high = max(fitting), min(failing)
-    if high - low <= max(step, 0.02 * low):
-      break
-    refits += 1
-    pair = {low: fitting[low]["memory"]["peak"], high: failing[high]}
-    fit.update(bench_memory.largest_batch(pair, tgt.chip.hbm_bytes, step))
-    candidate, fitted = min(fit["batch"], high - step), None
-    while candidate > low and fitted is None:
+  analyses = {}
+
+  def compile_at(b: int) -> dict:
+    analyses[b] = analyse(for_target(config, chips_n, b), tgt, b == first)
+    return analyses[b]
+
+  def accepted(b: int, above: int) -> int | None:
+    """The largest batch in (above, b] that the config accepts, or None."""
+    while b > above:
       try:
-        fitted = for_target(config, chips_n, candidate)
+        for_target(config, chips_n, b)
+        return b
       except UsageError:
-        candidate -= step
-    if fitted is None:  # no batch the config accepts between the two
+        b -= step
+    return None
+
+  b = first
+  while not compile_at(b)["fits"]:
+    b = accepted(b // 2, 0)
+    if b is None:
+      return {"fit": None, "peaks": {}, "first": analyses[first], "checked": None}
+  if b == first:
+    compile_at(2 * first)
+  fit, searched = None, 0
+  while searched <= REFITS:
+    peaks = {b: a["memory"]["peak"] for b, a in analyses.items() if a["memory"]}
+    low = max(b for b, a in analyses.items() if a["fits"])
+    failing = [b for b, a in analyses.items() if not a["fits"]]
+    high = min(failing) if failing else None
+    if high is None and searched:  # the fitted batch fits: the line holds
       break
-    result = analyse(fitted, tgt, False)
-    peaks[candidate] = result["memory"]["peak"]
-    if result["fits"]:
-      fitting[candidate] = result
+    if high is not None and high - low <= max(step, 0.02 * low):
+      break
+    if high is None or high in peaks:
+      line = sorted(peaks)[-2:] if high is None else [low, high]
+      fit = bench_memory.largest_batch({x: peaks[x] for x in line}, tgt.chip.hbm_bytes, step)
+      guess = fit["batch"] if high is None else min(fit["batch"], high - step)
     else:
-      failing[candidate] = result["memory"]["peak"]
-  if failing and fitting:
-    batch = max(fitting)
-    checked = fitting[batch]
-  fit["config_batch"], fit["refits"] = batch, refits
-  return {"fit": fit, "peaks": peaks, "first": analyses[first], "checked": checked}
+      guess = (low + high) // 2 // step * step
+    candidate = accepted(guess, low)
+    if candidate is None or candidate in analyses:
+      break
+    searched += 1
+    compile_at(candidate)
+  refits = max(searched - 1, 0)
+  peaks = {b: a["memory"]["peak"] for b, a in analyses.items() if a["memory"]}
+  best = max(b for b, a in analyses.items() if a["fits"])
+  fit = dict(fit or {"fixed_bytes": None, "per_image_bytes": None, "batch": None})
+  fit.update(config_batch=best, refits=refits)
+  return {"fit": fit, "peaks": peaks, "first": analyses[first], "checked": analyses[best]}
 
 
 def report(result: dict) -> str:
   """The analysis as text."""
   gib = 2**30
   m = result["memory"]
-  lines = [
+  head = (
       f"{result['target']}: {result['chips']} x {result['chip']} on {result['hosts']} host(s), "
       f"global batch {result['global_batch']} ({result['batch_per_chip']} per chip), "
-      f"compiled in {result['compile_s']} s",
+      f"compiled in {result['compile_s']} s"
+  )
+  if m is None:
+    lines = [
+        head.replace("compiled in", "refused after"),
+        f"  DOES NOT FIT: the compiler ran out of HBM ({result['out_of_memory']})",
+    ]
+    return "\n".join(lines + _eval_lines(result["eval"]))
+  lines = [
+      head,
       f"  memory per chip: peak {m['peak'] / gib:.2f} GiB of {result['hbm_bytes'] / gib:.1f} GiB "
       f"({'fits' if result['fits'] else 'DOES NOT FIT'}); arguments {m['argument'] / gib:.2f}, "
       f"outputs {m['output'] / gib:.2f}, donated {m['alias'] / gib:.2f} (state "
@@ -585,19 +609,23 @@ def report(result: dict) -> str:
       + (f", e.g. {next(iter(default))}" if default else "")
   )
   lines.append(f"  float64 values: {cen['float64']}; host transfers: {cen['host'] or 'none'}")
-  ev = result["eval"]
+  return "\n".join(lines + _eval_lines(result["eval"]))
+
+
+def _eval_lines(ev: dict | None) -> list[str]:
+  """The evaluation forward's lines of report()."""
   if ev is None:
-    return "\n".join(lines)
+    return []
+  gib = 2**30
   eval_comms = ", ".join(f"{c['kind']} {c['dtype']} {c['purpose']}" for c in ev["collectives"])
   eval_products = ", ".join(f"{k}: {v}" for k, v in ev["census"]["products"].items())
-  lines += [
+  return [
       f"  evaluation forward (batch {ev['global_batch']}, {ev['batch_per_chip']} per chip), "
       f"compiled in {ev['compile_s']} s: peak {ev['memory']['peak'] / gib:.2f} GiB "
       f"({'fits' if ev['fits'] else 'DOES NOT FIT'}); collectives: {eval_comms or 'none'}",
       f"    convolutions and dots by operand dtypes: {eval_products or 'none'}; float64 "
       f"values: {ev['census']['float64']}; host transfers: {ev['census']['host'] or 'none'}",
   ]
-  return "\n".join(lines)
 
 
 def _define_flags():
@@ -627,17 +655,20 @@ def main(argv):
       first = f.batch_per_chip or first
       result = max_batch(f.config, tgt, first)
       fit = result["fit"]
-      text = (
-          f"largest batch per chip on {tgt.name}: {fit['config_batch']} that the config accepts, "
-      )
-      if fit["refits"]:
-        text += (
-            f"after {fit['refits']} refits of the line through the largest batch that fits and "
-            "the smallest that does not (memory grows faster than linearly)"
-        )
+      if fit is None:
+        text = f"no batch per chip that the config accepts fits {tgt.name}"
       else:
+        text = (
+            f"largest batch per chip on {tgt.name}: {fit['config_batch']} that the config accepts"
+        )
+      if fit and fit["refits"]:
         text += (
-            f"{fit['batch']} that memory allows (peak = {fit['fixed_bytes'] / 2**30:.2f} GiB + "
+            f", after {fit['refits']} more compiles between the largest batch that fits and the "
+            "smallest that does not"
+        )
+      elif fit and fit["batch"]:
+        text += (
+            f", {fit['batch']} that memory allows (peak = {fit['fixed_bytes'] / 2**30:.2f} GiB + "
             f"{fit['per_image_bytes'] / 2**20:.1f} MiB per image)"
         )
       text += "\n" + report(result["first"])

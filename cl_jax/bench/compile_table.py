@@ -13,10 +13,11 @@ results/), the processor that compiled it, the command, its wall time and the co
 or the last line of its error. Cells
 whose record exists are kept, so a stopped queue resumes where it stopped. Then OUT/table.md
 is written from every record in OUT (docs/benchmarks.md includes it): per cell, whether it
-compiles, the peak memory per chip at the preset's batch against the chip's, the largest
-per-chip batch (the checked compile's peak), the collectives of one step with their bytes per
-chip (any not needed by data parallelism counted as unexpected), and FLOPs per image, compiled
-and analytic.
+compiles (a TPU compiler refuses a program larger than the chip's HBM: "no: out of HBM"), the
+peak memory per chip at the preset's batch against the chip's, the largest per-chip batch that
+fits (its compile's peak), the collectives of one step with their bytes per chip (any not needed
+by data parallelism counted as unexpected), and FLOPs per image, compiled and analytic; the last
+two at the preset's batch, or at the largest batch that fits where the preset's does not.
 """
 
 import json
@@ -133,13 +134,17 @@ def row(record: dict) -> str:
   if "failed" in record:
     return "| " + " | ".join(cells + [f"no: {record['failed']}"] + [""] * 5) + " |"
   result = record["result"]
-  first, checked, fit = result["first"], result["checked"], result["fit"]
+  first, checked, fit = result["first"], result["checked"], result["fit"] or {}
   m = first["memory"]
-  fits = "yes" if first["fits"] else "compiles, does not fit"
-  peak = (
-      f"{m['peak'] / GIB:.2f} of {first['hbm_bytes'] / GIB:.1f} "
-      f"(batch {first['batch_per_chip']})"
-  )
+  if m is None:  # the TPU compiler refused it: out of HBM
+    fits = "no: out of HBM"
+    peak = f"over {first['hbm_bytes'] / GIB:.1f} (batch {first['batch_per_chip']})"
+  else:
+    fits = "yes" if first["fits"] else "compiles, does not fit"
+    peak = (
+        f"{m['peak'] / GIB:.2f} of {first['hbm_bytes'] / GIB:.1f} "
+        f"(batch {first['batch_per_chip']})"
+    )
   largest = (
       f"{checked['batch_per_chip']} ({checked['memory']['peak'] / GIB:.1f} GiB, "
       f"{'fits' if checked['fits'] else 'does not fit'})"
@@ -148,14 +153,19 @@ def row(record: dict) -> str:
   )
   if fit.get("refits"):
     largest += f"; {fit['refits']} refits"
-  elif fit["batch"] != fit["config_batch"]:
+  elif fit.get("batch") and fit["batch"] != fit["config_batch"]:
     largest += f"; memory alone {fit['batch']}"
-  comms = first["collectives"]
+  # Communication and FLOPs at the preset's batch, or at the largest that fits where the
+  # preset's does not compile.
+  if m is None and checked is None:
+    return "| " + " | ".join(cells + [fits, peak, largest, "", "", ""]) + " |"
+  shown = first if m is not None else checked
+  comms = shown["collectives"]
   count = sum(c["count"] for c in comms)
   megabytes = sum(c["bytes"] for c in comms) / 1e6
   unexpected = sum(c["count"] for c in comms if c["purpose"] == "unexpected")
-  analytic = first["analytic_flops_per_image"]
-  gflops = f"{first['flops_per_image'] / 1e9:.1f}" + (
+  analytic = shown["analytic_flops_per_image"]
+  gflops = f"{shown['flops_per_image'] / 1e9:.1f}" + (
       f" ({analytic / 1e9:.1f})" if analytic else " (no count)"
   )
   return (
@@ -166,7 +176,8 @@ def row(record: dict) -> str:
               fits,
               peak,
               largest,
-              f"{count}, {megabytes:.1f} MB",
+              f"{count}, {megabytes:.1f} MB"
+              + ("" if shown is first else f" (batch {shown['batch_per_chip']})"),
               str(unexpected),
               gflops,
           ]
