@@ -101,6 +101,12 @@ def test_a_preset_out_of_hbm_shows_the_largest_batch_that_fits():
       "1",
       "41.2 (40.0)",
   ]
+  # The largest batch recomputes activations to fit: more FLOPs per image than the preset's.
+  fits = dict(record["result"], first=_analysis(128, 9.0), checked=_analysis(256, 15.2))
+  fits["checked"]["flops_per_image"] = 47.5e9
+  cells = [c.strip() for c in compile_table.row(dict(record, result=fits)).strip("|").split("|")]
+  assert cells[4] == "256 (15.2 GiB, fits); 3 refits; 47.5 GFLOP per image (recomputed to fit)"
+  assert cells[7] == "41.2 (40.0)"
   record["result"].update(checked=None, fit=None)
   cells = [c.strip() for c in compile_table.row(record).strip("|").split("|")]
   assert cells[2:5] == ["no: out of HBM", "over 16.0 (batch 128)", "none"]
