@@ -229,3 +229,13 @@ def test_max_batch_searches_below_a_batch_the_tpu_compiler_refuses(monkeypatch):
   )
   out = bench_compile.max_batch(config, tgt, 4)
   assert out["checked"] is None and out["fit"] is None
+
+
+def test_a_refused_batch_reports_in_one_line_why():
+  refused = {"target": "v5e:2x2", "chips": 4, "chip": "TPU v5e", "hosts": 1, "global_batch": 2048}
+  refused.update(batch_per_chip=512, compile_s=61.2, memory=None, eval=None)
+  refused["out_of_memory"] = "Ran out of memory on HBM"
+  assert bench_compile.report(refused).splitlines() == [
+      "v5e:2x2: 4 x TPU v5e on 1 host(s), global batch 2048 (512 per chip), refused after 61.2 s",
+      "  DOES NOT FIT: the compiler ran out of HBM (Ran out of memory on HBM)",
+  ]

@@ -34,12 +34,6 @@ def _same_source(r: dict, q: dict) -> bool:
   return same_jax and r["code"].get("source_sha256") == q["code"].get("source_sha256")
 
 
-def _arithmetic(r: dict) -> tuple:
-  """What decides a fingerprint's bits beside the code: JAX, XLA_FLAGS and the processor."""
-  env = r.get("environment", {})
-  return tuple(env.get(k) for k in ("jax", "xla_flags", "cpu", "isa", "cpus"))
-
-
 def code_refusal(records: dict, arm_names: Sequence[str], seeds: Sequence[int]) -> str | None:
   """One line naming two records of `arm_names` x `seeds` that may come from different code, or
   a record without a fingerprint (written by older code); None when they agree. Two records
@@ -60,7 +54,9 @@ def code_refusal(records: dict, arm_names: Sequence[str], seeds: Sequence[int]) 
       named = (
           f"records {a} seed {s} ({r['code']['commit']}) and {b} seed {t} ({q['code']['commit']})"
       )
-      if _arithmetic(r) != _arithmetic(q):
+      # The environment (cl_jax.analysis.study_records.environment: JAX, XLA_FLAGS, the
+      # processor) decides a fingerprint's bits beside the code.
+      if r.get("environment") != q.get("environment"):
         return (
             f"{named} come from other source on other processors, so their code fingerprints "
             "cannot be compared: run the study again from one commit or on one processor"

@@ -510,6 +510,10 @@ def max_batch(config, tgt: Target, first: int) -> dict:
   step = groups // math.gcd(groups, chips_n)
   analyses = {}
 
+  def known_peaks() -> dict[int, int]:
+    """{batch: peak bytes} of the batches that compiled."""
+    return {x: a["memory"]["peak"] for x, a in analyses.items() if a["memory"]}
+
   def compile_at(b: int) -> dict:
     analyses[b] = analyse(for_target(config, chips_n, b), tgt, b == first)
     return analyses[b]
@@ -533,9 +537,9 @@ def max_batch(config, tgt: Target, first: int) -> dict:
     compile_at(2 * first)
   fit, searched = None, 0
   while searched <= REFITS:
-    peaks = {b: a["memory"]["peak"] for b, a in analyses.items() if a["memory"]}
-    low = max(b for b, a in analyses.items() if a["fits"])
-    failing = [b for b, a in analyses.items() if not a["fits"]]
+    peaks = known_peaks()
+    low = max(x for x, a in analyses.items() if a["fits"])
+    failing = [x for x, a in analyses.items() if not a["fits"]]
     high = min(failing) if failing else None
     if high is None and searched:  # the fitted batch fits: the line holds
       break
@@ -552,12 +556,10 @@ def max_batch(config, tgt: Target, first: int) -> dict:
       break
     searched += 1
     compile_at(candidate)
-  refits = max(searched - 1, 0)
-  peaks = {b: a["memory"]["peak"] for b, a in analyses.items() if a["memory"]}
-  best = max(b for b, a in analyses.items() if a["fits"])
+  best = max(x for x, a in analyses.items() if a["fits"])
   fit = dict(fit or {"fixed_bytes": None, "per_image_bytes": None, "batch": None})
-  fit.update(config_batch=best, refits=refits)
-  return {"fit": fit, "peaks": peaks, "first": analyses[first], "checked": analyses[best]}
+  fit.update(config_batch=best, refits=max(searched - 1, 0))
+  return {"fit": fit, "peaks": known_peaks(), "first": analyses[first], "checked": analyses[best]}
 
 
 def report(result: dict) -> str:
@@ -567,13 +569,10 @@ def report(result: dict) -> str:
   head = (
       f"{result['target']}: {result['chips']} x {result['chip']} on {result['hosts']} host(s), "
       f"global batch {result['global_batch']} ({result['batch_per_chip']} per chip), "
-      f"compiled in {result['compile_s']} s"
+      f"{'compiled in' if m else 'refused after'} {result['compile_s']} s"
   )
   if m is None:
-    lines = [
-        head.replace("compiled in", "refused after"),
-        f"  DOES NOT FIT: the compiler ran out of HBM ({result['out_of_memory']})",
-    ]
+    lines = [head, f"  DOES NOT FIT: the compiler ran out of HBM ({result['out_of_memory']})"]
     return "\n".join(lines + _eval_lines(result["eval"]))
   lines = [
       head,
