@@ -221,6 +221,17 @@ def test_measure_times_pipeline_and_loops_and_prints_the_ratio(folder):
   assert "fastest faithful:" in text
 
 
+def test_steady_rate_leaves_out_the_batches_held_ready():
+  """Ten batches of 4 that the workers held ready arrive within 10 ms, then ten more one per
+  second: 4 img/s, where the whole run's rate would say 80 / 10.01 s, about 8."""
+  arrivals = [0.0] + [0.001 * k for k in range(1, 11)] + [0.01 + k for k in range(1, 11)]
+  assert bench_input.steady_rate(arrivals, 4) == pytest.approx(4.0)
+  # A pipeline that held nothing ready: the later half's rate is the whole run's.
+  assert bench_input.steady_rate([0.0, 0.5, 1.0, 1.5, 2.0], 8) == pytest.approx(16.0)
+  # Too few batches in the later half: the whole run.
+  assert bench_input.steady_rate([0.0, 0.001, 10.0], 4) == pytest.approx(0.8)
+
+
 def test_worker_counts():
   c = _tiny_config()
   assert bench_input.worker_counts(c, cpus=2) == [0, 1, 2]

@@ -177,6 +177,13 @@ def test_report_names_failed_parts():
   assert "2.20 against 2: met." in text and "### JPEG end to end\n\nfailed: no PIL" in text
 
 
+def test_the_device_is_named_from_any_part():
+  assert bench_report._device_name({"jpeg": {"failed": "x"}, "step": STEP}) == "NVIDIA H100 80GB HBM3"
+  jpeg = {"setup": "moco ...", "device_kind": "NVIDIA H200", "pipeline": []}
+  assert bench_report._device_name({"jpeg": jpeg}) == "NVIDIA H200"
+  assert bench_report._device_name({"jpeg": {"failed": "x"}}).startswith("an unknown device")
+
+
 @pytest.mark.slow
 def test_the_one_command_runs_every_part_on_cpu(tmp_path):
   env = dict(os.environ)

@@ -123,6 +123,25 @@ def test_op_events_keep_the_device_lines_and_the_module(tmp_path):
   assert step_profile.op_events(path, "jit_train_step") == [("dot.4", 5.0)]
 
 
+def test_kernels_inside_a_cuda_graph_are_named_by_their_instruction(tmp_path):
+  """XLA's GPU runtime launches most of a step's kernels inside CUDA graphs: their events'
+  hlo_op names the graph ("command_buffer_N") and the kernel is named after its instruction
+  with "_" for "." (loop_fusion_2 for loop_fusion.2), as on an H200."""
+  path = str(tmp_path / "t.json.gz")
+  graph = {"hlo_op": "command_buffer_1", "hlo_module": "jit_train_step", "cuda_graph_id": "5"}
+  events = [
+      {"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 4.0, "name": "loop_fusion_2", "args": graph},
+      _event(1, "cudnn-conv.1", 6.0),  # launched on its own: hlo_op names it
+  ]
+  _write_trace(path, events, {1: "/device:GPU:0"})
+  got = step_profile.op_events(path, "jit_train_step")
+  assert got == [("loop_fusion_2", 4.0), ("cudnn-conv.1", 6.0)]
+  s = step_profile.summarise(got, step_profile.hlo_instructions(HLO), steps=1)
+  assert s["by_kind"] == {"convolution": 0.006, "fusion": 0.004}
+  assert s["by_phase"] == {"augmentation": 0.004, "online forward": 0.006}
+  assert s["unmatched_ms_per_step"] == 0.0
+
+
 def test_summary_adds_up_by_phase_and_kind_per_step():
   ins = step_profile.hlo_instructions(HLO)
   events = [

@@ -112,10 +112,10 @@ def measure(config: ml_collections.ConfigDict, rounds: int, steps: int) -> dict:
   batch = config.optim.batch_size
   step, state, data = synthetic_step.build(config, 1)
   sup, sup_state, sup_data = supervised_step(config)
-  compiled = step.lower(state, data).compile()
-  sup_compiled = sup.lower(sup_state, sup_data).compile()
-  flops = synthetic_step.step_flops(compiled)
-  sup_flops = synthetic_step.step_flops(sup_compiled)
+  lowered, sup_lowered = step.lower(state, data), sup.lower(sup_state, sup_data)
+  compiled, sup_compiled = lowered.compile(), sup_lowered.compile()
+  flops = synthetic_step.step_flops(lowered, 1)
+  sup_flops = synthetic_step.step_flops(sup_lowered, 1)
   state, _ = _round_time(compiled, state, data, 2)  # warm-up
   sup_state, _ = _round_time(sup_compiled, sup_state, sup_data, 2)
   times, sup_times = [], []

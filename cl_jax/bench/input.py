@@ -49,15 +49,32 @@ from cl_jax.data import pipeline
 from cl_jax.runtime import parallel
 
 
+def steady_rate(arrivals: list[float], batch: int) -> float:
+  """img/s of a pipeline in its steady state, from the times at which consecutive batches
+  arrived (arrivals[0]: the time the timed run began, arrivals[k]: batch k's arrival): the rate
+  over the later half of the run's time. Batches that the workers had ready when the run began
+  arrive at once, and a rate over the whole run would count them as produced in no time; they
+  all arrive in the earlier half where the run is long enough to hold more batches than they
+  (pipeline_rate times at least 4 per process that decodes). Falls back to the whole run where
+  fewer than two batches arrived in the later half."""
+  middle = (arrivals[0] + arrivals[-1]) / 2
+  first = next(k for k, t in enumerate(arrivals) if t >= middle)
+  if len(arrivals) - 1 - first < 2:
+    first = 0
+  return batch * (len(arrivals) - 1 - first) / (arrivals[-1] - arrivals[first])
+
+
 def pipeline_rate(source, config, workers: int, batches: int) -> dict:
   """img/s of the pretraining pipeline alone over `source` with `workers` grain workers.
 
-  The timing covers `batches` batches after max(2, workers + 1) untimed ones (worker start-up
-  and the batches the workers had ready by then). Returns a row: workers, img_per_s,
-  img_per_s_per_worker (per process that decodes: the main one when workers is 0),
-  startup_s (iterator creation to the first batch).
+  After max(2, workers + 1) untimed batches (worker start-up), max(batches, 4 (workers + 1))
+  batches are timed and steady_rate gives their rate (batches the workers held ready do not
+  count). Returns a row: workers, img_per_s, img_per_s_per_worker (per process that decodes:
+  the main one when workers is 0), timed_batches, startup_s (iterator creation to the first
+  batch).
   """
   batch = config.optim.batch_size
+  timed = max(batches, 4 * (workers + 1))
   start = time.perf_counter()
   it = pipeline.make_iterator(train.pretrain_data(config, source), workers)
   try:
@@ -65,16 +82,18 @@ def pipeline_rate(source, config, workers: int, batches: int) -> dict:
     startup = time.perf_counter() - start
     for _ in range(max(2, workers + 1) - 1):
       next(it)
-    start = time.perf_counter()
-    for _ in range(batches):
+    arrivals = [time.perf_counter()]
+    for _ in range(timed):
       next(it)
-    rate = batches * batch / (time.perf_counter() - start)
+      arrivals.append(time.perf_counter())
+    rate = steady_rate(arrivals, batch)
   finally:
     it.close()
   return {
       "workers": workers,
       "img_per_s": round(rate, 1),
       "img_per_s_per_worker": round(rate / max(1, workers), 1),
+      "timed_batches": timed,
       "startup_s": round(startup, 2),
   }
 
@@ -281,8 +300,8 @@ def measure(
 ) -> dict:
   """Every measurement of this module on the JPEG folder `root` (make_jpeg_folder's layout).
 
-  Returns a dict: setup (words); folder (images, KB); decode_ms (decode_ms of compare_images
-  files); view_difference (per reduced mode, view_difference over compare_images images);
+  Returns a dict: setup (words); device_kind; folder (images, KB); decode_ms (decode_ms of
+  compare_images files); view_difference (per reduced mode, view_difference over compare_images images);
   same_as_exact (the reduced modes that reduce no image of the folder, which are not timed);
   pipeline (a pipeline_rate row, with its decode, per timed mode and count of
   pipeline_workers, default worker_counts; at least pipeline_images images timed);
@@ -303,6 +322,7 @@ def measure(
   out["global_batch"] = config.optim.batch_size
   out["memory"], out["loop"] = _loop_rows(loop, timed, held, steps, warmup, loop_workers)
   out["setup"] = _setup(config, mesh, load)
+  out["device_kind"] = jax.devices()[0].device_kind
   return out
 
 

@@ -160,8 +160,11 @@ def kind_of(opcode: str, target: str, fused: set[str] = frozenset()) -> str:
 
 
 def op_events(trace_path: str, module: str) -> list[tuple[str, float]]:
-  """(hlo_op, duration in microseconds) of every event of HLO module `module` in a Perfetto
-  trace (gzipped JSON); on a trace with device lines ("/device:..." processes) only theirs."""
+  """(op, duration in microseconds) of every event of HLO module `module` in a Perfetto
+  trace (gzipped JSON); on a trace with device lines ("/device:..." processes) only theirs.
+  op is the event's hlo_op, except for a kernel that XLA's GPU runtime launched inside a CUDA
+  graph, whose hlo_op names the graph ("command_buffer_N"): then it is the kernel's own name,
+  which is its instruction's with "_" for "." (summarise matches both forms)."""
   with gzip.open(epath.Path(trace_path).open("rb")) as f:
     events = json.load(f)["traceEvents"]
   processes = {
@@ -179,7 +182,10 @@ def op_events(trace_path: str, module: str) -> list[tuple[str, float]]:
       continue
     if devices and e["pid"] not in devices:
       continue
-    out.append((args["hlo_op"], float(e.get("dur", 0.0))))
+    op = args["hlo_op"]
+    if op.startswith("command_buffer"):
+      op = e.get("name", op)
+    out.append((op, float(e.get("dur", 0.0))))
   return out
 
 
@@ -187,7 +193,7 @@ def summarise(events: list[tuple[str, float]], instructions: dict[str, dict], st
   """Op time per step by phase and by kind.
 
   Args:
-    events: (hlo_op, microseconds) from op_events.
+    events: (instruction or kernel name, microseconds) from op_events.
     instructions: hlo_instructions of the step's optimized HLO.
     steps: the number of traced steps.
 
@@ -198,9 +204,10 @@ def summarise(events: list[tuple[str, float]], instructions: dict[str, dict], st
     have events of their own.
   """
   by_phase, by_kind = defaultdict(float), defaultdict(float)
+  kernels = {re.sub(r"[^\w]", "_", name): inst for name, inst in instructions.items()}
   unmatched = 0.0
   for name, micros in events:
-    inst = instructions.get(name)
+    inst = instructions.get(name) or kernels.get(name)
     if inst is None:
       unmatched += micros
       continue

@@ -10,7 +10,7 @@ augmentation, EMA, key and NS forwards, loss, update, enqueue) on a synthetic
 global batch of host-cropped uint8 views with their crop boxes; the host input
 pipeline is not timed. The timed step is the lean one that training runs between logging
 steps (loss and lr; --logging_step times the step that also computes every logged statistic).
-FLOPs come from XLA's cost analysis of the compiled step (step_flops); the MFU divides the
+FLOPs come from XLA's cost analysis of the lowered step (step_flops); the MFU divides the
 achieved FLOP rate by the device's peak (cl_jax.bench.device_peaks). --profile=DIR traces a few more
 steps with jax.profiler and prints where the step's time goes (cl_jax.bench.profile).
 
@@ -100,9 +100,10 @@ def measure(
   step, state, data = synthetic_step.build(config, devices, statistics)
 
   start = time.perf_counter()
-  compiled = step.lower(state, data).compile()
+  lowered = step.lower(state, data)
+  compiled = lowered.compile()
   compile_s = time.perf_counter() - start
-  flops_per_device = synthetic_step.step_flops(compiled)
+  flops_per_device = synthetic_step.step_flops(lowered, devices)
   for _ in range(warmup + 1):
     state, metrics = compiled(state, data)
   jax.block_until_ready(metrics)
