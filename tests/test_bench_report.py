@@ -178,7 +178,8 @@ def test_report_names_failed_parts():
 
 
 def test_the_device_is_named_from_any_part():
-  assert bench_report._device_name({"jpeg": {"failed": "x"}, "step": STEP}) == "NVIDIA H100 80GB HBM3"
+  named = bench_report._device_name({"jpeg": {"failed": "x"}, "step": STEP})
+  assert named == "NVIDIA H100 80GB HBM3"
   jpeg = {"setup": "moco ...", "device_kind": "NVIDIA H200", "pipeline": []}
   assert bench_report._device_name({"jpeg": jpeg}) == "NVIDIA H200"
   assert bench_report._device_name({"jpeg": {"failed": "x"}}).startswith("an unknown device")

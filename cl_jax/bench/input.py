@@ -301,15 +301,15 @@ def measure(
   """Every measurement of this module on the JPEG folder `root` (make_jpeg_folder's layout).
 
   Returns a dict: setup (words); device_kind; folder (images, KB); decode_ms (decode_ms of
-  compare_images files); view_difference (per reduced mode, view_difference over compare_images images);
-  same_as_exact (the reduced modes that reduce no image of the folder, which are not timed);
-  pipeline (a pipeline_rate row, with its decode, per timed mode and count of
-  pipeline_workers, default worker_counts; at least pipeline_images images timed);
-  compile_s; global_batch; memory (loop_rate rows of the loop on two batches held in memory:
-  one before the JPEG loops and one after each); loop (a loop_rate row per timed mode and
-  count of loop_workers, default 0 and the CPU count, with its decode, memory_img_per_s (the
-  mean img/s of the in-memory runs just before and just after it) and ratio = its img/s /
-  memory_img_per_s). The loop runs on `mesh` (default: all devices, as train.pretrain's).
+  compare_images files); view_difference (per reduced mode, view_difference over compare_images
+  images); same_as_exact (the reduced modes that reduce no image of the folder, which are not
+  timed); pipeline (a pipeline_rate row, with its decode, per timed mode and count of
+  pipeline_workers, default worker_counts; at least pipeline_images images timed); compile_s;
+  global_batch; memory (loop_rate rows of the loop on two batches held in memory: one before the
+  JPEG loops and one after each); loop (a loop_rate row per timed mode and count of loop_workers,
+  default 0 and the CPU count, with its decode, memory_img_per_s (the mean img/s of the in-memory
+  runs just before and just after it) and ratio = its img/s / memory_img_per_s). The loop runs on
+  `mesh` (default: all devices, as train.pretrain's).
   """
   load = os.getloadavg()[0]
   modes, same, timed = _decodings(config, root)
