@@ -164,6 +164,11 @@ def test_report_tables_and_verdict():
   assert "| backward | 30.00 | 50.0% |" in text and "| convolution | 45.00 | 75.0% |" in text
   assert "| torch eager | 1640.0 | 1.00 | 2.0 | 2.50 |" in text
   assert "against the target 3900" in text and ": met on this device" in text
+  # Another device reaches the number but does not judge the H100's target.
+  other = {**STEP, "rows": [{**STEP["rows"][0], "device_kind": "NVIDIA H200"}]}
+  assert "reached on NVIDIA H200, which is not an H100: the target is not judged here." in (
+      bench_report.report({"step": other}, "NVIDIA H200")
+  )
   # The slowest ratio decides: 1.5 < 2.
   assert "(slowest ratio over eager and compiled): 1.50 against 2: not met." in text
 
