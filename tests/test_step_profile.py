@@ -60,8 +60,64 @@ def test_hlo_instructions_read_opcodes_names_targets_and_fusions():
   assert ins["loop_fusion.2"]["op_name"] == "jit(train_step)/augment/mul"
   assert ins["cudnn-conv.1"]["target"] == "__cudnn$convForward"
   assert ins["while.6"]["opcode"] == "while"
-  assert ins["neg.7"] == {"opcode": "negate", "op_name": "", "target": "", "fused": set()}
+  assert ins["neg.7"] == {
+      "opcode": "negate",
+      "op_name": "",
+      "target": "",
+      "fused": set(),
+      "bytes": 16,  # its f32[2] and its operand's
+      "kernel": "neg.7",
+  }
   assert ins["convolution.3"]["opcode"] == "convolution"
+
+
+# A GPU-style module: two identical batch-norm reductions that share one kernel (XLA's
+# deduplicated_name), one in the online forward and one in the target forward, and a cuDNN
+# convolution whose output tuple holds a workspace.
+GPU_HLO = """HloModule jit_train_step, is_scheduled=true
+
+%fused_reduce.1 (param_0: bf16[5000,10000]) -> f32[10000] {
+  %param_0 = bf16[5000,10000]{1,0} parameter(0)
+  %convert.0 = f32[5000,10000]{1,0} convert(%param_0)
+  %constant.0 = f32[] constant(0)
+  ROOT %reduce.0 = f32[10000]{0} reduce(%convert.0, %constant.0), dimensions={0}, to_apply=%add
+}
+
+ENTRY %main (p0: bf16[5000,10000], p1: bf16[5000,10000]) -> f32[10000] {
+  %p0 = bf16[5000,10000]{1,0} parameter(0)
+  %p1 = bf16[5000,10000]{1,0} parameter(1)
+  %input_reduce_fusion.1 = f32[10000]{0} fusion(%p0), kind=kInput, calls=%fused_reduce.1, metadata={op_name="jit(train_step)/jvp(Encoder)/bn/reduce_sum"}
+  %input_reduce_fusion.2 = f32[10000]{0} fusion(%p1), kind=kInput, calls=%fused_reduce.1, metadata={op_name="jit(train_step)/Encoder/bn/reduce_sum" deduplicated_name="input_reduce_fusion.1"}
+  %cudnn-conv.3 = (bf16[5000,10000]{1,0}, u8[4096]{0}) custom-call(%p0, /*index=1*/%p1), custom_call_target="__cudnn$convForward", metadata={op_name="jit(train_step)/jvp(Encoder)/conv"}
+  ROOT %add.4 = f32[10000]{0} add(%input_reduce_fusion.1, %input_reduce_fusion.2)
+}
+"""
+
+
+def test_bytes_reductions_and_shared_kernels():
+  ins = step_profile.hlo_instructions(GPU_HLO)
+  # Output and operands: f32[10000] and bf16[5000,10000].
+  assert ins["input_reduce_fusion.1"]["bytes"] == 40_000 + 100_000_000
+  # The convolution's first output, not its u8 workspace, and both operands.
+  assert ins["cudnn-conv.3"]["bytes"] == 3 * 100_000_000
+  assert ins["add.4"]["bytes"] == 3 * 40_000
+  assert ins["input_reduce_fusion.2"]["kernel"] == "input_reduce_fusion.1"
+  assert ins["input_reduce_fusion.1"]["kernel"] == "input_reduce_fusion.1"
+  kind = step_profile.kind_of(*(ins["input_reduce_fusion.1"][k] for k in ("opcode", "target", "fused")))
+  assert kind == "reduction"
+  # Inside a CUDA graph both reductions run as the kernel input_reduce_fusion_1: its time is
+  # shared equally by the two instructions' phases; the convolution's hlo_op names it.
+  events = [("input_reduce_fusion_1", 50.0), ("input_reduce_fusion_1", 50.0), ("cudnn-conv.3", 100.0)]
+  s = step_profile.summarise(events, ins, steps=1)
+  assert s["by_kind"] == {"convolution": 0.1, "reduction": 0.1}
+  assert s["by_phase"] == {"online forward": 0.15, "target forward": 0.05}
+  assert s["gb_by_kind"] == {"convolution": 0.3, "reduction": 0.2001}
+  assert step_profile.gb_per_s(s, "reduction") == pytest.approx(2001.0)
+  table = step_profile.format_summary(s)
+  assert "GB/s" in table and " 2001" in table and " 3000" in table
+  # An event that names an instruction (outside a graph) is that instruction's alone.
+  s = step_profile.summarise([("input_reduce_fusion.2", 50.0)], ins, steps=1)
+  assert s["by_phase"] == {"target forward": 0.05}
 
 
 def test_kinds():

@@ -12,8 +12,12 @@ up two ways, using the optimized HLO of the compiled step (compiled.as_text()):
     forward (the encoder without gradient: MoCo's keys and NS negatives, BYOL's target),
     optimizer (the "optimizer" scope), the rest (loss, queue, EMA, random numbers,
     statistics), and ops that XLA's passes made without a name stack;
-  - by kind of op: convolution, matmul, collective, copy/transpose, fusion (elementwise
-    and reductions), other.
+  - by kind of op: convolution, matmul, collective, copy/transpose, reduction (a fusion or op
+    that reduces, e.g. batch norm's statistics), fusion (the other fusions: elementwise work),
+    other; with the bytes each kind's kernels read and write per step (the sizes of each
+    instruction's operands and outputs in the HLO: every operand counted once, whether the
+    kernel reads it once, in part or several times) and so their rate in GB/s, against the
+    device's memory bandwidth.
 profile_compiled does both for a compiled step (cl_jax.bench.step --profile).
 Times are op time per step: on a CPU, ops running at once on several threads each count,
 so they add up to more than the step's wall time; on an accelerator the kernels of the
@@ -27,6 +31,7 @@ needs its server or TensorBoard.
 
 import gzip
 import json
+import math
 import re
 from collections import defaultdict
 
@@ -42,12 +47,40 @@ PHASES = (
     "loss, queue, EMA, RNG, statistics",
     "unnamed (made by XLA passes)",
 )
-KINDS = ("convolution", "matmul", "collective", "copy/transpose", "fusion", "other")
+KINDS = ("convolution", "matmul", "collective", "copy/transpose", "reduction", "fusion", "other")
 _CONTAINERS = ("while", "conditional", "call", "async-start", "async-done")
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ")
 _OPCODE = re.compile(r" ([a-z][a-z0-9\-]*)\(")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
+_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128|f8\w*)\[([\d,]*)\]")
+_ITEMSIZE = {"pred": 1, "bf16": 2, "c64": 8, "c128": 16}
+
+
+def _array_bytes(type_text: str, first_only: bool = False) -> int:
+  """Bytes of the arrays in an HLO type ("f32[8,4]{1,0}" or a tuple of them); first_only: of
+  the first array alone."""
+  total = 0
+  for dtype, dims in _ARRAY.findall(type_text):
+    size = _ITEMSIZE.get(dtype) or max(1, int(re.match(r"\d+", dtype[1:]).group()) // 8)
+    total += size * math.prod(int(d) for d in dims.split(",") if d)
+    if first_only:
+      break
+  return total
+
+
+def _operands(line: str, start: int) -> list[str]:
+  """The operand names of an instruction whose operand list opens at line[start - 1]."""
+  depth, end = 1, start
+  while end < len(line) and depth:
+    depth += {"(": 1, ")": -1}.get(line[end], 0)
+    end += 1
+  names = []
+  for operand in line[start : end - 1].split(","):
+    operand = re.sub(r"/\*.*?\*/", "", operand).strip()
+    if operand:
+      names.append(operand.split()[-1].lstrip("%"))
+  return names
 
 
 def trace_steps(compiled, state, data, steps: int, out_dir: str):
@@ -79,13 +112,18 @@ def profile_compiled(compiled, state, data, steps: int, out_dir: str):
 
 
 def hlo_instructions(hlo_text: str) -> dict[str, dict]:
-  """{instruction name: {"opcode", "op_name", "target", "fused"}} of an optimized HLO
-  module's text: target is a custom-call's target, "" otherwise; fused is the set of opcodes
-  and custom-call targets inside the computation a fusion calls (on CPUs convolutions run
-  inside fusions, on GPUs cuDNN and Triton GEMM fusions), empty otherwise. A fusion without
-  op_name metadata takes that of an instruction inside it (_fusion_op_name)."""
+  """{instruction name: {"opcode", "op_name", "target", "fused", "bytes", "kernel"}} of an
+  optimized HLO module's text: target is a custom-call's target, "" otherwise; fused is the set
+  of opcodes and custom-call targets inside the computation a fusion calls (on CPUs
+  convolutions run inside fusions, on GPUs cuDNN and Triton GEMM fusions), empty otherwise;
+  bytes are those of its outputs and of its operands' outputs (a custom call's output: its
+  first array, not the workspace beside it); kernel names the instructions that share one
+  compiled kernel (XLA's GPU backend compiles identical fusions once: their deduplicated_name
+  metadata), the instruction's own name otherwise. A fusion without op_name metadata takes
+  that of an instruction inside it (_fusion_op_name)."""
   instructions, computations, current = {}, defaultdict(set), None
   names = defaultdict(list)  # computation -> [(opcode, op_name)] of its named instructions
+  operands = {}
   for line in hlo_text.splitlines():
     computation = _COMPUTATION.match(line)
     if computation:
@@ -96,6 +134,7 @@ def hlo_instructions(hlo_text: str) -> dict[str, dict]:
     if not opcode:
       continue
     op_name = re.search(r'op_name="([^"]*)"', line)
+    deduplicated = re.search(r'deduplicated_name="([^"]*)"', line)
     target = re.search(r'custom_call_target="([^"]*)"', line)
     calls = re.search(r"calls=%?([\w.\-]+)", line)
     computations[current].add(opcode.group(1))
@@ -108,12 +147,17 @@ def hlo_instructions(hlo_text: str) -> dict[str, dict]:
         "op_name": op_name.group(1) if op_name else "",
         "target": target.group(1) if target else "",
         "calls": calls.group(1) if calls and opcode.group(1) == "fusion" else None,
+        "bytes": _array_bytes(line[head.end() : opcode.start()], first_only=bool(target)),
+        "kernel": deduplicated.group(1) if deduplicated else head.group(1),
     }
-  for inst in instructions.values():
+    operands[head.group(1)] = _operands(line, opcode.end())
+  outputs = {name: inst["bytes"] for name, inst in instructions.items()}
+  for name, inst in instructions.items():
     calls = inst.pop("calls")
     inst["fused"] = computations.get(calls, set())
     if not inst["op_name"] and names.get(calls):
       inst["op_name"] = _fusion_op_name(names[calls])
+    inst["bytes"] += sum(outputs.get(operand, 0) for operand in operands[name])
   return instructions
 
 
@@ -154,6 +198,8 @@ def kind_of(opcode: str, target: str, fused: set[str] = frozenset()) -> str:
     return "collective"
   if opcode in ("copy", "transpose", "copy-start", "copy-done"):
     return "copy/transpose"
+  if "reduce" in inside:
+    return "reduction"
   if opcode == "fusion":
     return "fusion"
   return "other"
@@ -190,7 +236,7 @@ def op_events(trace_path: str, module: str) -> list[tuple[str, float]]:
 
 
 def summarise(events: list[tuple[str, float]], instructions: dict[str, dict], steps: int) -> dict:
-  """Op time per step by phase and by kind.
+  """Op time per step by phase and by kind, and the bytes each kind moves.
 
   Args:
     events: (instruction or kernel name, microseconds) from op_events.
@@ -199,37 +245,63 @@ def summarise(events: list[tuple[str, float]], instructions: dict[str, dict], st
 
   Returns:
     {"op_ms_per_step": total, "by_phase": {phase: ms per step}, "by_kind": {kind: ms per
-    step}, "unmatched_ms_per_step": time of events naming no instruction of the module}.
-    Containers (while, conditional, call, async wrappers) are left out: the ops they run
-    have events of their own.
+    step}, "gb_by_kind": {kind: GB (1e9 bytes) its kernels read and write per step, the
+    instructions' bytes once per event}, "unmatched_ms_per_step": time of events naming no
+    instruction of the module}. Containers (while, conditional, call, async wrappers) are
+    left out: the ops they run have events of their own.
   """
-  by_phase, by_kind = defaultdict(float), defaultdict(float)
+  by_phase, by_kind, bytes_by_kind = defaultdict(float), defaultdict(float), defaultdict(float)
+  sharing = defaultdict(list)  # kernel -> the instructions that run it
+  for inst in instructions.values():
+    sharing[inst["kernel"]].append(inst)
   kernels = {re.sub(r"[^\w]", "_", name): inst for name, inst in instructions.items()}
   unmatched = 0.0
   for name, micros in events:
-    inst = instructions.get(name) or kernels.get(name)
-    if inst is None:
+    inst = instructions.get(name)
+    # A kernel name (an event inside a CUDA graph) stands for every instruction that shares
+    # the kernel: identical programs on identical shapes, so each takes an equal part.
+    group = [inst] if inst else sharing.get(kernels[name]["kernel"], []) if name in kernels else []
+    if not group:
       unmatched += micros
       continue
-    if inst["opcode"] in _CONTAINERS:
+    if group[0]["opcode"] in _CONTAINERS:
       continue
-    by_phase[phase_of(inst["op_name"])] += micros
-    by_kind[kind_of(inst["opcode"], inst["target"], inst["fused"])] += micros
+    kind = kind_of(group[0]["opcode"], group[0]["target"], group[0]["fused"])
+    for member in group:
+      by_phase[phase_of(member["op_name"])] += micros / len(group)
+    by_kind[kind] += micros
+    bytes_by_kind[kind] += group[0]["bytes"]
   per_step = lambda micros: round(micros / steps / 1e3, 3)
   return {
       "op_ms_per_step": per_step(sum(by_phase.values())),
       "by_phase": {p: per_step(by_phase[p]) for p in PHASES if p in by_phase},
       "by_kind": {k: per_step(by_kind[k]) for k in KINDS if k in by_kind},
+      "gb_by_kind": {k: round(bytes_by_kind[k] / steps / 1e9, 4) for k in KINDS if k in by_kind},
       "unmatched_ms_per_step": per_step(unmatched),
   }
 
 
+def gb_per_s(summary: dict, kind: str) -> float | None:
+  """The rate at which a kind's kernels moved their bytes: GB per step / its seconds per step
+  (None where the summary has no bytes or the kind took no time)."""
+  gb, ms = summary.get("gb_by_kind", {}).get(kind), summary["by_kind"].get(kind)
+  return gb / (ms / 1e3) if gb is not None and ms else None
+
+
 def format_summary(summary: dict) -> str:
-  """Two small tables, ms per step and share, by phase and by kind."""
+  """Two small tables: ms per step and share by phase; by kind, also GB moved per step and
+  GB/s."""
   total = summary["op_ms_per_step"] or 1.0
   lines = [f"op time per step: {summary['op_ms_per_step']:.2f} ms"]
-  for title, table in (("phase", summary["by_phase"]), ("op kind", summary["by_kind"])):
-    lines.append(f"  {'by ' + title:<40} {'ms/step':>9} {'share':>7}")
-    for name, ms in sorted(table.items(), key=lambda item: -item[1]):
-      lines.append(f"  {name:<40} {ms:>9.2f} {100 * ms / total:>6.1f}%")
+  lines.append(f"  {'by phase':<40} {'ms/step':>9} {'share':>7}")
+  for name, ms in sorted(summary["by_phase"].items(), key=lambda item: -item[1]):
+    lines.append(f"  {name:<40} {ms:>9.2f} {100 * ms / total:>6.1f}%")
+  lines.append(f"  {'by op kind':<40} {'ms/step':>9} {'share':>7} {'GB/step':>9} {'GB/s':>8}")
+  for name, ms in sorted(summary["by_kind"].items(), key=lambda item: -item[1]):
+    rate = gb_per_s(summary, name)
+    gb = summary.get("gb_by_kind", {}).get(name)
+    lines.append(
+        f"  {name:<40} {ms:>9.2f} {100 * ms / total:>6.1f}% "
+        f"{'n/a' if gb is None else f'{gb:.3f}':>9} {'n/a' if rate is None else f'{rate:.0f}':>8}"
+    )
   return "\n".join(lines)

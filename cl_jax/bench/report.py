@@ -33,6 +33,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from cl_jax.bench import input as bench_input
+from cl_jax.bench import profile as step_profile
 from cl_jax.runtime import cli
 
 PARTS = ("step", "torch", "jpeg", "memory", "efficiency", "compile")
@@ -99,11 +100,17 @@ def step_section(result: dict) -> list[str]:
   if profile:
     total = profile["op_ms_per_step"] or 1.0
     lines += [f"Where the step's time goes (op time {total:.2f} ms per step):", ""]
-    for title, key in (("phase", "by_phase"), ("op kind", "by_kind")):
-      lines += [f"| {title} | ms/step | share |", "|---|---:|---:|"]
-      for name, ms in sorted(profile[key].items(), key=lambda item: -item[1]):
-        lines.append(f"| {name} | {ms:.2f} | {100 * ms / total:.1f}% |")
-      lines.append("")
+    lines += ["| phase | ms/step | share |", "|---|---:|---:|"]
+    for name, ms in sorted(profile["by_phase"].items(), key=lambda item: -item[1]):
+      lines.append(f"| {name} | {ms:.2f} | {100 * ms / total:.1f}% |")
+    lines += ["", "| op kind | ms/step | share | GB/step | GB/s |", "|---|---:|---:|---:|---:|"]
+    for name, ms in sorted(profile["by_kind"].items(), key=lambda item: -item[1]):
+      gb, rate = profile.get("gb_by_kind", {}).get(name), step_profile.gb_per_s(profile, name)
+      lines.append(
+          f"| {name} | {ms:.2f} | {100 * ms / total:.1f}% | "
+          f"{'n/a' if gb is None else f'{gb:.3f}'} | {'n/a' if rate is None else f'{rate:.0f}'} |"
+      )
+    lines.append("")
   return lines
 
 
