@@ -58,7 +58,7 @@ from ml_collections import config_flags
 
 from cl_jax import batch_plan, config_check, train
 from cl_jax import train_step as step_lib
-from cl_jax.bench import chips, synthetic_step
+from cl_jax.bench import chips, hlo_arrays, synthetic_step
 from cl_jax.bench import flops as bench_flops
 from cl_jax.bench import memory as bench_memory
 from cl_jax.data import photometric
@@ -74,10 +74,7 @@ GPUS_PER_HOST = 8
 # topology names the generation without its letter (v5p is "v5").
 _MEGACORE = {"v4": "v4", "v5p": "v5"}
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
-_DTYPE_BYTES.update({"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8})
 _FLOATS = ("bf16", "f16", "f32", "f64")
-_SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([\d,]*)\]")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([\w\-]+)\((.*)$")
 _HOST = ("send", "recv", "infeed", "outfeed", "send-done", "recv-done")
 
@@ -221,21 +218,11 @@ def lower_eval(config: ml_collections.ConfigDict, devices) -> tuple:
   return forward.lower(variables, images), batch
 
 
-def _elements(dims: str) -> int:
-  """Elements of an HLO array of dims "d0,d1,..." ("" for a scalar)."""
-  return int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
-
-
-def _bytes(arrays: list[tuple[str, str]]) -> int:
-  """Bytes of (dtype, "d0,d1,...") arrays."""
-  return sum(_DTYPE_BYTES[dtype] * _elements(dims) for dtype, dims in arrays)
-
-
 def result_arrays(inst: dict) -> list[tuple[str, str]]:
   """The (dtype, dims) arrays a collective delivers. An asynchronous start (all-gather-start,
   collective-permute-start, ...) returns its operands beside its results: only the results
   count (all-reduce-start returns its results alone)."""
-  arrays = _SHAPE.findall(inst["type"])
+  arrays = hlo_arrays.SHAPE.findall(inst["type"])
   if not inst["op"].endswith("-start") or inst["op"] == "all-reduce-start":
     return arrays
   if inst["op"] == "collective-permute-start":
@@ -338,7 +325,7 @@ def collectives(
         r"replica_groups=(\{[^=]*?\}\}|\[[^\]]*\]<=\[[^\]]*\][^,\s]*)", inst["rest"]
     )
     dtypes = sorted(set(d for d, _ in arrays))
-    sizes = [_elements(dims) for _, dims in arrays]
+    sizes = [hlo_arrays.elements(dims) for _, dims in arrays]
     floating = all(d in _FLOATS for d in dtypes)
     purpose = classify(op_name, kind, sizes, floating, param_elements, batch)
     key = (kind, ",".join(dtypes), purpose)
@@ -347,7 +334,7 @@ def collectives(
         {"kind": kind, "dtype": key[1], "purpose": purpose, "count": 0, "bytes": 0, "ops": []},
     )
     g["count"] += 1
-    g["bytes"] += _bytes(arrays)
+    g["bytes"] += hlo_arrays.arrays_bytes(arrays)
     g["replica_groups"] = replica.group(1) if replica else ""
     if op_name and op_name not in g["ops"] and len(g["ops"]) < 3:
       g["ops"].append(op_name)
@@ -368,10 +355,10 @@ def census(insts: list[dict]) -> dict:
     if op in ("convolution", "dot"):
       operands = inst["rest"].split(")")[0]
       # Operands are printed with their types, or by name only: then their definition's.
-      dtypes = [d for d, _ in _SHAPE.findall(operands)] or [
+      dtypes = [d for d, _ in hlo_arrays.SHAPE.findall(operands)] or [
           d
           for name in re.findall(r"%([\w.\-]+)", operands)
-          for d, _ in _SHAPE.findall(types.get(name, ""))[:1]
+          for d, _ in hlo_arrays.SHAPE.findall(types.get(name, ""))[:1]
       ]
       products[f"{op} {'x'.join(dtypes[:2]) or '?'}"] += 1
       precision = re.search(r"operand_precision=\{(\w+),(\w+)\}", inst["rest"])

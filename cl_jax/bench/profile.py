@@ -31,12 +31,13 @@ needs its server or TensorBoard.
 
 import gzip
 import json
-import math
 import re
 from collections import defaultdict
 
 import jax
 from etils import epath
+
+from cl_jax.bench import hlo_arrays
 
 PHASES = (
     "augmentation",
@@ -53,20 +54,6 @@ _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permut
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ")
 _OPCODE = re.compile(r" ([a-z][a-z0-9\-]*)\(")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
-_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|c64|c128|f8\w*)\[([\d,]*)\]")
-_ITEMSIZE = {"pred": 1, "bf16": 2, "c64": 8, "c128": 16}
-
-
-def _array_bytes(type_text: str, first_only: bool = False) -> int:
-  """Bytes of the arrays in an HLO type ("f32[8,4]{1,0}" or a tuple of them); first_only: of
-  the first array alone."""
-  total = 0
-  for dtype, dims in _ARRAY.findall(type_text):
-    size = _ITEMSIZE.get(dtype) or max(1, int(re.match(r"\d+", dtype[1:]).group()) // 8)
-    total += size * math.prod(int(d) for d in dims.split(",") if d)
-    if first_only:
-      break
-  return total
 
 
 def _operands(line: str, start: int) -> list[str]:
@@ -147,7 +134,7 @@ def hlo_instructions(hlo_text: str) -> dict[str, dict]:
         "op_name": op_name.group(1) if op_name else "",
         "target": target.group(1) if target else "",
         "calls": calls.group(1) if calls and opcode.group(1) == "fusion" else None,
-        "bytes": _array_bytes(line[head.end() : opcode.start()], first_only=bool(target)),
+        "bytes": hlo_arrays.type_bytes(line[head.end() : opcode.start()], first_only=bool(target)),
         "kernel": deduplicated.group(1) if deduplicated else head.group(1),
     }
     operands[head.group(1)] = _operands(line, opcode.end())
