@@ -103,11 +103,17 @@ def test_bytes_reductions_and_shared_kernels():
   assert ins["add.4"]["bytes"] == 3 * 40_000
   assert ins["input_reduce_fusion.2"]["kernel"] == "input_reduce_fusion.1"
   assert ins["input_reduce_fusion.1"]["kernel"] == "input_reduce_fusion.1"
-  kind = step_profile.kind_of(*(ins["input_reduce_fusion.1"][k] for k in ("opcode", "target", "fused")))
+  kind = step_profile.kind_of(
+      *(ins["input_reduce_fusion.1"][k] for k in ("opcode", "target", "fused"))
+  )
   assert kind == "reduction"
   # Inside a CUDA graph both reductions run as the kernel input_reduce_fusion_1: its time is
   # shared equally by the two instructions' phases; the convolution's hlo_op names it.
-  events = [("input_reduce_fusion_1", 50.0), ("input_reduce_fusion_1", 50.0), ("cudnn-conv.3", 100.0)]
+  events = [
+      ("input_reduce_fusion_1", 50.0),
+      ("input_reduce_fusion_1", 50.0),
+      ("cudnn-conv.3", 100.0),
+  ]
   s = step_profile.summarise(events, ins, steps=1)
   assert s["by_kind"] == {"convolution": 0.1, "reduction": 0.1}
   assert s["by_phase"] == {"online forward": 0.15, "target forward": 0.05}
