@@ -244,10 +244,14 @@ def summarise(events: list[tuple[str, float]], instructions: dict[str, dict], st
   kernels = {re.sub(r"[^\w]", "_", name): inst for name, inst in instructions.items()}
   unmatched = 0.0
   for name, micros in events:
-    inst = instructions.get(name)
-    # A kernel name (an event inside a CUDA graph) stands for every instruction that shares
-    # the kernel: identical programs on identical shapes, so each takes an equal part.
-    group = [inst] if inst else sharing.get(kernels[name]["kernel"], []) if name in kernels else []
+    if name in instructions:
+      group = [instructions[name]]
+    elif name in kernels:
+      # A kernel name (an event inside a CUDA graph) stands for every instruction that shares
+      # the kernel: identical programs on identical shapes, so each takes an equal part.
+      group = sharing[kernels[name]["kernel"]]
+    else:
+      group = []
     if not group:
       unmatched += micros
       continue
@@ -275,6 +279,18 @@ def gb_per_s(summary: dict, kind: str) -> float | None:
   return gb / (ms / 1e3) if gb is not None and ms else None
 
 
+def kind_rows(summary: dict) -> list[tuple[str, float, float, str, str]]:
+  """The by-kind rows, longest first: (kind, ms per step, share of the op time in %, GB per
+  step, GB/s), the last two as text ("n/a" where the summary has no bytes)."""
+  total = summary["op_ms_per_step"] or 1.0
+  rows = []
+  for name, ms in sorted(summary["by_kind"].items(), key=lambda item: -item[1]):
+    gb, rate = summary.get("gb_by_kind", {}).get(name), gb_per_s(summary, name)
+    gb_text = "n/a" if gb is None else f"{gb:.3f}"
+    rows.append((name, ms, 100 * ms / total, gb_text, "n/a" if rate is None else f"{rate:.0f}"))
+  return rows
+
+
 def format_summary(summary: dict) -> str:
   """Two small tables: ms per step and share by phase; by kind, also GB moved per step and
   GB/s."""
@@ -284,11 +300,6 @@ def format_summary(summary: dict) -> str:
   for name, ms in sorted(summary["by_phase"].items(), key=lambda item: -item[1]):
     lines.append(f"  {name:<40} {ms:>9.2f} {100 * ms / total:>6.1f}%")
   lines.append(f"  {'by op kind':<40} {'ms/step':>9} {'share':>7} {'GB/step':>9} {'GB/s':>8}")
-  for name, ms in sorted(summary["by_kind"].items(), key=lambda item: -item[1]):
-    rate = gb_per_s(summary, name)
-    gb = summary.get("gb_by_kind", {}).get(name)
-    lines.append(
-        f"  {name:<40} {ms:>9.2f} {100 * ms / total:>6.1f}% "
-        f"{'n/a' if gb is None else f'{gb:.3f}':>9} {'n/a' if rate is None else f'{rate:.0f}':>8}"
-    )
+  for name, ms, share, gb, rate in kind_rows(summary):
+    lines.append(f"  {name:<40} {ms:>9.2f} {share:>6.1f}% {gb:>9} {rate:>8}")
   return "\n".join(lines)

@@ -104,12 +104,8 @@ def step_section(result: dict) -> list[str]:
     for name, ms in sorted(profile["by_phase"].items(), key=lambda item: -item[1]):
       lines.append(f"| {name} | {ms:.2f} | {100 * ms / total:.1f}% |")
     lines += ["", "| op kind | ms/step | share | GB/step | GB/s |", "|---|---:|---:|---:|---:|"]
-    for name, ms in sorted(profile["by_kind"].items(), key=lambda item: -item[1]):
-      gb, rate = profile.get("gb_by_kind", {}).get(name), step_profile.gb_per_s(profile, name)
-      lines.append(
-          f"| {name} | {ms:.2f} | {100 * ms / total:.1f}% | "
-          f"{'n/a' if gb is None else f'{gb:.3f}'} | {'n/a' if rate is None else f'{rate:.0f}'} |"
-      )
+    for name, ms, share, gb, rate in step_profile.kind_rows(profile):
+      lines.append(f"| {name} | {ms:.2f} | {share:.1f}% | {gb} | {rate} |")
     lines.append("")
   return lines
 
