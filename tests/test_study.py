@@ -3,6 +3,7 @@ hand-made intervals; the study runner's resume, added seeds and refusals on fake
 stop signals passed on to a fake child; the claims registry; and a tiny study end to end through
 the command."""
 
+import dataclasses
 import json
 import math
 import os
@@ -165,6 +166,7 @@ STUDY = study.Study(
             "shape: ns - base", "shape", ("ns", "base"), expect="increase", quote="It rises."
         ),
     ),
+    min_seeds=2,  # the fake runs have 2-3 seeds; test_five_seeds_are_needed_for_a_verdict
 )
 SHAPE = {"base": (0.40, 0.42, 0.41), "ns": (0.45, 0.46, 0.47)}
 
@@ -396,6 +398,29 @@ def test_holm_decides_a_claim_of_three_comparisons():
   assert got[0]["verdict"] == REPRODUCED and got[2]["verdict"] == NOT_RESOLVED
 
 
+def test_five_seeds_are_needed_for_a_verdict():
+  """A clear gain over 3 seeds is not resolved under the rule of five seeds (and counts in
+  Holm's correction with p = 1); with 5 seeds it is reproduced."""
+  gains = (5.0, 4.0, 6.0, 5.5, 4.5)
+  records = {
+      "base": {s: _record({"shape": 40.0}) for s in range(5)},
+      "ns": {s: _record({"shape": 40.0 + g}) for s, g in enumerate(gains)},
+  }
+  five = dataclasses.replace(STUDY, min_seeds=5)
+  assert study.Study("d", "d", STUDY.arms).min_seeds == 5  # the default is the rule
+  c = study_summary.summarise(five, records)["comparisons"][0]
+  assert c["verdict"] == REPRODUCED and not c["too_few_seeds"]
+  assert c["p_holm"] == pytest.approx(scipy.stats.ttest_1samp(gains, 0.0).pvalue)
+  short = {a: {s: r for s, r in seeds.items() if s < 3} for a, seeds in records.items()}
+  summary = study_summary.summarise(five, short)
+  c = summary["comparisons"][0]
+  assert c["interval"]["mean"] == pytest.approx(5.0) and c["too_few_seeds"]
+  assert c["verdict"] == NOT_RESOLVED and c["p_holm"] == 1.0 and summary["verdict"] == NOT_RESOLVED
+  assert "| not resolved (fewer than 5 seeds) | 3 |" in study_summary.markdown(five, summary)
+  with pytest.raises(ValueError, match="min_seeds must be at least 2"):
+    dataclasses.replace(STUDY, min_seeds=1)
+
+
 def test_claims_name_every_part_and_one_name_is_one_arm_everywhere():
   seen = {}
   for s in STUDIES.values():
@@ -471,6 +496,7 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
       where="Table 9",
       claim="negatives raise shape.",
       paper_result="70 -> 75",
+      min_seeds=3,
   )
   summary = study_summary.summarise(claim, records)
   rows = study_summary.claims_table([claim], [summary], seeds=4).splitlines()

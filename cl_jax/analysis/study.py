@@ -97,7 +97,9 @@ class Study:
   study's own tables (study, records -> {file name: text}) beside the standard ones.
   `sweep_analysis`: the primary analysis of its slopes, "per_seed" (the interval of the
   seeds' least-squares slopes) or "pooled" (one regression with seed effects); the other is
-  reported beside it as a sensitivity check (cl_jax.analysis.intervals)."""
+  reported beside it as a sensitivity check (cl_jax.analysis.intervals). `min_seeds`: the
+  seeds a decisive comparison needs before it has a verdict (the rule of every claim: five);
+  with fewer it is "not resolved"."""
 
   name: str
   title: str
@@ -112,6 +114,7 @@ class Study:
   notes: str = ""
   outputs: Callable[["Study", dict], dict] | None = None
   sweep_analysis: str = "per_seed"
+  min_seeds: int = 5
 
   def __post_init__(self):
     names = [a.name for a in self.arms]
@@ -140,6 +143,8 @@ class Study:
         raise ValueError(f"study {self.name}: {c.label} needs a margin > 0 and its reason")
     if self.sweep_analysis not in SWEEP_ANALYSES:
       raise ValueError(f"study {self.name}: sweep_analysis must be one of {SWEEP_ANALYSES}")
+    if self.min_seeds < 2:
+      raise ValueError(f"study {self.name}: min_seeds must be at least 2, got {self.min_seeds}")
 
   @property
   def is_claim(self) -> bool:

@@ -106,18 +106,21 @@ def compare(c: Comparison, records: dict, sweep_analysis: str = "per_seed") -> d
   return out
 
 
-def judge(comparisons: list[dict]) -> None:
+def judge(comparisons: list[dict], min_seeds: int) -> None:
   """The verdicts of a claim's decisive comparisons (those with an expected direction), in
-  place: Holm's adjusted p-value over all m of them ("p_holm"; a comparison without data or
-  refused counts with p = 1), the interval at the level Holm's step tests it
-  ("adjusted_interval", "adjusted_level") and the verdict (intervals.verdict)."""
+  place: Holm's adjusted p-value over all m of them ("p_holm"; a comparison without data,
+  refused, or over fewer than `min_seeds` seeds counts with p = 1), the interval at the level
+  Holm's step tests it ("adjusted_interval", "adjusted_level") and the verdict
+  (intervals.verdict; not resolved below `min_seeds` seeds, with "too_few_seeds" set)."""
   decisive = [c for c in comparisons if c["expect"] is not None]
-  p = [1.0 if c["p"] is None else c["p"] for c in decisive]
+  for c in decisive:
+    c["too_few_seeds"] = c["estimate"] is not None and len(c["seeds"]) < min_seeds
+  p = [1.0 if c["p"] is None or c["too_few_seeds"] else c["p"] for c in decisive]
   for c, p_holm, level in zip(decisive, intervals.holm(p), intervals.holm_levels(p)):
     c.update(p_holm=p_holm, adjusted_level=level, adjusted_interval=None)
     if c["refused"]:
       c["verdict"] = intervals.REFUSED
-    elif c["estimate"] is None:
+    elif c["estimate"] is None or c["too_few_seeds"]:
       c["verdict"] = intervals.NOT_RESOLVED
     else:
       estimate = intervals.Estimate(**c["estimate"])
@@ -138,7 +141,7 @@ def summarise(study: Study, records: dict) -> dict:
       row[m] = dataclasses.asdict(intervals.t_interval(values)) if values else None
     arms[a.name] = row
   comparisons = [compare(c, records, study.sweep_analysis) for c in study.comparisons]
-  judge(comparisons)
+  judge(comparisons, study.min_seeds)
   decided = [c["verdict"] for c in comparisons if c["verdict"] is not None]
   return {
       "study": study.name,
@@ -217,7 +220,7 @@ def markdown(study: Study, summary: dict) -> str:
       raw, adjusted = _estimates(c)
       lines.append(
           f"| {c['label']} | {c['metric']} ({what}) | {raw} | {adjusted} | {_p(c['p'])} | "
-          f"{_p(c.get('p_holm'))} | {_expected(c)} | {c['verdict'] or '-'} | "
+          f"{_p(c.get('p_holm'))} | {_expected(c)} | {_verdict(c, study.min_seeds)} | "
           f"{len(c['seeds'])} |"
       )
     sweeps = [c for c in comparisons if c["sensitivity"]]
@@ -248,6 +251,13 @@ def markdown(study: Study, summary: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _verdict(c: dict, min_seeds: int) -> str:
+  """A comparison's verdict ("-" without one), saying when it had too few seeds for one."""
+  if c["verdict"] is None:
+    return "-"
+  return f"{c['verdict']} (fewer than {min_seeds} seeds)" if c["too_few_seeds"] else c["verdict"]
+
+
 def claims_table(studies: Sequence[Study], summaries: Sequence[dict], seeds: int) -> str:
   """One markdown row per claim: the paper's words, every decisive comparison's estimate
   [95% interval], Holm-adjusted interval and verdict, the claim's verdict ("not run yet"
@@ -266,7 +276,9 @@ def claims_table(studies: Sequence[Study], summaries: Sequence[dict], seeds: int
       raw, adjusted = _estimates(c)
       what = f"{c['label']} ({c['kind']}, expected {_expected(c)})"
       parts.append(
-          f"{what}: refused" if c["refused"] else f"{what}: {raw} {adjusted}, {c['verdict']}"
+          f"{what}: refused"
+          if c["refused"]
+          else f"{what}: {raw} {adjusted}, {_verdict(c, s.min_seeds)}"
       )
     done = sum(len(summary["arms"][a.name]["seeds"]) for a in s.arms)
     verdict = f"**{summary['verdict']}**" if done else "not run yet"

@@ -1,6 +1,7 @@
-"""DICR (2025 submission), Sec. 2.2 and 4.1-4.2: DICR makes SimCLR's representation distinguish
-the contents of crops (higher crop NormStd) and keeps its invariance to colour operations, and
-it improves the linear readout of SimCLR and symmetric MoCo."""
+"""DICR (2025 submission), Sec. 2.2, 3 and 4.1-4.2: DICR makes SimCLR's representation distinguish
+the contents of crops (higher crop NormStd) and keeps its invariance to the semantics-preserving
+operations (colour jitter, grayscale, flip), and it improves the linear readout of SimCLR and
+symmetric MoCo."""
 
 from cl_jax.analysis.study import Comparison, Study, arm
 from cl_jax.studies.arms import MOCOV2, QUICK, SIMCLR, variant
@@ -18,15 +19,22 @@ CROP = (
     "residual block 8 and residual block 7."
 )
 KEPT = (
-    "As shown in Figure 5a, it is significantly less invariant to semantics-preserving "
-    "augmentation operators (especially for flipping) than DICR and the baseline."
+    "To maximize the identity term, the embeddings of o_1, o_2 should remain invariant under "
+    "these semantic-preserving augmentations, thereby encouraging the representations h_{o_1}, "
+    "h_{o_2} to capture identical semantic contents. [Sec. 3, Eq. 4] [...] However, it performs "
+    "consistently worse than DICR. We attribute this to DIRR's inability to model the identity of "
+    "semantically identical contents with different styles. As shown in Figure 5a, it is "
+    "significantly less invariant to semantics-preserving augmentation operators (especially for "
+    "flipping) than DICR and the baseline. [Sec. 4.2]"
 )
-# One seed SD of the quick SimCLR's NormStd (3 seeds recorded before this claim file:
-# jitter 0.0185, grayscale 0.0125), rounded up.
+# One seed SD of the quick SimCLR's NormStd at the last residual block over the 3 seeds recorded
+# before this claim file (jitter 0.0185, grayscale 0.0125, flip 0.0073), rounded up.
+MARGINS = {"jitter": 0.019, "grayscale": 0.013, "flip": 0.008}
 MARGIN_REASON = (
-    "one seed SD of the quick SimCLR's NormStd at the last residual block (3 seeds recorded "
-    "before this claim was fixed), rounded up: a rise within seed-to-seed noise is not a loss "
-    "of invariance"
+    "one seed SD of the quick SimCLR's NormStd at the last residual block, rounded up: a rise "
+    "within seed-to-seed noise is not a loss of invariance. The SD is that of 3 seeds recorded "
+    "by older code before this claim file was written, when the same seeds of the DICR arm had "
+    "been recorded too; those records are not used in the verdict"
 )
 
 
@@ -43,7 +51,7 @@ def _parts(method: str, dicr, base, normstd_claims: bool):
       )
   ]
   if normstd_claims:
-    out += [
+    out.append(
         Comparison(
             f"{method}: NormStd crop",
             "normstd/crop",
@@ -51,32 +59,24 @@ def _parts(method: str, dicr, base, normstd_claims: bool):
             expect="increase",
             quote=CROP,
             where="Sec. 2.2, Fig. 2a",
-        ),
+        )
+    )
+    out += [
         Comparison(
-            f"{method}: NormStd jitter",
-            "normstd/jitter",
+            f"{method}: NormStd {aug}",
+            f"normstd/{aug}",
             pair,
             expect="no_increase",
             quote=KEPT,
-            where="Sec. 4.2, Fig. 5a",
-            margin=0.019,
+            where="Sec. 3 and 4.2, Fig. 5a",
+            margin=margin,
             margin_reason=MARGIN_REASON,
-        ),
-        Comparison(
-            f"{method}: NormStd grayscale",
-            "normstd/grayscale",
-            pair,
-            expect="no_increase",
-            quote=KEPT,
-            where="Sec. 4.2, Fig. 5a",
-            margin=0.013,
-            margin_reason=MARGIN_REASON,
-        ),
+        )
+        for aug, margin in MARGINS.items()
     ]
   else:
     out += [
-        Comparison(f"{method}: NormStd {aug}", f"normstd/{aug}", pair)
-        for aug in ("crop", "jitter", "grayscale")
+        Comparison(f"{method}: NormStd {aug}", f"normstd/{aug}", pair) for aug in ("crop", *MARGINS)
     ]
   out.append(Comparison(f"{method}: shape", "shape", pair))
   return tuple(out)
@@ -84,8 +84,8 @@ def _parts(method: str, dicr, base, normstd_claims: bool):
 
 STUDY = Study(
     name="dicr_normstd",
-    title="DICR: distinguishable crops, kept colour invariance, the probe (DICR 2025, Sec. 2.2, "
-    "4.1, 4.2)",
+    title="DICR: distinguishable crops, kept invariance to semantics-preserving operations, the "
+    "probe (DICR 2025, Sec. 2.2, 3, 4.1, 4.2)",
     arms=(SIMCLR, SIMCLR_DICR, MOCO_SYM, MOCO_DICR),
     analyses=("normstd",),
     metrics=(
@@ -96,11 +96,12 @@ STUDY = Study(
         "normstd/crop",
         "normstd/jitter",
         "normstd/grayscale",
+        "normstd/flip",
     ),
     comparisons=_parts("SimCLR", SIMCLR_DICR, SIMCLR, True)
     + _parts("MoCo", MOCO_DICR, MOCO_SYM, False),
     paper="DICR (2025 submission)",
-    where="Sec. 2.2, 4.1 and 4.2, Figs. 2a and 5a, Table 1",
+    where="Sec. 2.2, 3, 4.1 and 4.2, Figs. 2a and 5a, Table 1",
     claim="\u201cEmpirical results show that DICR can significantly enhance the generalizability "
     "of existing methods in downstream tasks, and validate the crucial role of semantic content "
     "distinguishability in the generalizabile performance of contrastive learning.\u201d "
@@ -108,11 +109,15 @@ STUDY = Study(
     paper_result="NormStd per layer and operation (STL-10, CIFAR-10, SimCLR; plotted only); "
     "CIFAR-10 probe SimCLR 89.13 -> 90.15, symmetric MoCo 90.41 -> 91.21.",
     notes="NormStd of the last residual block (python -m cl_jax.analysis.normstd --images=256 "
-    "--crop_scale=0.08,1): higher is more distinguishable. The probe accuracy is the mean of the "
-    "three probes (the rule of every claim). The paper shows NormStd for SimCLR only, so the "
-    "NormStd comparisons of MoCo (its footnote 6: symmetric MoCo) are reported without a verdict; "
-    "the readout claim covers both. The colour invariance is kept, not gained, in the paper's "
-    "words (DIRR, not DICR, is \u201cless invariant\u201d than DICR and the baseline): a "
-    "non-inferiority test, NormStd may not rise by more than the margin. Shape is reported "
-    "without a verdict.",
+    "--crop_scale=0.08,1): higher is more distinguishable. The crop quote's second half (block 7 "
+    "as well as block 8) is not tested: only the last block is measured. The probe accuracy is "
+    "the mean of the three probes (the rule of every claim). The paper shows NormStd for SimCLR "
+    "only, so the NormStd comparisons of MoCo (its footnote 6: symmetric MoCo) are reported "
+    "without a verdict; the readout claim covers both. The paper does not compare DICR's "
+    "invariance with the baseline's in one sentence: its identity term is built to keep the "
+    "semantics-preserving operations invariant (Sec. 3), and Fig. 5a is read as DIRR, not DICR, "
+    "being \u201cless invariant\u201d than DICR and the baseline (Sec. 4.2), so DICR keeps the "
+    "invariance: a non-inferiority test per operation of Fig. 5a that the quick recipe applies "
+    "(colour jitter, grayscale, flip), NormStd may not rise by more than the margin. Shape is "
+    "reported without a verdict.",
 )

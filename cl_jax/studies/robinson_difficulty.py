@@ -38,6 +38,7 @@ def _sweeps():
 
 STUDY = Study(
     name="robinson_difficulty",
+    sweep_analysis="per_seed",
     title="Instance-discrimination difficulty and feature suppression (Robinson et al. 2021, "
     "Fig. 3)",
     arms=(*T_ARMS, *B_ARMS),
