@@ -58,29 +58,20 @@ STUDY = Study(
             "improvement of 2.2%-3.5% from the baseline (71.1%).",
             where="Sec. 4.2, Tables 4 and 7",
         ),
-        Comparison(
-            "both - none",
-            "mean",
-            (BOTH.name, BASE),
-            expect="increase",
-            quote=COMPLEMENTARY,
-            where="Sec. 5.1, Table 7",
-        ),
-        Comparison(
-            "both - positive extrapolation",
-            "mean",
-            (BOTH.name, POS_EX.name),
-            expect="increase",
-            quote=COMPLEMENTARY,
-            where="Sec. 5.1, Table 7",
-        ),
-        Comparison(
-            "both - negative interpolation",
-            "mean",
-            (BOTH.name, NEG_IN.name),
-            expect="increase",
-            quote=COMPLEMENTARY,
-            where="Sec. 5.1, Table 7",
+        *(
+            Comparison(
+                f"both - {part}",
+                "mean",
+                (BOTH.name, other),
+                expect="increase",
+                quote=COMPLEMENTARY,
+                where="Sec. 5.1, Table 7",
+            )
+            for part, other in (
+                ("none", BASE),
+                ("positive extrapolation", POS_EX.name),
+                ("negative interpolation", NEG_IN.name),
+            )
         ),
         Comparison(
             "positive score: extrapolation - none",
