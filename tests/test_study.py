@@ -26,7 +26,7 @@ from cl_jax.analysis import (
 )
 from cl_jax.analysis.intervals import NOT_RESOLVED, OPPOSITE, REFUSED, REPRODUCED
 from cl_jax.runtime.errors import UsageError
-from cl_jax.studies import CLAIMS, STUDIES
+from cl_jax.studies import CLAIMS, STUDIES, scale_ladder
 from tests import forked_commands, study_fakes, tiny_run
 
 
@@ -437,6 +437,44 @@ def test_claims_name_every_part_and_one_name_is_one_arm_everywhere():
         k for k, _, _ in study_records.config_differences(study_records.plain_config(base), config)
     }
     assert differ == {k for k, v in a.overrides if base_value(base, k) != v}, a.name
+
+
+def test_a_scale_ladder_rung_is_its_claim_at_four_times_the_epochs():
+  """Each rung's arms train 4x the quick arm's epochs and differ in nothing else that trains
+  (DICR's lambda still reaches its final value in the last epoch); its decisive comparisons are
+  the quick claim's, same quote, direction and margin, between the longer arms."""
+  for quick_name, rung in (("ge_alpha", scale_ladder.GE), ("dicr_normstd", scale_ladder.DICR)):
+    quick = STUDIES[quick_name]
+    assert rung.name == f"{quick_name}_x4" and rung.name in STUDIES and rung in CLAIMS
+    by_label = {c.label: c for c in quick.comparisons}
+    longer_of = {}
+    for a in rung.arms:
+      base_name = a.name.rsplit("_e", 1)[0]
+      base = next(b for b in quick.arms if b.name == base_name)
+      long_config = study_records.arm_config(a, 0)
+      base_config = study_records.arm_config(base, 0)
+      assert long_config.optim.epochs == 4 * base_config.optim.epochs
+      assert long_config.dicr.warmup_epochs == long_config.optim.epochs - 1
+      assert dict(a.overrides) == {
+          **dict(base.overrides),
+          "optim.epochs": long_config.optim.epochs,
+          "dicr.warmup_epochs": long_config.optim.epochs - 1,
+      }
+      longer_of[base.name] = a.name
+    decisive = [c for c in rung.comparisons if c.expect]
+    assert decisive
+    for c in decisive:
+      q = by_label[c.label]
+      assert (c.quote, c.where, c.expect, c.margin, c.metric) == (
+          q.quote,
+          q.where,
+          q.expect,
+          q.margin,
+          q.metric,
+      )
+      assert c.arms == tuple(longer_of[n] for n in q.arms)
+  with pytest.raises(ValueError, match="has no comparisons"):
+    scale_ladder.rung(STUDIES["ge_alpha"], {}, ("no such comparison",))
 
 
 def base_value(config, field):

@@ -2,7 +2,8 @@
 of LooC's claim, and the two grids.
 
 A claim file states the paper, the figure or table, the claim in one sentence, the arms, the
-metric and the expected direction; cl_jax.analysis.study runs it and gives the verdict.
+metric and the expected direction; cl_jax.analysis.study runs it and gives the verdict. The
+scale ladder repeats two claims at 4x the quick recipe's epochs.
 """
 
 from cl_jax.studies import (
@@ -14,6 +15,7 @@ from cl_jax.studies import (
     recipe,
     robinson_difficulty,
     robinson_ifm,
+    scale_ladder,
     suppression,
     zhu_ft,
 )
@@ -29,7 +31,7 @@ CLAIMS = tuple(
         zhu_ft,
         dicr_normstd,
     )
-)
+) + (scale_ladder.GE, scale_ladder.DICR)
 STUDIES = {
     s.name: s for s in (*CLAIMS, looc_rotation_setting.STUDY, suppression.STUDY, recipe.STUDY)
 }

@@ -1,0 +1,106 @@
+"""One rung of a scale ladder: two claims' pairwise comparisons again at 4x the quick recipe's
+epochs, so that a reader can see whether a verdict reached at the quick scale moves with training.
+
+Each rung is a claim of its own with the quick claim's paper, sentences, directions, margins and
+Holm correction, over the longer arms: Ge et al.'s alpha 2 against alpha 0 (MoCo-v2, 64 epochs
+instead of 16) and DICR on SimCLR (32 epochs instead of 8). Only the epochs change (and DICR's
+lambda warm-up, which ends in the last epoch as in the quick recipe).
+"""
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from cl_jax.analysis.study import Arm, Comparison, Study
+from cl_jax.studies import dicr_normstd, ge_alpha
+from cl_jax.studies.arms import MOCOV2, MOCOV2_NS, SIMCLR, variant
+
+FACTOR = 4
+QUICK_EPOCHS = {"mocov2": 16, "simclr": 8}  # optim.epochs of the quick configs (README)
+
+
+def longer(base: Arm, epochs: int) -> Arm:
+  """`base` trained for `epochs`; dicr.warmup_epochs (by default one less than the epochs, so
+  that DICR's lambda reaches its final value in the last epoch) is named with it, since it
+  follows the epochs in every config."""
+  return variant(
+      base, f"{base.name}_e{epochs}", optim__epochs=epochs, dicr__warmup_epochs=epochs - 1
+  )
+
+
+def rung(
+    quick: Study,
+    arms: Mapping[str, Arm],
+    labels: Sequence[str],
+    extra=(),
+    notes: str = "",
+    **fields: str,
+) -> Study:
+  """Claim `quick` at FACTOR x its epochs: its comparisons `labels` (quote, direction, margin
+  kept) between the longer arms ({quick arm name: longer arm}), then the comparisons `extra`
+  (already over the longer arms); `fields` (title, where, claim, paper_result) replace the
+  quick claim's where the rung tests only part of it."""
+  by_label = {c.label: c for c in quick.comparisons}
+  unknown = [label for label in labels if label not in by_label]
+  if unknown:
+    raise ValueError(f"claim {quick.name} has no comparisons {unknown}")
+
+  def names(old: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(arms[n].name for n in old)
+
+  described = ("title", "where", "claim", "paper_result")
+  if set(fields) - set(described):
+    raise ValueError(
+        f"a rung replaces only {described}, not {sorted(set(fields) - set(described))}"
+    )
+  fields = {k: fields.get(k, getattr(quick, k)) for k in described}
+  return dataclasses.replace(
+      quick,
+      name=f"{quick.name}_x{FACTOR}",
+      title=f"{fields['title']}, at {FACTOR}x the quick recipe's epochs",
+      where=f"{fields['where']}, at {FACTOR}x the quick recipe's epochs",
+      claim=fields["claim"],
+      paper_result=fields["paper_result"],
+      arms=tuple(arms.values()),
+      comparisons=tuple(
+          dataclasses.replace(c, arms=names(c.arms), minus=names(c.minus))
+          for c in (by_label[label] for label in labels)
+      )
+      + tuple(extra),
+      notes=f"One rung of the scale ladder: the comparisons of the claim {quick.name} between "
+      f"these arms, with its quotes, directions and margins (fixed for the quick recipe, before "
+      f"any run of either) and Holm's correction over the decisive ones, after {FACTOR}x the "
+      f"quick recipe's epochs. {notes}",
+  )
+
+
+GE_ARMS = {a.name: longer(a, FACTOR * QUICK_EPOCHS["mocov2"]) for a in (MOCOV2, MOCOV2_NS)}
+GE_PAIR = tuple(a.name for a in GE_ARMS.values())[::-1]  # (alpha 2, alpha 0)
+GE = rung(
+    ge_alpha.STUDY,
+    GE_ARMS,
+    ("accuracy: alpha 2 - alpha 0",),
+    title="Patch negatives: alpha 2 against alpha 0 (Ge et al. 2021, Sec. 3.1)",
+    where="Sec. 3.1, Table 1",
+    claim=f"\u201c{ge_alpha.ACCURACY}\u201d (Sec. 3.1)",
+    paper_result="ImageNet-100 top-1 77.88 (alpha 0), 79.35 (alpha 2).",
+    extra=tuple(
+        Comparison(f"{m}: alpha 2 - alpha 0", m, GE_PAIR) for m in ("shape", "texture", "colour")
+    ),
+    notes="Two of the sweep's five alphas only, so its slopes are not repeated: shape, texture "
+    "and colour between alpha 2 and alpha 0 are reported without a verdict.",
+)
+
+DICR_ARMS = {
+    a.name: longer(a, FACTOR * QUICK_EPOCHS["simclr"]) for a in (SIMCLR, dicr_normstd.SIMCLR_DICR)
+}
+DICR = rung(
+    dicr_normstd.STUDY,
+    DICR_ARMS,
+    tuple(
+        f"SimCLR: {part}"
+        for part in ("probe mean", "NormStd crop", *(f"NormStd {a}" for a in dicr_normstd.MARGINS))
+    )
+    + ("SimCLR: shape",),
+    notes="SimCLR only (the MoCo arms of the quick claim are not repeated). The kept margins are "
+    "the quick recipe's seed SDs; the longer recipe's are not known before its runs.",
+)
