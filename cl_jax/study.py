@@ -14,7 +14,8 @@ read, not retrained, an interrupted run resumes, and a record or run whose confi
 the arm's is refused (cl_jax.analysis.study). Outputs, rewritten after every new record:
 <results>/<study>.md (per arm the mean and 95% t-interval over seeds of each metric, the
 comparisons with their intervals and verdicts), <study>.json and <study>.png; with several
-claims, <results>/claims.md, one row per claim with its verdict.
+claims, <results>/claims.md, one row per claim with its verdict, and its short form for the
+README, <results>/verdicts.md.
 
 --set applies FIELD=VALUE (a Python literal, else a string) to every arm, e.g. a smaller model
 for a smoke test; such runs need their own --workdir and --results. --report_only rebuilds the
@@ -128,6 +129,9 @@ def main(argv):
     table = study_summary.claims_table(*zip(*claims), _SEEDS.value)
     if len(claims) > 1:
       metrics.write_atomically(epath.Path(_RESULTS.value) / "claims.md", table)
+      metrics.write_atomically(
+          epath.Path(_RESULTS.value) / "verdicts.md", study_summary.verdicts_table(*zip(*claims))
+      )
     print("Verdicts:\n" + "\n".join("  " + verdict_line(m) for _, m in claims))
   print(f"study wall time {time.perf_counter() - start:.0f} s")
   failed = [line for m in summaries for line in m.get("failed", ())]

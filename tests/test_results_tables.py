@@ -47,3 +47,17 @@ def test_the_claims_table_is_rebuilt_from_the_records():
       study_summary.summarise(s, study_lib.read_records(s, SEEDS, RESULTS)) for s in CLAIMS
   ]
   assert study_summary.claims_table(CLAIMS, summaries, SEEDS) == _committed("claims.md")
+
+
+def test_the_readme_shows_the_verdicts_as_the_records_give_them():
+  summaries = [
+      study_summary.summarise(s, study_lib.read_records(s, SEEDS, RESULTS)) for s in CLAIMS
+  ]
+  table = study_summary.verdicts_table(CLAIMS, summaries)
+  assert table == _committed("verdicts.md")
+  with open(os.path.join(ROOT, "README.md")) as f:
+    readme = f.read()
+  block = re.search(
+      r"<!-- verdicts: results/studies/verdicts.md -->\n(.*?)<!-- end verdicts -->", readme, re.S
+  )
+  assert block and block.group(1) == table

@@ -552,6 +552,19 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
       [claim], [study_summary.summarise(claim, {})], seeds=4
   ).splitlines()[2]
   assert "| not run yet | 0 of 8 |" in empty
+  short = study_summary.verdicts_table([claim], [summary]).splitlines()[2]
+  assert short == (
+      "| Someone 2021, Table 9: negatives raise shape. | **reproduced** | 1 reproduced (of 1) | "
+      "`pair` ([plot](results/studies/pair.png)) |"
+  )
+  # Two decisive comparisons, one without records: counted by verdict.
+  both = dataclasses.replace(
+      claim,
+      comparisons=claim.comparisons
+      + (study.Comparison("c", "colour", ("ns", "base"), expect="increase", quote="q"),),
+  )
+  short = study_summary.verdicts_table([both], [study_summary.summarise(both, records)])
+  assert "| **not resolved** | 1 reproduced, 1 not resolved (of 2) |" in short
 
 
 @pytest.mark.slow

@@ -288,3 +288,28 @@ def claims_table(studies: Sequence[Study], summaries: Sequence[dict], seeds: int
         f"`python -m cl_jax.study --study={s.name}` |"
     )
   return "\n".join(lines) + "\n"
+
+
+def verdicts_table(studies: Sequence[Study], summaries: Sequence[dict]) -> str:
+  """The README's short table of claims: per claim the paper's words, the verdict ("not run
+  yet" without a record), its decisive comparisons counted by verdict, and the study with a
+  link to its plot (from the repository root)."""
+  lines = [
+      "| claim (the paper's words) | verdict | decisive comparisons | study |",
+      "|---|---|---|---|",
+  ]
+  order = (intervals.REPRODUCED, intervals.OPPOSITE, intervals.NOT_RESOLVED, intervals.REFUSED)
+  for s, summary in zip(studies, summaries):
+    decisive = [
+        intervals.REFUSED if c["refused"] else c["verdict"]
+        for c in summary["comparisons"]
+        if c["expect"] is not None
+    ]
+    counts = ", ".join(f"{decisive.count(v)} {v}" for v in order if v in decisive)
+    done = sum(len(summary["arms"][a.name]["seeds"]) for a in s.arms)
+    verdict = f"**{summary['verdict']}**" if done else "not run yet"
+    lines.append(
+        f"| {s.paper}, {s.where}: {s.claim} | {verdict} | {counts} (of {len(decisive)}) | "
+        f"`{s.name}` ([plot](results/studies/{s.name}.png)) |"
+    )
+  return "\n".join(lines) + "\n"
