@@ -475,6 +475,8 @@ def test_a_scale_ladder_rung_is_its_claim_at_four_times_the_epochs():
       assert c.arms == tuple(longer_of[n] for n in q.arms)
   with pytest.raises(ValueError, match="has no comparisons"):
     scale_ladder.rung(STUDIES["ge_alpha"], {}, ("no such comparison",))
+  with pytest.raises(ValueError, match="replaces only"):
+    scale_ladder.rung(STUDIES["ge_alpha"], {}, (), metrics="shape")
 
 
 def base_value(config, field):

@@ -258,6 +258,12 @@ def _verdict(c: dict, min_seeds: int) -> str:
   return f"{c['verdict']} (fewer than {min_seeds} seeds)" if c["too_few_seeds"] else c["verdict"]
 
 
+def _claim_verdict(study: Study, summary: dict) -> tuple[int, str]:
+  """(records the claim rests on, its verdict in bold, or "not run yet" without a record)."""
+  done = sum(len(summary["arms"][a.name]["seeds"]) for a in study.arms)
+  return done, f"**{summary['verdict']}**" if done else "not run yet"
+
+
 def claims_table(studies: Sequence[Study], summaries: Sequence[dict], seeds: int) -> str:
   """One markdown row per claim: the paper's words, every decisive comparison's estimate
   [95% interval], Holm-adjusted interval and verdict, the claim's verdict ("not run yet"
@@ -280,8 +286,7 @@ def claims_table(studies: Sequence[Study], summaries: Sequence[dict], seeds: int
           if c["refused"]
           else f"{what}: {raw} {adjusted}, {_verdict(c, s.min_seeds)}"
       )
-    done = sum(len(summary["arms"][a.name]["seeds"]) for a in s.arms)
-    verdict = f"**{summary['verdict']}**" if done else "not run yet"
+    done, verdict = _claim_verdict(s, summary)
     lines.append(
         f"| {s.paper}, {s.where}: {s.claim} | {s.paper_result} | {'; '.join(parts)} | "
         f"{verdict} | {done} of {len(s.arms) * seeds} | "
@@ -306,8 +311,7 @@ def verdicts_table(studies: Sequence[Study], summaries: Sequence[dict]) -> str:
         if c["expect"] is not None
     ]
     counts = ", ".join(f"{decisive.count(v)} {v}" for v in order if v in decisive)
-    done = sum(len(summary["arms"][a.name]["seeds"]) for a in s.arms)
-    verdict = f"**{summary['verdict']}**" if done else "not run yet"
+    _, verdict = _claim_verdict(s, summary)
     lines.append(
         f"| {s.paper}, {s.where}: {s.claim} | {verdict} | {counts} (of {len(decisive)}) | "
         f"`{s.name}` ([plot](results/studies/{s.name}.png)) |"
