@@ -187,6 +187,39 @@ def test_max_batch_compiles_each_batch_once(monkeypatch):
   assert compiled == [128, 256] and out["checked"]["fits"]
 
 
+def test_max_batch_doubles_where_the_peak_does_not_grow(monkeypatch):
+  """A TPU compiler may lay out a larger batch in less memory (the quick default on v6e:2x2:
+  153 MB at 32 per chip, 129 MB at 64): no line through those two peaks, so the batch doubles
+  to 128, the line through 64 and 128 points far above the chip,
+  and the largest batch the queue accepts (512 here) is compiled and reported."""
+  import types
+
+  def peak(b):
+    return {32: 153_322_080, 64: 129_284_640}.get(b, 100_000_000 + 2**20 * b)
+
+  compiled = []
+
+  def for_target(config, chips, b):
+    if b > 512:
+      raise bench_compile.UsageError(f"the queue takes at most 512 images per chip, not {b}")
+    return b
+
+  def analyse(b, tgt, with_eval=True):
+    compiled.append(b)
+    return {"memory": {"peak": peak(b)}, "fits": peak(b) <= 31 * 2**30}
+
+  monkeypatch.setattr(bench_compile, "for_target", for_target)
+  monkeypatch.setattr(bench_compile, "analyse", analyse)
+  tgt = types.SimpleNamespace(devices=[0], chip=types.SimpleNamespace(hbm_bytes=31 * 2**30))
+  config = types.SimpleNamespace(model=types.SimpleNamespace(bn_groups=1))
+  out = bench_compile.max_batch(config, tgt, 32)
+  assert compiled == [32, 64, 128, 512]
+  assert out["fit"]["config_batch"] == 512 and out["checked"]["fits"]
+  per_image = (peak(128) - peak(64)) / 64  # the line through the two largest that fit first
+  assert out["fit"]["per_image_bytes"] == pytest.approx(per_image)
+  assert out["fit"]["batch"] == int((31 * 2**30 - (peak(64) - 64 * per_image)) // per_image)
+
+
 def test_max_batch_searches_below_a_batch_the_tpu_compiler_refuses(monkeypatch):
   """A TPU compiler refuses every program over 16 GiB (no peak to fit a line through): the
   config's 128 images per chip are refused, 64 fit, and halving the gap finds a batch within

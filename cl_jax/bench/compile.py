@@ -485,10 +485,11 @@ def max_batch(config, tgt: Target, first: int) -> dict:
   gap between the largest batch that fits and the smallest that does not, up to REFITS more
   compiles: on the line through two peaks (the two batches that fit while none fails; the
   batches either side once one fails, regula falsi), or halfway between them where the TPU
-  compiler refused the batch that does not fit (its peak unknown). Each candidate is the
-  largest batch the config accepts (fit["config_batch"]: MoCo's queue holds a whole number of
-  global batches, the global batch a multiple of the batch-norm groups); a batch is compiled at
-  most once; the search ends within 2% (or one step of the groups). Returns dict(fit: the last
+  compiler refused the batch that does not fit (its peak unknown); where the larger of the two
+  batches that fit peaks no higher than the smaller, no line is drawn and the batch doubles.
+  Each candidate is the largest batch the config accepts (fit["config_batch"]: MoCo's queue
+  holds a whole number of global batches, the global batch a multiple of the batch-norm
+  groups); a batch is compiled at most once; the search ends within 2% (or one step of the groups). Returns dict(fit: the last
   line, {fixed_bytes, per_image_bytes, batch: memory's alone} or None where no line was drawn,
   with config_batch and refits; peaks {batch: bytes} of the batches that compiled; first: the
   analysis at `first`; checked: the largest batch's that fits, None if none does)."""
@@ -522,20 +523,26 @@ def max_batch(config, tgt: Target, first: int) -> dict:
       return {"fit": None, "peaks": {}, "first": analyses[first], "checked": None}
   if b == first:
     compile_at(2 * first)
-  fit, searched = None, 0
+  fit, searched, doubled = None, 0, False
   while searched <= REFITS:
     peaks = known_peaks()
     low = max(x for x, a in analyses.items() if a["fits"])
     failing = [x for x, a in analyses.items() if not a["fits"]]
     high = min(failing) if failing else None
-    if high is None and searched:  # the fitted batch fits: the line holds
+    if high is None and searched and not doubled:  # the fitted batch fits: the line holds
       break
     if high is not None and high - low <= max(step, 0.02 * low):
       break
     if high is None or high in peaks:
       line = sorted(peaks)[-2:] if high is None else [low, high]
       fit = bench_memory.largest_batch({x: peaks[x] for x in line}, tgt.chip.hbm_bytes, step)
-      guess = fit["batch"] if high is None else min(fit["batch"], high - step)
+      # A peak that does not grow between the two largest batches (the compiler chose another
+      # layout) draws no line: double the largest batch that fits.
+      doubled = high is None and fit["per_image_bytes"] <= 0
+      if doubled:
+        guess = 2 * low
+      else:
+        guess = fit["batch"] if high is None else min(fit["batch"], high - step)
     else:
       guess = (low + high) // 2 // step * step
     candidate = accepted(guess, low)
