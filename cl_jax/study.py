@@ -14,8 +14,9 @@ read, not retrained, an interrupted run resumes, and a record or run whose confi
 the arm's is refused (cl_jax.analysis.study). Outputs, rewritten after every new record:
 <results>/<study>.md (per arm the mean and 95% t-interval over seeds of each metric, the
 comparisons with their intervals and verdicts), <study>.json and <study>.png; with several
-claims, <results>/claims.md, one row per claim with its verdict, and its short form for the
-README, <results>/verdicts.md.
+claims, <results>/claims.md, one row per claim with its verdict, its short form for the
+README, <results>/verdicts.md, and <results>/quick_runs.md, one row per record of a quick
+default (cl_jax.studies.recipe).
 
 --set applies FIELD=VALUE (a Python literal, else a string) to every arm, e.g. a smaller model
 for a smoke test; such runs need their own --workdir and --results. --report_only rebuilds the
@@ -131,6 +132,12 @@ def main(argv):
       metrics.write_atomically(epath.Path(_RESULTS.value) / "claims.md", table)
       metrics.write_atomically(
           epath.Path(_RESULTS.value) / "verdicts.md", study_summary.verdicts_table(*zip(*claims))
+      )
+      from cl_jax.studies import recipe
+
+      quick = study_lib.read_records(recipe.STUDY, _SEEDS.value, _RESULTS.value, extra)
+      metrics.write_atomically(
+          epath.Path(_RESULTS.value) / "quick_runs.md", recipe.markdown_table(recipe.STUDY, quick)
       )
     print("Verdicts:\n" + "\n".join("  " + verdict_line(m) for _, m in claims))
   print(f"study wall time {time.perf_counter() - start:.0f} s")

@@ -10,7 +10,7 @@ import pytest
 
 from cl_jax.analysis import study as study_lib
 from cl_jax.analysis import study_summary
-from cl_jax.studies import CLAIMS, STUDIES
+from cl_jax.studies import CLAIMS, STUDIES, recipe
 from tests.conftest import ROOT
 
 RESULTS = os.path.join(ROOT, "results", "studies")
@@ -35,11 +35,22 @@ def test_the_docs_include_the_claims_table_and_each_claims_table():
   assert set(included_tables()) >= {"claims.md"} | {f"{s.name}.md" for s in CLAIMS}
 
 
-@pytest.mark.parametrize("name", [n for n in included_tables() if n != "claims.md"])
+@pytest.mark.parametrize(
+    "name", [n for n in included_tables() if n not in ("claims.md", "quick_runs.md")]
+)
 def test_an_included_study_table_is_rebuilt_from_its_records(name):
   study = STUDIES[name[: -len(".md")]]
   records = study_lib.read_records(study, SEEDS, RESULTS)
   assert study_summary.markdown(study, study_summary.summarise(study, records)) == _committed(name)
+
+
+def test_the_quick_defaults_records_table_is_rebuilt_from_the_records():
+  """results/studies/quick_runs.md (written with claims.md) is one row per record of a quick
+  default, as cl_jax.studies.recipe renders it, and the docs include it."""
+  assert "quick_runs.md" in included_tables()
+  records = study_lib.read_records(recipe.STUDY, SEEDS, RESULTS)
+  assert records, "no record of a quick default under results/studies/runs"
+  assert recipe.markdown_table(recipe.STUDY, records) == _committed("quick_runs.md")
 
 
 def test_the_claims_table_is_rebuilt_from_the_records():

@@ -4,7 +4,9 @@ Besides the study's standard tables it writes recipe_check_runs.md: one row per 
 with colour, shape and texture top-1 (random init -> trained), the final loss, the final
 embedding std x sqrt(d) (cl_jax.analysis.collapse; about 1 healthy, 0 collapsed), the logged
 steps that show a collapse under the default health thresholds ("end" when the run ends
-collapsed), and the wall time of cl_jax.main (start-up, compilation, training and the probe).
+collapsed), the wall time of cl_jax.main (start-up, compilation, training and the probe), and
+the commit and processor that made the record. The same table over the records the claims
+wrote is results/studies/quick_runs.md (cl_jax.study --study=claims).
 """
 
 from collections.abc import Sequence
@@ -23,11 +25,22 @@ def _steps_text(steps: Sequence[int], last: int) -> str:
   return f"steps {steps[0]}-{end} ({len(steps)} log{'s' if len(steps) > 1 else ''})"
 
 
+def _made_by(record: dict) -> tuple[str, str]:
+  """(commit, processor) of a record: the commit "-" for a record older than the code versions
+  records keep; the processor as its model and widest vector instructions."""
+  commit = record.get("code", {}).get("commit") or "-"
+  env = record.get("environment") or {}
+  isa = (env.get("isa") or "").split()
+  processor = f"{env.get('cpu') or '?'}" + (f" ({isa[0]})" if isa else "")
+  return f"`{commit}`" if commit != "-" else commit, processor
+
+
 def markdown_table(study: Study, records: dict) -> str:
   """One row per arm and seed (records {arm: {seed: record}})."""
   head = (
       "| config | seed | colour | shape | texture | final loss | std x sqrt(d) | collapse "
-      "flagged at | wall s |\n|---|---:|---:|---:|---:|---:|---:|---|---:|"
+      "flagged at | wall s | commit | processor |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|"
   )
   lines = [head]
   for a in study.arms:
@@ -40,9 +53,10 @@ def markdown_table(study: Study, records: dict) -> str:
       std = "-" if "std_sqrt_d" not in m else f"{m['std_sqrt_d']:.2f}"
       wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
       flagged = _steps_text(r["collapse_flagged_steps"], r["step"])
+      commit, processor = _made_by(r)
       lines.append(
           f"| {a.name} | {seed} | {' | '.join(cells)} | {m['loss']:.3f} | {std} | "
-          f"{flagged} | {wall} |"
+          f"{flagged} | {wall} | {commit} | {processor} |"
       )
   return "\n".join(lines) + "\n"
 
