@@ -631,24 +631,3 @@ def test_a_child_without_a_signal_gives_its_status_and_a_stop_is_not_a_failed_ru
         STUDY, 2, str(tmp_path / "runs"), str(tmp_path / "res"), study_fakes.TINY, train=stopped
     )
 
-
-def test_a_quick_runs_row_names_the_records_commit_and_processor():
-  """recipe.markdown_table by hand: random init -> trained (gain), loss, spread, the flagged
-  steps, wall time, and who made the record ("-" for a record older than code versions)."""
-  from cl_jax.studies import recipe
-
-  metrics = {"colour": 99.85, "shape": 57.55, "texture": 35.9, "loss": 5.0663}
-  metrics.update({"random_init/colour": 74.75, "random_init/shape": 17.05})
-  metrics.update({"random_init/texture": 23.15, "std_sqrt_d": 0.9776})
-  new = {"metrics": metrics, "wall_s": 557.6, "step": 624, "collapse_flagged_steps": [10, 624]}
-  new.update(code={"commit": "3484e57"}, environment={"cpu": "AMD EPYC", "isa": "avx512f avx2"})
-  old = dict(new, code=None, environment={"cpu": "AMD EPYC", "isa": "avx2"}, wall_s=None)
-  del old["code"]
-  study = dataclasses.replace(recipe.STUDY, arms=(recipe.STUDY.arms[1],))
-  rows = recipe.markdown_table(study, {"mocov2": {0: new, 1: old}}).splitlines()
-  assert rows[2] == (
-      "| mocov2 | 0 | 74.8 -> 99.8 (+25.1) | 17.1 -> 57.5 (+40.5) | 23.1 -> 35.9 (+12.8) | 5.066 "
-      "| 0.98 | steps 10-end (2 logs) | 558 | `3484e57` | AMD EPYC (avx512f) |"
-  )
-  assert rows[3].endswith("| - | - | AMD EPYC (avx2) |")
-  assert len(rows) == 4

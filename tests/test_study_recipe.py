@@ -1,6 +1,6 @@
 """cl_jax.studies.recipe: the recipe check's table rows (random init -> trained (gain), final
-loss, std x sqrt(d), the steps flagged as collapsed, wall time) from study records, and from
-the record of a finished run directory as cl_jax.main leaves it."""
+loss, std x sqrt(d), the steps flagged as collapsed, wall time, commit and processor) from study
+records, and from the record of a finished run directory as cl_jax.main leaves it."""
 
 from cl_jax.analysis import study_records
 from cl_jax.studies import recipe
@@ -20,13 +20,14 @@ def _record(step, trained, init, loss, std_sqrt_d, flagged, wall_s) -> dict:
 
 
 def _rows(table: str) -> list[str]:
+  """The rows without their last two cells (commit, processor: test_a_row_names_...)."""
   lines = table.splitlines()
   assert lines[0] == (
       "| config | seed | colour | shape | texture | final loss | std x sqrt(d) | "
-      "collapse flagged at | wall s |"
+      "collapse flagged at | wall s | commit | processor |"
   )
-  assert lines[1] == "|---|---:|---:|---:|---:|---:|---:|---|---:|"
-  return lines[2:]
+  assert lines[1] == "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|"
+  return [line.rsplit(" | ", 2)[0] + " |" for line in lines[2:]]
 
 
 def test_rows_from_records():
@@ -84,3 +85,19 @@ def test_row_from_the_record_of_a_finished_run(tmp_path):
   assert _rows(recipe.markdown_table(recipe.STUDY, {"mocov2": {2: record}}))[0].endswith(
       "| 4.000 | 0.60 | - | 7 |"
   )
+
+
+def test_a_row_names_the_records_commit_and_processor():
+  """By hand: the commit of the record's code, "-" for a record older than code versions, and
+  the processor as its model and widest vector instructions."""
+  new = _record(624, (99.85, 57.55, 35.9), (74.75, 17.05, 23.15), 5.0663, 0.9776, [], 557.6)
+  new.update(code={"commit": "3484e57"}, environment={"cpu": "AMD EPYC", "isa": "avx512f avx2"})
+  old = dict(new, environment={"cpu": "AMD EPYC", "isa": "avx2"})
+  del old["code"]
+  rows = recipe.markdown_table(recipe.STUDY, {"mocov2": {0: new, 1: old}}).splitlines()[2:]
+  assert rows == [
+      "| mocov2 | 0 | 74.8 -> 99.8 (+25.1) | 17.1 -> 57.5 (+40.5) | 23.1 -> 35.9 (+12.8) | 5.066 "
+      "| 0.98 | - | 558 | `3484e57` | AMD EPYC (avx512f) |",
+      "| mocov2 | 1 | 74.8 -> 99.8 (+25.1) | 17.1 -> 57.5 (+40.5) | 23.1 -> 35.9 (+12.8) | 5.066 "
+      "| 0.98 | - | 558 | - | AMD EPYC (avx2) |",
+  ]
