@@ -630,4 +630,3 @@ def test_a_child_without_a_signal_gives_its_status_and_a_stop_is_not_a_failed_ru
     study.run(
         STUDY, 2, str(tmp_path / "runs"), str(tmp_path / "res"), study_fakes.TINY, train=stopped
     )
-
