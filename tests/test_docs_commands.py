@@ -29,7 +29,7 @@ DOCS = sorted(
     + glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
 )
 _FENCE = re.compile(r"^```(bash|sh|shell|console)\s*\n(.*?)^```", re.M | re.S)
-_SEPARATORS = {"&&", "||", ";", "|"}
+_SEPARATORS = {"&&", "||", ";", "|", "&"}
 
 
 def shell_commands(markdown: str) -> list[list[str]]:
@@ -59,9 +59,12 @@ def shell_commands(markdown: str) -> list[list[str]]:
 
 
 def cl_jax_command(command: list[str]) -> tuple[str, list[str]] | None:
-  """(module, its arguments) of `[VAR=value ...] python[3] -m cl_jax.X args`, else None."""
+  """(module, its arguments) of `[VAR=value ...] [taskset -c CPUS] python[3] -m cl_jax.X args`,
+  else None."""
   while command and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", command[0]):
     command = command[1:]
+  if command[:1] == ["taskset"] and command[1:2] == ["-c"]:
+    command = command[3:]
   if len(command) >= 3 and re.fullmatch(r"(\S*/)?python3?", command[0]) and command[1] == "-m":
     if command[2].split(".")[0] == "cl_jax":
       return command[2], command[3:]
@@ -171,6 +174,7 @@ def test_the_parser_finds_continued_chained_and_prefixed_commands():
       "JAX_PLATFORMS=cpu python -m cl_jax.main --config=configs/mocov2.py \\\n"
       "    --config.seed=1 --workdir=runs/a  # trailing comment\n"
       "python3 -m cl_jax.probe --workdir=runs/a && python -m cl_jax.viz --workdir=runs/a\n"
+      "taskset -c 1 python -m cl_jax.study --study=ge_alpha --arms=mocov2 &\n"
       "pip install -e .\n```\nnot a command: python -m cl_jax.nothing\n"
   )
   found = [cl_jax_command(c) for c in shell_commands(markdown)]
@@ -178,6 +182,7 @@ def test_the_parser_finds_continued_chained_and_prefixed_commands():
       ("cl_jax.main", ["--config=configs/mocov2.py", "--config.seed=1", "--workdir=runs/a"]),
       ("cl_jax.probe", ["--workdir=runs/a"]),
       ("cl_jax.viz", ["--workdir=runs/a"]),
+      ("cl_jax.study", ["--study=ge_alpha", "--arms=mocov2"]),
       None,
   ]
 
