@@ -16,7 +16,7 @@ from cl_jax.runtime.config_fields import boolean, choice, fail, get, integer, in
 from cl_jax.runtime.errors import UsageError
 
 METHODS = ("moco", "simclr", "byol", "simsiam")
-BN_MODES = ("sync", "local", "shuffle")
+BN_MODES = ("sync", "local", "shuffle", "shuffle_stats")
 NS_KINDS = ("patch", "texture")
 LOOC_AUGMENTATIONS = ("colour", "rotation", "texture")
 PROBE_FEATURES = ("backbone", "heads")
@@ -390,7 +390,7 @@ def _check_batch_split(c, num_devices: int) -> None:
         f"devices ({num_devices}), so that groups map onto devices",
     )
   if method != "moco":
-    if bn_mode == "shuffle":
+    if bn_mode.startswith("shuffle"):
       fail(
           "model.bn_mode",
           bn_mode,

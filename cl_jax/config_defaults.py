@@ -98,7 +98,7 @@ def base_config() -> ml_collections.ConfigDict:
   # dtype of the cross-device sum of a bfloat16 network's convolution weight gradients:
   # float32 as mixed-precision practice sums them, or bfloat16 for half the bytes
   c.model.grad_reduce_dtype = "float32"
-  c.model.bn_mode = "shuffle"  # sync | local | shuffle
+  c.model.bn_mode = "shuffle"  # sync | local | shuffle | shuffle_stats
   c.model.bn_groups = 4  # virtual batch-norm groups over the global batch
 
   c.moco = ml_collections.ConfigDict()

@@ -135,6 +135,7 @@ def test_zero_health_thresholds_switch_the_warnings_off():
         ("sync", 4, 128, 1, "set model.bn_groups = 1"),
         ("local", 1, 128, 1, "at least 2 groups"),
         ("shuffle", 1, 128, 1, "at least 2 groups"),
+        ("shuffle_stats", 1, 128, 1, "at least 2 groups"),
         ("shuffle", 6, 96, 4, "multiple or a divisor of the number of devices"),
         ("local", 8, 96, 3, "multiple or a divisor of the number of devices"),
     ],
@@ -149,7 +150,14 @@ def test_batch_norm_groups_must_match_mode_and_devices(mode, groups, batch, devi
 
 @pytest.mark.parametrize(
     "mode,groups,devices",
-    [("sync", 1, 8), ("local", 8, 8), ("shuffle", 4, 8), ("shuffle", 16, 8), ("local", 2, 1)],
+    [
+        ("sync", 1, 8),
+        ("local", 8, 8),
+        ("shuffle", 4, 8),
+        ("shuffle", 16, 8),
+        ("shuffle_stats", 4, 8),
+        ("local", 2, 1),
+    ],
 )
 def test_batch_norm_groups_that_map_onto_devices_are_accepted(mode, groups, devices):
   c = mocov2_patchns.get_config(None)
@@ -287,6 +295,7 @@ def test_a_scaled_lr_set_by_hand_is_rejected():
         ("simclr", {"hcl.enabled": True, "hcl.tau_plus": 1.0}, "hcl.tau_plus"),
         ("simclr", {"hcl.enabled": True, "ifm.enabled": True}, "hcl.enabled"),
         ("simclr", {"model.bn_mode": "shuffle", "model.bn_groups": 4}, "model.bn_mode"),
+        ("byol", {"model.bn_mode": "shuffle_stats", "model.bn_groups": 4}, "model.bn_mode"),
         ("simclr", {"optim.optimizer": "adam"}, "optim.optimizer"),
     ],
 )

@@ -23,11 +23,22 @@ def test_components_name_the_base_step_and_each_addon():
   c = simclr.get_config(None)
   c.ifm.enabled = True
   assert fingerprint.components(c) == ["simclr", "simclr+ifm"]
+  c = mocov2_patchns.get_config(None)
+  c.model.bn_mode = "shuffle_stats"
+  assert fingerprint.components(c) == ["moco", "moco+shuffle_stats", "moco+nonsemantic_patch"]
 
 
 @pytest.mark.parametrize(
     "component",
-    ["moco", "moco_symmetric+dicr", "moco+ft", "simclr+hcl", "byol", "simsiam+dicr"],
+    [
+        "moco",
+        "moco_symmetric+dicr",
+        "moco+ft",
+        "moco+shuffle_stats",
+        "simclr+hcl",
+        "byol",
+        "simsiam+dicr",
+    ],
 )
 def test_canonical_configs_are_tiny_valid_and_hold_their_addon_alone(component):
   c = fingerprint.canonical_config(component)
@@ -47,9 +58,11 @@ def test_the_fingerprint_repeats_and_tells_the_code_paths_apart():
   assert base == fingerprint.step_fingerprint(fingerprint.canonical_config("moco_symmetric"))
   with_dicr = fingerprint.step_fingerprint(fingerprint.canonical_config("moco_symmetric+dicr"))
   patch = fingerprint.step_fingerprint(fingerprint.canonical_config("moco+nonsemantic_patch"))
-  assert with_dicr[0] != base[0] and patch != fingerprint.step_fingerprint(
-      fingerprint.canonical_config("moco")
-  )
+  moco = fingerprint.step_fingerprint(fingerprint.canonical_config("moco"))
+  assert with_dicr[0] != base[0] and patch != moco
+  # Shuffle-BN by statistics: the same maths as the permuted batch, summed in another order.
+  by_statistics = fingerprint.step_fingerprint(fingerprint.canonical_config("moco+shuffle_stats"))
+  assert by_statistics == pytest.approx(moco, rel=1e-5)
   assert all(isinstance(v, float) and v > 0 for v in base + with_dicr + patch)
   assert fingerprint.differing({"a": [1.0, 2.0], "b": base}, {"a": [1.0, 2.5]}) == ["a"]
 

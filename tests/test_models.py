@@ -78,6 +78,34 @@ def test_group_batchnorm_training_matches_numpy(groups):
   np.testing.assert_allclose(new['var'], 0.8 * s['var'] + 0.2 * var.mean(0), rtol=1e-5)
 
 
+@pytest.mark.parametrize('shape', [(8, 3, 2, 5), (12, 6)])
+def test_group_batchnorm_scattered_groups_match_numpy(shape):
+  # Rows of a group anywhere in the batch (shuffle-BN by statistics): group g's statistics
+  # are those of the rows with groups[i] == g, computed in float64 by NumPy over exactly those
+  # rows; each row is normalised with its own group's; running statistics as contiguous.
+  rng = np.random.default_rng(1)
+  x = (rng.normal(size=shape) * 3 + 1).astype(np.float32)
+  num_groups = 4
+  groups = rng.permutation(np.arange(shape[0]) % num_groups)
+  variables = _bn_variables(rng, shape[-1])
+  module = GroupBatchNorm(num_groups=num_groups, momentum=0.8)
+  y, updates = module.apply(variables, x, False, jnp.asarray(groups), mutable=['batch_stats'])
+  p, s = variables['params'], variables['batch_stats']
+  y_ref = np.empty(shape)
+  means, variances = [], []
+  for g in range(num_groups):
+    rows = x[groups == g].astype(np.float64)
+    axes = tuple(range(rows.ndim - 1))
+    mean, var = rows.mean(axis=axes), rows.var(axis=axes)
+    y_ref[groups == g] = (rows - mean) / np.sqrt(var + 1e-5) * p['scale'] + p['bias']
+    means.append(mean)
+    variances.append(var)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  new = updates['batch_stats']
+  np.testing.assert_allclose(new['mean'], 0.8 * s['mean'] + 0.2 * np.mean(means, 0), rtol=1e-5)
+  np.testing.assert_allclose(new['var'], 0.8 * s['var'] + 0.2 * np.mean(variances, 0), rtol=1e-5)
+
+
 def test_group_batchnorm_single_group_equals_flax_batchnorm():
   rng = np.random.default_rng(1)
   x = rng.normal(size=(6, 4, 4, 3)).astype(np.float32) * 2 - 1

@@ -72,7 +72,7 @@ def _close(a, b, rtol=1e-5, atol=1e-7):
   )
 
 
-@pytest.mark.parametrize("bn_mode,groups", [("sync", 1), ("shuffle", 8)])
+@pytest.mark.parametrize("bn_mode,groups", [("sync", 1), ("shuffle", 8), ("shuffle_stats", 4)])
 def test_eight_devices_take_the_one_device_step(bn_mode, groups, host_batch):
   # MoCo-v2 + patch NS negatives on the same global batch: same loss, statistics, updated
   # parameters (online and EMA), batch-norm statistics and queue (compared slot by slot).
@@ -180,18 +180,21 @@ def test_local_bn_statistics_are_per_device(host_batch):
   assert all_reduces(fwd8) <= 1 < layers <= all_reduces(fwd1)
 
 
+@pytest.mark.parametrize("mode", ["shuffle", "shuffle_stats"])
 @pytest.mark.parametrize("groups", [8, 4])
-def test_shuffle_bn_normalises_keys_with_a_random_group(groups, host_batch):
+def test_shuffle_bn_normalises_keys_with_a_random_group(groups, mode, host_batch):
   # Shuffle-BN across 8 devices: the key batch is permuted over the whole global batch,
   # each group of B/G permuted rows is normalised on its own, and the keys are put back
-  # in order. Reference: the same permutation, then G separate one-group forwards.
+  # in order ("shuffle"), or each BN takes its statistics over the rows of those groups
+  # where they lie ("shuffle_stats"). Reference: the same permutation, then G separate
+  # one-group forwards on one device.
   x = jnp.asarray(host_batch["view2"], jnp.float32) / 255.0
   encoder, variables = _encoder_and_variables(groups)
   encoder1 = _encoder_and_variables(1)[0]
   mesh = parallel.make_mesh()
   rng = jax.random.key(3)
   keys, stats = jax.jit(
-      lambda v, x: forward.encode_keys(encoder, v["params"], v["batch_stats"], x, rng, shuffle=True)
+      lambda v, x: forward.encode_keys(encoder, v["params"], v["batch_stats"], x, rng, mode)
   )(variables, jax.device_put(x, parallel.batch_sharding(mesh)))
   perm = np.asarray(jax.random.permutation(rng, B))
   shuffled = x[perm]
@@ -212,6 +215,50 @@ def test_shuffle_bn_normalises_keys_with_a_random_group(groups, host_batch):
   assert np.abs(np.asarray(keys) - plain).max() > 1e-3
 
 
+def test_shuffle_stats_moves_no_image_and_reduces_group_statistics(host_batch):
+  # The same key forward on 8 devices with "shuffle_stats": the compiled program has no
+  # gather, all-to-all or permute across devices, only all-reduces whose arrays hold at most
+  # G x C values (a group's sums per channel; C at most the head's or the last stage's
+  # width), at least one per batch-norm layer; "shuffle" gathers the images.
+  groups = 4
+  x = jnp.asarray(host_batch["view2"], jnp.float32) / 255.0
+  encoder, variables = _encoder_and_variables(groups)
+  mesh = parallel.make_mesh()
+  xs = jax.device_put(x, parallel.batch_sharding(mesh))
+  layers = len(jax.tree.leaves(variables["batch_stats"])) // 2
+  widest = max(a.shape[0] for a in jax.tree.leaves(variables["batch_stats"]))
+
+  def compiled(mode):
+    fn = jax.jit(
+        lambda v, x: forward.encode_keys(
+            encoder, v["params"], v["batch_stats"], x, jax.random.key(3), mode, mesh=mesh
+        )
+    )
+    return fn.lower(variables, xs).compile().as_text()
+
+  text = compiled("shuffle_stats")
+  moves = r"= \S+ (all-gather|all-to-all|collective-permute)(-start)?\("
+  assert not re.search(moves, text)
+  reduced = re.findall(r"= \(?(\S+?)\)? all-reduce(?:-start)?\(", text)
+  assert len(reduced) >= layers
+  for shapes in reduced:
+    for dims in re.findall(r"\[([\d,]*)\]", shapes):
+      assert np.prod([int(d) for d in dims.split(",") if d]) <= groups * widest, shapes
+  assert re.search(moves, compiled("shuffle"))
+
+
+def test_shuffle_stats_takes_the_shuffle_step(host_batch):
+  # One MoCo-v2 + patch NS step on one device in each mode, same state, batch and PRNG
+  # keys: the same loss, statistics and updated state, to float32 rounding.
+  _, one, m1 = _one_step(_config("shuffle", 4), host_batch, 1)
+  _, other, m2 = _one_step(_config("shuffle_stats", 4), host_batch, 1)
+  for name in m1:
+    np.testing.assert_allclose(m2[name], m1[name], rtol=1e-5, atol=1e-7, err_msg=name)
+  _close(other.params, one.params, atol=1e-6)
+  _close(other.target_batch_stats, one.target_batch_stats)
+  np.testing.assert_allclose(other.queue, one.queue, rtol=1e-5, atol=1e-6)
+
+
 def test_shuffle_bn_permutes_images_in_the_compute_dtype(host_batch):
   # A bfloat16 encoder's shuffled key forward on 8 devices: the random gather of the images,
   # which becomes a collective across devices, reads bfloat16 images, not float32 ones
@@ -222,7 +269,7 @@ def test_shuffle_bn_permutes_images_in_the_compute_dtype(host_batch):
   mesh = parallel.make_mesh()
   fn = jax.jit(
       lambda v, x: forward.encode_keys(
-          encoder, v["params"], v["batch_stats"], x, jax.random.key(3), shuffle=True, mesh=mesh
+          encoder, v["params"], v["batch_stats"], x, jax.random.key(3), "shuffle", mesh=mesh
       )
   )
   text = fn.lower(variables, jax.device_put(x, parallel.batch_sharding(mesh))).as_text()

@@ -88,10 +88,14 @@ def source_digest(root: str = ROOT) -> dict:
 def components(config: ml_collections.ConfigDict) -> list[str]:
   """The components of a run's config: its base step ("moco", "moco_symmetric", "simclr",
   "byol", "simsiam") and one "<method>+<add-on>" per enabled add-on (non-semantic negatives
-  by kind: "+nonsemantic_patch", "+nonsemantic_texture")."""
+  by kind: "+nonsemantic_patch", "+nonsemantic_texture"); MoCo's key encoder with shuffle-BN
+  by statistics (model.bn_mode "shuffle_stats", other arithmetic than "shuffle") is one more,
+  "+shuffle_stats"."""
   method = config.method
   base = "moco_symmetric" if method == "moco" and config.moco.symmetric else method
   out = [base]
+  if method == "moco" and config.model.bn_mode == "shuffle_stats":
+    out.append(f"{base}+shuffle_stats")
   for addon in ADDONS:
     if config[addon].enabled:
       name = f"nonsemantic_{config.nonsemantic.kind}" if addon == "nonsemantic" else addon
@@ -106,7 +110,9 @@ def canonical_config(component: str) -> ml_collections.ConfigDict:
   c = cli._load_config(os.path.join(ROOT, METHOD_CONFIGS[method]))
   if base == "moco_symmetric":
     c.moco.symmetric = True
-  if addon:
+  if addon == "shuffle_stats":
+    c.model.bn_mode = addon
+  elif addon:
     block = "nonsemantic" if addon.startswith("nonsemantic") else addon
     c[block].enabled = True
     if block == "nonsemantic":

@@ -10,7 +10,8 @@ The step is MoCo-v2 (He et al. 2020, Alg. 1; Chen et al. 2020) as cl_jax.objecti
 takes it without add-ons:
   1. EMA of the key encoder, theta_k <- m theta_k + (1 - m) theta_q;
   2. keys of the key view from the key encoder, without gradient; with model.bn_mode
-     "shuffle" the key batch is permuted before the key encoder and un-permuted after it;
+     "shuffle" or "shuffle_stats" (the same maths) the key batch is permuted before the key
+     encoder and un-permuted after it;
   3. InfoNCE of the queries against their keys and the (K, d) queue at temperature T;
   4. SGD with momentum and coupled weight decay (torch.optim.SGD, as cl_jax.optim's "sgd"),
      at the constant lr optim.lr;
@@ -322,7 +323,7 @@ def make_step(model: MoCo, config, compile: bool):
 
   view1, view2: (B, S, S, 3) uint8 already-augmented views on the model's device. perms:
   the shuffle-BN permutations (B,) of each pair, drawn with torch.randperm when None
-  (bn_mode "shuffle" only). compile: torch.compile (COMPILE_MODE) model.contrast.
+  (bn_mode "shuffle" or "shuffle_stats" only). compile: torch.compile (COMPILE_MODE) model.contrast.
   """
   optimizer = torch.optim.SGD(
       model.encoder_q.parameters(),
@@ -334,7 +335,7 @@ def make_step(model: MoCo, config, compile: bool):
   device = model.queue.device
   amp = autocast_dtype(config, device)
   pairs = 2 if config.moco.symmetric else 1
-  shuffle = config.model.bn_mode == "shuffle"
+  shuffle = config.model.bn_mode in ("shuffle", "shuffle_stats")
 
   def step(view1, view2, perms=None):
     if perms is None:

@@ -9,6 +9,10 @@ groups' statistics locally; the only cross-device reduction is the (C,)-sized av
 updates the running statistics. On a mesh with Explicit axes, a ``num_groups`` that would
 split a group across devices is rejected with a ValueError.
 
+Groups whose rows lie anywhere in the batch (``scattered_group_normalise``, MoCo's shuffle-BN
+computed without moving the key images) take their statistics with a (G, C) all-reduce of
+per-group sums across devices instead; that path is forward only.
+
 The training-mode normalisation (``group_normalise``) has a hand-written backward: autodiff of
 the float32 formula would keep float32 copies of x - mean and of the normalised output, at full
 size, for every BN (about 130 MB per image in a bfloat16 ResNet-50 at 224 px); this one keeps x
@@ -121,6 +125,46 @@ def _group_normalise_bwd(num_groups, epsilon, dtype, residuals, cotangents):
 group_normalise.defvjp(_group_normalise_fwd, _group_normalise_bwd)
 
 
+def _sum_per_group(rows: jax.Array, one_hot: jax.Array) -> jax.Array:
+  """(B, C) per-row sums, (B, G) one-hot groups -> (G, C) float32 per-group sums. A sum over
+  the batch axis: with the rows split over devices, XLA sums each device's part and
+  all-reduces the (G, C) result. HIGHEST precision: a TPU's default float32 matmul rounds
+  through bfloat16."""
+  return jnp.einsum('bg,bc->gc', one_hot, rows, precision=jax.lax.Precision.HIGHEST)
+
+
+def scattered_group_normalise(x, scale, bias, groups: jax.Array, num_groups: int, epsilon, dtype):
+  """group_normalise's forward for groups whose rows lie anywhere in the batch.
+
+  Row i of x belongs to group groups[i]; every group holds B/G rows. With one-hot
+  o_ig = [groups[i] = g] and N = B/G x (spatial size) values per channel and group
+  (Ioffe & Szegedy 2015, Alg. 1, per group):
+    mu_g  = sum_i o_ig sum_s x_is / N
+    var_g = sum_i o_ig sum_s (x_is - mu_g(i))^2 / N
+    y_is  = (x_is - mu_g(i)) / sqrt(var_g(i) + epsilon) * scale + bias
+  i.e. group_normalise of the batch permuted so that the groups are contiguous, un-permuted,
+  without moving any row (shuffle-BN's statistics computed where the images lie: per BN two
+  (G, C) all-reduces across devices instead of a gather of the images). Forward only (the key
+  encoder takes no gradient).
+
+  Args:
+    x: (B, ..., C).
+    groups: (B,) integer group of each row, in [0, num_groups), B / num_groups rows each.
+  Returns:
+    (y (B, ..., C) in dtype, mean (G, C), var (G, C)), as group_normalise.
+  """
+  x32 = x.astype(jnp.float32)
+  axes = tuple(range(1, x.ndim - 1))
+  count = (x.shape[0] // num_groups) * math.prod(x.shape[a] for a in axes)
+  one_hot = jax.nn.one_hot(groups, num_groups, dtype=jnp.float32)
+  row_shape = (x.shape[0],) + (1,) * len(axes) + (x.shape[-1],)
+  mean = _sum_per_group(jnp.sum(x32, axis=axes), one_hot) / count
+  centred = x32 - mean[groups].reshape(row_shape)
+  var = _sum_per_group(jnp.sum(jnp.square(centred), axis=axes), one_hot) / count
+  y = centred * jax.lax.rsqrt(var + epsilon)[groups].reshape(row_shape) * scale + bias
+  return y.astype(dtype), mean, var
+
+
 class GroupBatchNorm(nn.Module):
   """Batch norm (Ioffe & Szegedy 2015, Alg. 1) with statistics per contiguous batch group.
 
@@ -163,10 +207,14 @@ class GroupBatchNorm(nn.Module):
   bias_init: Callable[..., jax.Array] = nn.initializers.zeros
 
   @nn.compact
-  def __call__(self, x: jax.Array, use_running_average: bool) -> jax.Array:
+  def __call__(
+      self, x: jax.Array, use_running_average: bool, groups: jax.Array | None = None
+  ) -> jax.Array:
     """Normalises x of shape (B, ..., C); returns the same shape in ``self.dtype``.
 
     In training mode B must be divisible by ``num_groups``; eval mode takes any B.
+    groups: None (the G contiguous groups), or (B,) the group of each row in training mode,
+    B/G rows each wherever they lie (scattered_group_normalise; forward only).
     """
     if (
         isinstance(self.num_groups, bool)
@@ -199,14 +247,19 @@ class GroupBatchNorm(nn.Module):
           'choose a batch size that is a multiple of the number of BN groups'
       )
     shards = _explicit_batch_shards(x)
-    if self.num_groups > 1 and self.num_groups % shards:
+    if groups is None and self.num_groups > 1 and self.num_groups % shards:
       raise ValueError(
           f'num_groups {self.num_groups} must be 1 or a multiple of the {shards} shards of '
           'the batch axis, so that every group lies on one device'
       )
-    y, mean, var = group_normalise(
-        x, scale, bias, self.num_groups, self.epsilon, jnp.dtype(self.dtype)
-    )
+    if groups is None:
+      y, mean, var = group_normalise(
+          x, scale, bias, self.num_groups, self.epsilon, jnp.dtype(self.dtype)
+      )
+    else:
+      y, mean, var = scattered_group_normalise(
+          x, scale, bias, groups, self.num_groups, self.epsilon, jnp.dtype(self.dtype)
+      )
     if not self.is_initializing():
       ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * mean.mean(axis=0)
       ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * var.mean(axis=0)

@@ -43,16 +43,22 @@ class Encoder(nn.Module):
     """ICR's region embeddings: (N, D) region representations -> (N, d) float32."""
     return self.region_head(h, train=train).astype(jnp.float32)
 
-  def _project(self, head: nn.Module, features: dict, train: bool):
+  def _project(self, head: nn.Module, features: dict, train: bool, groups: jax.Array | None):
     """(head features: pooled conv5 (B, D5) or the projection itself, (B, out_dim) float32)."""
     if self.conv5_heads:
-      conv5, projection = head(features['feature_map'], train=train)
+      conv5, projection = head(features['feature_map'], train=train, groups=groups)
       return conv5, projection.astype(jnp.float32)
-    projection = head(features['pooled'], train=train).astype(jnp.float32)
+    projection = head(features['pooled'], train=train, groups=groups).astype(jnp.float32)
     return projection, projection
 
   @nn.compact
-  def __call__(self, x: jax.Array, train: bool, predict: bool = False) -> dict[str, jax.Array]:
+  def __call__(
+      self,
+      x: jax.Array,
+      train: bool,
+      predict: bool = False,
+      groups: jax.Array | None = None,
+  ) -> dict[str, jax.Array]:
     """Images (B, H, W, 3) -> dict(pooled (B, D) float32, feature_map (B, h, w, D),
     z (B, out_dim) float32, unit L2 norm; with predict=True also p (B, out_dim) float32,
     the predictor's unnormalised output on the unnormalised projection).
@@ -64,12 +70,17 @@ class Encoder(nn.Module):
     pooled and feature_map are the shared backbone's (conv4 with conv5 heads).
 
     The predictor's variables are created at init; a call with predict=False (the
-    target network of BYOL) does not touch them."""
-    features = self.backbone(x, train=train)
-    head_features, projection = self._project(self.head, features, train)
+    target network of BYOL) does not touch them. groups: (B,) batch-norm group of each image
+    for every BN of the backbone and heads (shuffle-BN by statistics, see
+    cl_jax.models.batchnorm.scattered_group_normalise), or None (model.bn_groups contiguous
+    groups); not with predict."""
+    if groups is not None and predict:
+      raise ValueError('groups is for the key encoder, which has no predictor: predict=False')
+    features = self.backbone(x, train=train, groups=groups)
+    head_features, projection = self._project(self.head, features, train, groups)
     out = {**features, 'z': l2_normalize(projection)}
     if self.extra_heads or self.conv5_heads:
-      extra = [self._project(h, features, train) for h in self.extra_heads]
+      extra = [self._project(h, features, train, groups) for h in self.extra_heads]
       out['z_heads'] = jnp.stack([out['z']] + [l2_normalize(p) for _, p in extra], axis=1)
       out['head_features'] = jnp.concatenate(
           [head_features] + [f for f, _ in extra], axis=1

@@ -61,17 +61,18 @@ class MLPHead(nn.Module):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, x: jax.Array, train: bool) -> jax.Array:
-    """Features (B, D) -> projections (B, out_dim) float32."""
+  def __call__(self, x: jax.Array, train: bool, groups: jax.Array | None = None) -> jax.Array:
+    """Features (B, D) -> projections (B, out_dim) float32. groups: (B,) batch-norm group of
+    each row, or None (bn_groups contiguous groups), as cl_jax.models.resnet.ResNet's."""
     x = x.astype(jnp.float32)
     for layer in range(self.num_layers - 1):
       x = nn.Dense(self.hidden_dim, kernel_init=dense_init, name=f'hidden{layer + 1}')(x)
       if self.use_bn:
-        x = GroupBatchNorm(num_groups=self.bn_groups, name=f'bn{layer + 1}')(x, not train)
+        x = GroupBatchNorm(num_groups=self.bn_groups, name=f'bn{layer + 1}')(x, not train, groups)
       x = relu(x)
     x = nn.Dense(self.out_dim, kernel_init=dense_init, name='out')(x)
     if self.out_bn:
-      x = GroupBatchNorm(num_groups=self.bn_groups, name='out_bn')(x, not train)
+      x = GroupBatchNorm(num_groups=self.bn_groups, name='out_bn')(x, not train, groups)
     return x
 
 
@@ -95,12 +96,14 @@ class Conv5Head(nn.Module):
   grad_mesh: Mesh | None = None
 
   @nn.compact
-  def __call__(self, feature_map: jax.Array, train: bool) -> tuple[jax.Array, jax.Array]:
+  def __call__(
+      self, feature_map: jax.Array, train: bool, groups: jax.Array | None = None
+  ) -> tuple[jax.Array, jax.Array]:
     """conv4 features (B, h, w, C4) -> ((B, C5) float32 pooled conv5 features, (B, out_dim)
-    float32 unnormalised projection)."""
+    float32 unnormalised projection). groups: as the ResNet's."""
     kind, blocks = _STAGES[self.depth]
     x = residual_stage(
-        self, feature_map, train, 3, base_width(self.width_multiplier), kind, blocks[3]
+        self, feature_map, train, 3, base_width(self.width_multiplier), kind, blocks[3], groups
     )
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
-    return pooled, self.mlp(pooled, train=train)
+    return pooled, self.mlp(pooled, train=train, groups=groups)

@@ -91,26 +91,27 @@ class ResidualBlock(nn.Module):
   grad_mesh: Mesh | None = None
 
   @nn.compact
-  def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, train: bool, groups: jax.Array | None = None) -> jax.Array:
+    """groups: (B,) batch-norm group of each row, or None (GroupBatchNorm)."""
     norm = functools.partial(GroupBatchNorm, num_groups=self.bn_groups, dtype=self.dtype)
     last_scale_init = nn.initializers.zeros if self.zero_init_residual else nn.initializers.ones
     out_features = self.planes * _EXPANSION[self.kind]
     if self.kind == 'basic':
       y = _conv(self.planes, 3, self.stride, self.dtype, 'conv1', self.grad_mesh)(x)
-      y = relu(norm(name='bn1')(y, not train))
+      y = relu(norm(name='bn1')(y, not train, groups))
       y = _conv(self.planes, 3, 1, self.dtype, 'conv2', self.grad_mesh)(y)
-      y = norm(scale_init=last_scale_init, name='bn2')(y, not train)
+      y = norm(scale_init=last_scale_init, name='bn2')(y, not train, groups)
     else:
       y = _conv(self.planes, 1, 1, self.dtype, 'conv1', self.grad_mesh)(x)
-      y = relu(norm(name='bn1')(y, not train))
+      y = relu(norm(name='bn1')(y, not train, groups))
       y = _conv(self.planes, 3, self.stride, self.dtype, 'conv2', self.grad_mesh)(y)
-      y = relu(norm(name='bn2')(y, not train))
+      y = relu(norm(name='bn2')(y, not train, groups))
       y = _conv(out_features, 1, 1, self.dtype, 'conv3', self.grad_mesh)(y)
-      y = norm(scale_init=last_scale_init, name='bn3')(y, not train)
+      y = norm(scale_init=last_scale_init, name='bn3')(y, not train, groups)
     shortcut = x
     if self.stride != 1 or x.shape[-1] != out_features:
       shortcut = _conv(out_features, 1, self.stride, self.dtype, 'proj_conv', self.grad_mesh)(x)
-      shortcut = norm(name='proj_bn')(shortcut, not train)
+      shortcut = norm(name='proj_bn')(shortcut, not train, groups)
     return relu(y + shortcut)
 
 
@@ -159,8 +160,13 @@ class ResNet(nn.Module):
     return resnet_feature_dim(self.depth, self.width_multiplier) >> (4 - self.stages)
 
   @nn.compact
-  def __call__(self, x: jax.Array, train: bool) -> dict[str, jax.Array]:
+  def __call__(
+      self, x: jax.Array, train: bool, groups: jax.Array | None = None
+  ) -> dict[str, jax.Array]:
     """Images (B, H, W, 3) -> dict(pooled=(B, C_out) float32, feature_map=(B, h, w, C_out)).
+
+    groups: (B,) batch-norm group of each image in training mode (every BN's statistics are
+    those of its group, wherever its rows lie), or None (bn_groups contiguous groups).
 
     ``feature_map`` is the last stage's output in ``dtype``: h = H/32 with the ImageNet stem,
     H/8 with the CIFAR stem (twice that with stages=3). ``pooled`` is its spatial mean,
@@ -173,22 +179,31 @@ class ResNet(nn.Module):
       x = _conv(width, 7, 2, self.dtype, 'stem_conv', self.grad_mesh)(x)
     else:
       x = _conv(width, 3, 1, self.dtype, 'stem_conv', self.grad_mesh)(x)
-    x = GroupBatchNorm(num_groups=self.bn_groups, dtype=self.dtype, name='stem_bn')(x, not train)
+    x = GroupBatchNorm(num_groups=self.bn_groups, dtype=self.dtype, name='stem_bn')(
+        x, not train, groups
+    )
     x = relu(x)
     if self.stem == 'imagenet':
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for stage in range(self.stages):
-      x = residual_stage(self, x, train, stage, width, kind, blocks[stage])
+      x = residual_stage(self, x, train, stage, width, kind, blocks[stage], groups)
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
     return {'pooled': pooled, 'feature_map': x}
 
 
 def residual_stage(
-    parent: nn.Module, x: jax.Array, train: bool, stage: int, width: int, kind: str, blocks: int
+    parent: nn.Module,
+    x: jax.Array,
+    train: bool,
+    stage: int,
+    width: int,
+    kind: str,
+    blocks: int,
+    groups: jax.Array | None = None,
 ) -> jax.Array:
   """Residual stage `stage` (0-based; conv{stage + 2} in He et al.'s naming) of `blocks` blocks,
   called inside `parent`'s compact __call__, which owns its blocks (stage{stage + 1}_block{i});
-  parent supplies bn_groups, zero_init_residual, dtype and grad_mesh.
+  parent supplies bn_groups, zero_init_residual, dtype and grad_mesh; groups: as ResNet's.
   (B, H, W, C) -> (B, H/s, W/s, width 2^stage e), s the stage's stride, e the expansion.
   """
   for index in range(blocks):
@@ -201,7 +216,7 @@ def residual_stage(
         dtype=parent.dtype,
         grad_mesh=parent.grad_mesh,
         name=f'stage{stage + 1}_block{index + 1}',
-    )(x, train)
+    )(x, train, groups)
   return x
 
 

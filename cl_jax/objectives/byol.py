@@ -41,9 +41,9 @@ def make_objective(
     target_params = forward.momentum_target(state, tau)
     views = (x.v1, x.v2)
     z, target_bs = forward.target_keys(
-        encoder, target_params, state.target_batch_stats, list(views), x.r_key, shuffle=False
+        encoder, target_params, state.target_batch_stats, list(views), x.r_key, shuffle=None
     )
-    t = forward.ns_keys(encoder, target_params, target_bs, list(views), x, ns, shuffle=False)
+    t = forward.ns_keys(encoder, target_params, target_bs, list(views), x, ns, shuffle=None)
 
     def loss_fn(params):
       out1, bs = encode(encoder, params, state.batch_stats, x.v1, predict=True)

@@ -38,12 +38,20 @@ class Views(NamedTuple):
   regions: dicr.Regions | None = None
 
 
-def encode(encoder, params, batch_stats, images: jax.Array, predict: bool = False):
+def encode(
+    encoder,
+    params,
+    batch_stats,
+    images: jax.Array,
+    predict: bool = False,
+    groups: jax.Array | None = None,
+):
   """Online forward in train-mode batch norm.
 
   Args:
     images: (N, S, S, 3) normalised views.
     predict: also return the predictor's output "p" (BYOL, SimSiam).
+    groups: (N,) batch-norm group of each image (cl_jax.models.encoder.Encoder), or None.
   Returns:
     (encoder outputs: dict with z (N, d) unit and, with predict, p (N, d); updated
     batch_stats).
@@ -53,6 +61,7 @@ def encode(encoder, params, batch_stats, images: jax.Array, predict: bool = Fals
       images,
       train=True,
       predict=predict,
+      groups=groups,
       mutable=["batch_stats"],
   )
   return out, mutated["batch_stats"]
@@ -62,43 +71,79 @@ def _unit_embedding(out: dict) -> jax.Array:
   return out["z"]
 
 
+SHUFFLE_MODES = ("shuffle", "shuffle_stats")
+
+
+def shuffle_mode(config) -> str | None:
+  """The key encoder's shuffle-BN of a run config: its model.bn_mode when that is one of
+  SHUFFLE_MODES ("shuffle": permute the images; "shuffle_stats": permute the statistics),
+  else None."""
+  mode = config.model.bn_mode
+  return mode if mode in SHUFFLE_MODES else None
+
+
+def shuffle_groups(rng: jax.Array, batch: int, num_groups: int) -> tuple[jax.Array, jax.Array]:
+  """Shuffle-BN's random partition of a batch: (perm (N,), groups (N,) int32), perm a random
+  permutation and groups[perm[p]] = p // (N / G), the group that image perm[p] joins at
+  position p of the permuted batch split into G contiguous groups."""
+  perm = jax.random.permutation(rng, batch)
+  groups = jnp.zeros((batch,), jnp.int32).at[perm].set(jnp.arange(batch) // (batch // num_groups))
+  return perm, groups
+
+
 def encode_keys(
     encoder,
     params,
     batch_stats,
     images: jax.Array,
     rng: jax.Array,
-    shuffle: bool,
+    shuffle: str | None,
     output: Callable[[dict], jax.Array] = _unit_embedding,
     mesh: Mesh | None = None,
 ):
   """Key / target features of `images`, in train-mode batch norm, without gradient.
 
-  With shuffle=True the batch is permuted before the encoder and un-permuted
-  after it (shuffle-BN, He et al. 2020 Sec. 3.3): with grouped batch norm,
-  key i is normalised with the statistics of a random group of other images,
-  not with those of the group that holds query i. The permuted batch is kept split over
-  `mesh`'s data axis (given a mesh), so the key forward stays data-parallel: a random gather
-  gives XLA no sharding to propagate, and it would otherwise run the whole batch on every
-  device. The images are permuted in the backbone's compute dtype, the first thing the
-  backbone casts them to: the same numbers, and on several devices a gather of bfloat16
-  images in a bfloat16 config instead of float32 ones, half the bytes.
+  Shuffle-BN (He et al. 2020, Sec. 3.3): with grouped batch norm, key i is normalised with
+  the statistics of a random group of images, not with those of the group that holds query
+  i. shuffle "shuffle" does what the paper describes: the batch is permuted before the
+  encoder and un-permuted after it. The permuted batch is kept split over `mesh`'s data axis
+  (given a mesh), so the key forward stays data-parallel: a random gather gives XLA no
+  sharding to propagate, and it would otherwise run the whole batch on every device. The
+  images are permuted in the backbone's compute dtype, the first thing the backbone casts
+  them to: the same numbers, and on several devices a gather of bfloat16 images in a
+  bfloat16 config instead of float32 ones, half the bytes. Each device still receives the
+  images of the whole global batch.
+
+  shuffle "shuffle_stats" computes the same normalisation without moving an image: the
+  images stay where they are, and every batch norm takes its statistics over the random
+  groups of the same partition (shuffle_groups), one (G, C) all-reduce of sums and one of
+  squared deviations per BN across devices (cl_jax.models.batchnorm.
+  scattered_group_normalise). The keys equal those of "shuffle" up to float rounding (sums
+  in another order).
 
   Args:
     images: (N, S, S, 3) normalised views.
+    shuffle: None (no shuffle-BN), "shuffle" or "shuffle_stats" (SHUFFLE_MODES).
     output: picks the keys from the encoder's outputs, (N, ...) rows per image
       (default z, the unit embedding).
   Returns:
     ((N, d) unit keys (or output's (N, ...)), updated batch_stats).
   """
-  if shuffle:
+  if shuffle not in (None,) + SHUFFLE_MODES:
+    raise ValueError(f"shuffle must be None or one of {SHUFFLE_MODES}, got {shuffle!r}")
+  if shuffle == "shuffle_stats":
+    with jax.named_scope("shuffle_bn_groups"):
+      _, groups = shuffle_groups(rng, images.shape[0], encoder.backbone.bn_groups)
+    out, batch_stats = encode(encoder, params, batch_stats, images, groups=groups)
+    return jax.lax.stop_gradient(output(out)), batch_stats
+  if shuffle == "shuffle":
     with jax.named_scope("shuffle_bn"):  # names the gathers in the compiled program
       images = images.astype(encoder.backbone.dtype)
-      perm = jax.random.permutation(rng, images.shape[0])
+      perm = jax.random.permutation(rng, images.shape[0])  # as shuffle_groups's
       images = _split_over(images[perm], mesh)
   out, batch_stats = encode(encoder, params, batch_stats, images)
   z = output(out)
-  if shuffle:
+  if shuffle == "shuffle":
     with jax.named_scope("shuffle_bn"):
       z = _split_over(jnp.zeros_like(z).at[perm].set(z), mesh)
   return jax.lax.stop_gradient(z), batch_stats
@@ -110,7 +155,7 @@ def target_keys(
     batch_stats,
     views: list[jax.Array],
     rng: jax.Array,
-    shuffle: bool,
+    shuffle: str | None,
     mesh: Mesh | None = None,
     output: Callable[[dict], jax.Array] = _unit_embedding,
 ) -> tuple[list[jax.Array], dict]:
@@ -150,7 +195,7 @@ def ns_features(
     views: jax.Array,
     rng: jax.Array,
     ns: NonSemantic,
-    shuffle: bool,
+    shuffle: str | None,
     texture: jax.Array | None = None,
     mesh: Mesh | None = None,
 ) -> jax.Array:
@@ -181,7 +226,7 @@ def ns_keys(
     views: list[jax.Array],
     x: Views,
     ns: NonSemantic | None,
-    shuffle: bool,
+    shuffle: str | None,
     mesh: Mesh | None = None,
 ) -> list[jax.Array | None]:
   """ns_features of each view i (0: v1, 1: v2) with the PRNG key fold_in(x.r_ns, i) and

@@ -2,7 +2,7 @@
 
 1. EMA update of the key encoder, as MoCo's;
 2. the key encoder embeds every key view k_0..k_n in every head (no gradient,
-   shuffle-BN per view when model.bn_mode = "shuffle"): z_i^{k_j} for all i, j;
+   shuffle-BN per view when model.bn_mode is "shuffle" or "shuffle_stats"): z_i^{k_j} for all i, j;
 3. loss and gradient of the query encoder, cl_jax.losses.looc.looc_loss (Eq. 2),
    from one forward pass of the query view through the backbone and all heads;
 4. head i's queue receives z_i^{k_i}, the key that is head i's positive (k_0 for
@@ -33,7 +33,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh):
   (k_1..k_n). stats: looc_loss's, and cl_jax.analysis.collapse.embedding_health of head 0's
   queries and k_0 keys.
   """
-  shuffle = config.model.bn_mode == "shuffle"
+  shuffle = forward.shuffle_mode(config)
 
   def objective(state: TrainState, x: Views):
     target_params = forward.momentum_target(state, config.moco.momentum)

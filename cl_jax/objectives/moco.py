@@ -2,7 +2,7 @@
 
 1. EMA update of the key encoder, theta_k <- m theta_k + (1 - m) theta_q;
 2. keys of the other view (and of the NS images) from the key encoder,
-   without gradient, under shuffle-BN when model.bn_mode = "shuffle";
+   without gradient, under shuffle-BN when model.bn_mode is "shuffle" or "shuffle_stats";
 3. loss and gradient of the query encoder: pair_loss composes MoCo's contrast
    (cl_jax.losses.moco) with the add-ons (cl_jax.addons);
 4. the step's keys replace the oldest keys of the queue.
@@ -97,7 +97,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, addon
   before any feature transformation. With DICR (symmetric MoCo only) the loss
   adds lambda L_DICR of the two views' online outputs.
   """
-  shuffle = config.model.bn_mode == "shuffle"
+  shuffle = forward.shuffle_mode(config)
   temperature, num_keys = config.moco.temperature, keys_per_step(config)
   ns = addons.nonsemantic
 

@@ -83,7 +83,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
     if ns is not None:  # (2B, M, d), the anchors' order
       t = jnp.concatenate(
           forward.ns_keys(
-              encoder, state.params, state.batch_stats, [x.v1, x.v2], x, ns, shuffle=False
+              encoder, state.params, state.batch_stats, [x.v1, x.v2], x, ns, shuffle=None
           )
       )
 
