@@ -78,11 +78,13 @@ def test_group_batchnorm_training_matches_numpy(groups):
   np.testing.assert_allclose(new['var'], 0.8 * s['var'] + 0.2 * var.mean(0), rtol=1e-5)
 
 
-@pytest.mark.parametrize('shape', [(8, 3, 2, 5), (12, 6)])
+@pytest.mark.parametrize('shape', [(8, 3, 2, 5), (32, 6)])
 def test_group_batchnorm_scattered_groups_match_numpy(shape):
   # Rows of a group anywhere in the batch (shuffle-BN by statistics): group g's statistics
   # are those of the rows with groups[i] == g, computed in float64 by NumPy over exactly those
   # rows; each row is normalised with its own group's; running statistics as contiguous.
+  # At least 8 values per group and channel: a variance from shifted sums of 2 or 3 values can
+  # lose float32 digits to cancellation (the key encoder's groups hold thousands).
   rng = np.random.default_rng(1)
   x = (rng.normal(size=shape) * 3 + 1).astype(np.float32)
   num_groups = 4

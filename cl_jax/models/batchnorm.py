@@ -10,7 +10,7 @@ updates the running statistics. On a mesh with Explicit axes, a ``num_groups`` t
 split a group across devices is rejected with a ValueError.
 
 Groups whose rows lie anywhere in the batch (``scattered_group_normalise``, MoCo's shuffle-BN
-computed without moving the key images) take their statistics with a (G, C) all-reduce of
+computed without moving the key images) take their statistics with a (G, 2C) all-reduce of
 per-group sums across devices instead; that path is forward only.
 
 The training-mode normalisation (``group_normalise``) has a hand-written backward: autodiff of
@@ -125,43 +125,50 @@ def _group_normalise_bwd(num_groups, epsilon, dtype, residuals, cotangents):
 group_normalise.defvjp(_group_normalise_fwd, _group_normalise_bwd)
 
 
-def _sum_per_group(rows: jax.Array, one_hot: jax.Array) -> jax.Array:
-  """(B, C) per-row sums, (B, G) one-hot groups -> (G, C) float32 per-group sums. A sum over
-  the batch axis: with the rows split over devices, XLA sums each device's part and
-  all-reduces the (G, C) result. HIGHEST precision: a TPU's default float32 matmul rounds
-  through bfloat16."""
-  return jnp.einsum('bg,bc->gc', one_hot, rows, precision=jax.lax.Precision.HIGHEST)
+def _sum_per_group(rows: jax.Array, groups: jax.Array, num_groups: int) -> jax.Array:
+  """(B, C) per-row sums, (B,) groups -> (G, C) float32 per-group sums. A sum over the batch
+  axis: with the rows split over devices, each device sums its own rows and XLA all-reduces
+  the (G, C) result."""
+  return jax.ops.segment_sum(rows, groups, num_segments=num_groups)
 
 
-def scattered_group_normalise(x, scale, bias, groups: jax.Array, num_groups: int, epsilon, dtype):
+def scattered_group_normalise(
+    x, scale, bias, shift, groups: jax.Array, num_groups: int, epsilon: float, dtype
+):
   """group_normalise's forward for groups whose rows lie anywhere in the batch.
 
-  Row i of x belongs to group groups[i]; every group holds B/G rows. With one-hot
-  o_ig = [groups[i] = g] and N = B/G x (spatial size) values per channel and group
-  (Ioffe & Szegedy 2015, Alg. 1, per group):
-    mu_g  = sum_i o_ig sum_s x_is / N
-    var_g = sum_i o_ig sum_s (x_is - mu_g(i))^2 / N
+  Row i of x belongs to group groups[i]; every group holds B/G rows. With N = B/G x (spatial
+  size) values per channel and group, and d_is = x_is - shift, the per-group sums of d and d^2
+  over the group's rows i and positions s
+    S1_g = sum_{i: groups[i] = g} sum_s d_is,   S2_g = sum_{i: groups[i] = g} sum_s d_is^2
+  give the group's statistics (Ioffe & Szegedy 2015, Alg. 1, per group; the biased variance
+  from shifted sums, which cancel little when shift is near the mean):
+    mu_g  = shift + S1_g / N
+    var_g = S2_g / N - (S1_g / N)^2
     y_is  = (x_is - mu_g(i)) / sqrt(var_g(i) + epsilon) * scale + bias
   i.e. group_normalise of the batch permuted so that the groups are contiguous, un-permuted,
-  without moving any row (shuffle-BN's statistics computed where the images lie: per BN two
-  (G, C) all-reduces across devices instead of a gather of the images). Forward only (the key
+  without moving any row: shuffle-BN's statistics computed where the images lie, one (G, 2C)
+  all-reduce across devices per BN instead of a gather of the images. Forward only (the key
   encoder takes no gradient).
 
   Args:
     x: (B, ..., C).
+    shift: (C,) a guess of the mean (the running mean).
     groups: (B,) integer group of each row, in [0, num_groups), B / num_groups rows each.
   Returns:
     (y (B, ..., C) in dtype, mean (G, C), var (G, C)), as group_normalise.
   """
-  x32 = x.astype(jnp.float32)
   axes = tuple(range(1, x.ndim - 1))
   count = (x.shape[0] // num_groups) * math.prod(x.shape[a] for a in axes)
-  one_hot = jax.nn.one_hot(groups, num_groups, dtype=jnp.float32)
+  d = x.astype(jnp.float32) - shift
+  rows = jnp.concatenate([jnp.sum(d, axis=axes), jnp.sum(jnp.square(d), axis=axes)], axis=-1)
+  sums = _sum_per_group(rows, groups, num_groups) / count
+  first, second = jnp.split(sums, 2, axis=-1)
+  mean, var = shift + first, jnp.maximum(second - jnp.square(first), 0.0)
+  gain = scale * jax.lax.rsqrt(var + epsilon)
   row_shape = (x.shape[0],) + (1,) * len(axes) + (x.shape[-1],)
-  mean = _sum_per_group(jnp.sum(x32, axis=axes), one_hot) / count
-  centred = x32 - mean[groups].reshape(row_shape)
-  var = _sum_per_group(jnp.sum(jnp.square(centred), axis=axes), one_hot) / count
-  y = centred * jax.lax.rsqrt(var + epsilon)[groups].reshape(row_shape) * scale + bias
+  offset = (bias - mean * gain)[groups].reshape(row_shape)
+  y = x.astype(jnp.float32) * gain[groups].reshape(row_shape) + offset
   return y.astype(dtype), mean, var
 
 
@@ -258,7 +265,14 @@ class GroupBatchNorm(nn.Module):
       )
     else:
       y, mean, var = scattered_group_normalise(
-          x, scale, bias, groups, self.num_groups, self.epsilon, jnp.dtype(self.dtype)
+          x,
+          scale,
+          bias,
+          ra_mean.value,
+          groups,
+          self.num_groups,
+          self.epsilon,
+          jnp.dtype(self.dtype),
       )
     if not self.is_initializing():
       ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * mean.mean(axis=0)

@@ -116,10 +116,9 @@ def encode_keys(
 
   shuffle "shuffle_stats" computes the same normalisation without moving an image: the
   images stay where they are, and every batch norm takes its statistics over the random
-  groups of the same partition (shuffle_groups), one (G, C) all-reduce of sums and one of
-  squared deviations per BN across devices (cl_jax.models.batchnorm.
-  scattered_group_normalise). The keys equal those of "shuffle" up to float rounding (sums
-  in another order).
+  groups of the same partition (shuffle_groups), one (G, 2C) all-reduce of per-group sums per
+  BN across devices (cl_jax.models.batchnorm.scattered_group_normalise). The keys equal those
+  of "shuffle" up to float rounding (sums in another order).
 
   Args:
     images: (N, S, S, 3) normalised views.
