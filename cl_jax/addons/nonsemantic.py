@@ -73,6 +73,9 @@ def render_patches(views: jax.Array, layout: dict[str, jax.Array]) -> jax.Array:
   that cell's crop corner: a single gather, static shapes for any d. The gather is written
   per image (vmap over the batch), so that XLA sees it read only its own image and keeps it
   on the device that holds the image, instead of gathering the whole batch onto every device.
+  Its indices are flat (one integer per pixel into the image's S*S pixels): a TPU pads the
+  last axis of an array to 128, so (S, S, 2) row-and-column indices would take 64 times
+  their size.
 
   Args:
     views: (B, S, S, C) augmented query views.
@@ -86,8 +89,10 @@ def render_patches(views: jax.Array, layout: dict[str, jax.Array]) -> jax.Array:
   yy, xx = pos[:, None], pos[None, :]  # (S, 1), (1, S)
 
   def one(view, d, corners):  # (S, S, C), (), (G, G, 2)
-    corner = corners[yy // d, xx // d]  # (S, S, 2)
-    return view[corner[..., 0] + yy % d, corner[..., 1] + xx % d]
+    cell = (yy // d) * corners.shape[1] + xx // d  # (S, S) flat cell index
+    cy, cx = (corners[..., k].reshape(-1)[cell] for k in (0, 1))  # (S, S) each
+    pixel = (cy + yy % d) * s + (cx + xx % d)
+    return view.reshape(s * s, -1)[pixel]
 
   return jax.vmap(one)(views, layout["size"], layout["corner"])
 
