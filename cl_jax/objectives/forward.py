@@ -82,13 +82,12 @@ def shuffle_mode(config) -> str | None:
   return mode if mode in SHUFFLE_MODES else None
 
 
-def shuffle_groups(rng: jax.Array, batch: int, num_groups: int) -> tuple[jax.Array, jax.Array]:
-  """Shuffle-BN's random partition of a batch: (perm (N,), groups (N,) int32), perm a random
-  permutation and groups[perm[p]] = p // (N / G), the group that image perm[p] joins at
-  position p of the permuted batch split into G contiguous groups."""
-  perm = jax.random.permutation(rng, batch)
-  groups = jnp.zeros((batch,), jnp.int32).at[perm].set(jnp.arange(batch) // (batch // num_groups))
-  return perm, groups
+def shuffle_groups(perm: jax.Array, num_groups: int) -> jax.Array:
+  """Shuffle-BN's random partition of a batch of N: for a permutation perm (N,), groups (N,)
+  int32 with groups[perm[p]] = p // (N / G), the group that image perm[p] joins at position p
+  of the permuted batch split into G contiguous groups."""
+  batch = perm.shape[0]
+  return jnp.zeros((batch,), jnp.int32).at[perm].set(jnp.arange(batch) // (batch // num_groups))
 
 
 def encode_keys(
@@ -132,13 +131,14 @@ def encode_keys(
     raise ValueError(f"shuffle must be None or one of {SHUFFLE_MODES}, got {shuffle!r}")
   if shuffle == "shuffle_stats":
     with jax.named_scope("shuffle_bn_groups"):
-      _, groups = shuffle_groups(rng, images.shape[0], encoder.backbone.bn_groups)
+      perm = jax.random.permutation(rng, images.shape[0])  # the permutation of "shuffle"
+      groups = shuffle_groups(perm, encoder.backbone.bn_groups)
     out, batch_stats = encode(encoder, params, batch_stats, images, groups=groups)
     return jax.lax.stop_gradient(output(out)), batch_stats
   if shuffle == "shuffle":
     with jax.named_scope("shuffle_bn"):  # names the gathers in the compiled program
       images = images.astype(encoder.backbone.dtype)
-      perm = jax.random.permutation(rng, images.shape[0])  # as shuffle_groups's
+      perm = jax.random.permutation(rng, images.shape[0])
       images = _split_over(images[perm], mesh)
   out, batch_stats = encode(encoder, params, batch_stats, images)
   z = output(out)
