@@ -17,6 +17,7 @@ from cl_jax.runtime.errors import UsageError
 
 METHODS = ("moco", "simclr", "byol", "simsiam")
 BN_MODES = ("sync", "local", "shuffle", "shuffle_stats")
+SHUFFLE_BN_MODES = ("shuffle", "shuffle_stats")  # MoCo's key encoder only
 NS_KINDS = ("patch", "texture")
 LOOC_AUGMENTATIONS = ("colour", "rotation", "texture")
 PROBE_FEATURES = ("backbone", "heads")
@@ -390,7 +391,7 @@ def _check_batch_split(c, num_devices: int) -> None:
         f"devices ({num_devices}), so that groups map onto devices",
     )
   if method != "moco":
-    if bn_mode.startswith("shuffle"):
+    if bn_mode in SHUFFLE_BN_MODES:
       fail(
           "model.bn_mode",
           bn_mode,

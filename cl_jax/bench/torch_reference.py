@@ -335,7 +335,7 @@ def make_step(model: MoCo, config, compile: bool):
   device = model.queue.device
   amp = autocast_dtype(config, device)
   pairs = 2 if config.moco.symmetric else 1
-  shuffle = config.model.bn_mode in ("shuffle", "shuffle_stats")
+  shuffle = config.model.bn_mode in config_check.SHUFFLE_BN_MODES
 
   def step(view1, view2, perms=None):
     if perms is None:

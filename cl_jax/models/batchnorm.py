@@ -125,13 +125,6 @@ def _group_normalise_bwd(num_groups, epsilon, dtype, residuals, cotangents):
 group_normalise.defvjp(_group_normalise_fwd, _group_normalise_bwd)
 
 
-def _sum_per_group(rows: jax.Array, groups: jax.Array, num_groups: int) -> jax.Array:
-  """(B, C) per-row sums, (B,) groups -> (G, C) float32 per-group sums. A sum over the batch
-  axis: with the rows split over devices, each device sums its own rows and XLA all-reduces
-  the (G, C) result."""
-  return jax.ops.segment_sum(rows, groups, num_segments=num_groups)
-
-
 def scattered_group_normalise(
     x, scale, bias, shift, groups: jax.Array, num_groups: int, epsilon: float, dtype
 ):
@@ -160,15 +153,17 @@ def scattered_group_normalise(
   """
   axes = tuple(range(1, x.ndim - 1))
   count = (x.shape[0] // num_groups) * math.prod(x.shape[a] for a in axes)
-  d = x.astype(jnp.float32) - shift
+  x32 = x.astype(jnp.float32)
+  d = x32 - shift
   rows = jnp.concatenate([jnp.sum(d, axis=axes), jnp.sum(jnp.square(d), axis=axes)], axis=-1)
-  sums = _sum_per_group(rows, groups, num_groups) / count
+  # A sum over the batch axis: each device sums its own rows, XLA all-reduces the (G, 2C).
+  sums = jax.ops.segment_sum(rows, groups, num_segments=num_groups) / count
   first, second = jnp.split(sums, 2, axis=-1)
   mean, var = shift + first, jnp.maximum(second - jnp.square(first), 0.0)
   gain = scale * jax.lax.rsqrt(var + epsilon)
   row_shape = (x.shape[0],) + (1,) * len(axes) + (x.shape[-1],)
   offset = (bias - mean * gain)[groups].reshape(row_shape)
-  y = x.astype(jnp.float32) * gain[groups].reshape(row_shape) + offset
+  y = x32 * gain[groups].reshape(row_shape) + offset
   return y.astype(dtype), mean, var
 
 

@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from cl_jax.addons import dicr
 from cl_jax.addons.nonsemantic import NonSemantic
+from cl_jax.config_check import SHUFFLE_BN_MODES
 from cl_jax.runtime import parallel
 
 
@@ -71,15 +72,12 @@ def _unit_embedding(out: dict) -> jax.Array:
   return out["z"]
 
 
-SHUFFLE_MODES = ("shuffle", "shuffle_stats")
-
-
 def shuffle_mode(config) -> str | None:
   """The key encoder's shuffle-BN of a run config: its model.bn_mode when that is one of
-  SHUFFLE_MODES ("shuffle": permute the images; "shuffle_stats": permute the statistics),
-  else None."""
+  config_check.SHUFFLE_BN_MODES ("shuffle": permute the images; "shuffle_stats": permute the
+  statistics), else None."""
   mode = config.model.bn_mode
-  return mode if mode in SHUFFLE_MODES else None
+  return mode if mode in SHUFFLE_BN_MODES else None
 
 
 def shuffle_groups(perm: jax.Array, num_groups: int) -> jax.Array:
@@ -121,16 +119,16 @@ def encode_keys(
 
   Args:
     images: (N, S, S, 3) normalised views.
-    shuffle: None (no shuffle-BN), "shuffle" or "shuffle_stats" (SHUFFLE_MODES).
+    shuffle: None (no shuffle-BN), "shuffle" or "shuffle_stats" (SHUFFLE_BN_MODES).
     output: picks the keys from the encoder's outputs, (N, ...) rows per image
       (default z, the unit embedding).
   Returns:
     ((N, d) unit keys (or output's (N, ...)), updated batch_stats).
   """
-  if shuffle not in (None,) + SHUFFLE_MODES:
-    raise ValueError(f"shuffle must be None or one of {SHUFFLE_MODES}, got {shuffle!r}")
+  if shuffle not in (None,) + SHUFFLE_BN_MODES:
+    raise ValueError(f"shuffle must be None or one of {SHUFFLE_BN_MODES}, got {shuffle!r}")
   if shuffle == "shuffle_stats":
-    with jax.named_scope("shuffle_bn_groups"):
+    with jax.named_scope("shuffle_groups"):  # not "shuffle_bn": no image gather here
       perm = jax.random.permutation(rng, images.shape[0])  # the permutation of "shuffle"
       groups = shuffle_groups(perm, encoder.backbone.bn_groups)
     out, batch_stats = encode(encoder, params, batch_stats, images, groups=groups)
