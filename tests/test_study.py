@@ -554,6 +554,8 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
       [claim], [study_summary.summarise(claim, {})], seeds=4
   ).splitlines()[2]
   assert "| not run yet | 0 of 8 |" in empty
+  unrun = study_summary.verdicts_table([claim], [study_summary.summarise(claim, {})])
+  assert "| not run yet | 1 not run (of 1) |" in unrun
   short = study_summary.verdicts_table([claim], [summary]).splitlines()[2]
   assert short == (
       "| Someone 2021, Table 9: negatives raise shape. | **reproduced** | 1 reproduced (of 1) | "

@@ -297,8 +297,8 @@ def claims_table(studies: Sequence[Study], summaries: Sequence[dict], seeds: int
 
 def verdicts_table(studies: Sequence[Study], summaries: Sequence[dict]) -> str:
   """The README's short table of claims: per claim the paper's words, the verdict ("not run
-  yet" without a record), its decisive comparisons counted by verdict, and the study with a
-  link to its plot (from the repository root)."""
+  yet" without a record), its decisive comparisons counted by verdict (or "N not run"), and
+  the study with a link to its plot (from the repository root)."""
   lines = [
       "| claim (the paper's words) | verdict | decisive comparisons | study |",
       "|---|---|---|---|",
@@ -310,8 +310,12 @@ def verdicts_table(studies: Sequence[Study], summaries: Sequence[dict]) -> str:
         for c in summary["comparisons"]
         if c["expect"] is not None
     ]
-    counts = ", ".join(f"{decisive.count(v)} {v}" for v in order if v in decisive)
-    _, verdict = _claim_verdict(s, summary)
+    done, verdict = _claim_verdict(s, summary)
+    counts = (
+        ", ".join(f"{decisive.count(v)} {v}" for v in order if v in decisive)
+        if done
+        else f"{len(decisive)} not run"
+    )
     lines.append(
         f"| {s.paper}, {s.where}: {s.claim} | {verdict} | {counts} (of {len(decisive)}) | "
         f"`{s.name}` ([plot](results/studies/{s.name}.png)) |"
