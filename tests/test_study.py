@@ -269,6 +269,19 @@ def test_a_changed_arm_is_refused_before_anything_is_trained(tmp_path):
 ZEN = {"jax": "0.10.2", "xla_flags": "", "cpu": "AMD EPYC", "isa": "avx512f avx2", "cpus": 2}
 
 
+def test_the_processor_is_named_with_its_family_model_and_vector_instructions():
+  zen3 = (
+      "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+      "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\n"
+      "cpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n"
+  )
+  assert study_records.processor(zen3) == ("AMD EPYC (family 25, model 1)", "avx2")
+  xeon = "model name\t: Intel Xeon\nflags\t\t: avx2 avx512f avx512bw amx_tile\n"
+  assert study_records.processor(xeon) == ("Intel Xeon", "avx512f avx2")
+  # avx512bw alone is not avx512f; a bare processor has neither.
+  assert study_records.processor("flags : sse2 avx512bw\n") == ("", "neither avx2 nor avx512f")
+
+
 def _record(metrics: dict, fingerprint=None, commit: str = "abc1234", environment=None) -> dict:
   """A record of `metrics` with a code fingerprint (default: one component), the source digest
   of `commit` and the processor `environment` (default ZEN)."""

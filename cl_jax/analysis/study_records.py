@@ -183,25 +183,45 @@ def collect(
   }
 
 
+def processor(cpuinfo: str) -> tuple[str, str]:
+  """(model, widest vector instructions) from the text of /proc/cpuinfo: the model name with
+  its family and model numbers ("AMD EPYC (family 25, model 1)": a virtual machine's model name
+  alone may not tell two processor generations apart), and which of "avx512f avx2" it has
+  (widest first; "neither avx2 nor avx512f" for none)."""
+
+  def field(key: str) -> str:
+    return next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in cpuinfo.splitlines()
+            if ln.split(":", 1)[0].strip() == key and ":" in ln
+        ),
+        "",
+    )
+
+  model = field("model name")
+  numbers = [
+      f"{k} {field(f)}" for k, f in (("family", "cpu family"), ("model", "model")) if field(f)
+  ]
+  if numbers:
+    model += f" ({', '.join(numbers)})"
+  flags = field("flags").split()
+  isa = " ".join(x for x in ("avx512f", "avx2") if x in flags) or "neither avx2 nor avx512f"
+  return model, isa
+
+
 def environment() -> dict:
   """What decides a run's arithmetic beside its config: the JAX version, XLA_FLAGS and the
-  processor (its model and widest vector instructions): README "Reproducibility"."""
+  processor (its model and widest vector instructions, `processor`): README "Reproducibility"."""
   import jax
 
-  flags = ""
   if os.path.exists("/proc/cpuinfo"):
     with open("/proc/cpuinfo") as f:
-      info = f.read()
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), ""
-    )
-    flags = (
-        " ".join(x for x in ("avx512f", "avx2") if f" {x} " in info) or "neither avx2 nor avx512f"
-    )
+      model, flags = processor(f.read())
   else:
     import platform
 
-    model = platform.processor()
+    model, flags = platform.processor(), ""
   return {
       "jax": jax.__version__,
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
