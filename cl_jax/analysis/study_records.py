@@ -189,23 +189,18 @@ def processor(cpuinfo: str) -> tuple[str, str]:
   alone may not tell two processor generations apart), and which of "avx512f avx2" it has
   (widest first; "neither avx2 nor avx512f" for none)."""
 
-  def field(key: str) -> str:
-    return next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in cpuinfo.splitlines()
-            if ln.split(":", 1)[0].strip() == key and ":" in ln
-        ),
-        "",
-    )
-
-  model = field("model name")
+  fields = {}
+  for line in cpuinfo.splitlines():
+    key, colon, value = line.partition(":")
+    if colon:
+      fields.setdefault(key.strip(), value.strip())  # the first processor's
+  model = fields.get("model name", "")
   numbers = [
-      f"{k} {field(f)}" for k, f in (("family", "cpu family"), ("model", "model")) if field(f)
+      f"{k} {fields[f]}" for k, f in (("family", "cpu family"), ("model", "model")) if f in fields
   ]
   if numbers:
     model += f" ({', '.join(numbers)})"
-  flags = field("flags").split()
+  flags = fields.get("flags", "").split()
   isa = " ".join(x for x in ("avx512f", "avx2") if x in flags) or "neither avx2 nor avx512f"
   return model, isa
 
