@@ -120,6 +120,27 @@ def tpu_dry_run(bare_path, subcommand, *options, extra=()):
   return [parse_gcloud(shlex.split(line)) for line in proc.stdout.splitlines()]
 
 
+def option_args(options, **changes):
+  """[option, value, ...] of the dict `options` with changes: key a_b sets --a-b, None drops it."""
+  merged = dict(options)
+  for key, value in changes.items():
+    option = "--" + key.replace("_", "-")
+    if value is None:
+      merged.pop(option)
+    else:
+      merged[option] = value
+  return [item for option, value in merged.items() for item in (option, value)]
+
+
+TPU_NODE = {"--name": "t", "--zone": "z"}
+TPU_RUN = {
+    **TPU_NODE,
+    "--accelerator-type": "v4-8",
+    "--config": "configs/mocov2.py",
+    "--workdir": "/data/run",
+}
+
+
 V4_OPTIONS = (
     "--name",
     "cl-v4",
@@ -246,12 +267,7 @@ def test_tpu_default_runtime_version(bare_path, accelerator_type, version):
   [(sub, _, options)] = tpu_dry_run(
       bare_path,
       "create",
-      "--name",
-      "t",
-      "--zone",
-      "z",
-      "--accelerator-type",
-      accelerator_type,
+      *option_args(TPU_NODE, accelerator_type=accelerator_type),
       "--preemptible",
   )
   assert sub == "create" and options["--version"] == version
@@ -262,14 +278,7 @@ def test_tpu_version_option_overrides_the_default(bare_path):
   [(_, _, options)] = tpu_dry_run(
       bare_path,
       "create",
-      "--name",
-      "t",
-      "--zone",
-      "z",
-      "--accelerator-type",
-      "v5litepod-16",
-      "--version",
-      "my-image",
+      *option_args(TPU_NODE, accelerator_type="v5litepod-16", version="my-image"),
   )
   assert options["--version"] == "my-image"
 
@@ -282,18 +291,7 @@ def test_tpu_single_worker_types_take_a_local_workdir_without_multihost(
     bare_path, accelerator_type
 ):
   [(_, _, options)] = tpu_dry_run(
-      bare_path,
-      "run",
-      "--name",
-      "t",
-      "--zone",
-      "z",
-      "--accelerator-type",
-      accelerator_type,
-      "--config",
-      "configs/mocov2.py",
-      "--workdir",
-      "/data/run",
+      bare_path, "run", *option_args(TPU_RUN, accelerator_type=accelerator_type)
   )
   nohup, _ = find_command(remote_commands(options["--command"]), "nohup")
   assert nohup[4 : nohup.index(">>")] == ["--config=configs/mocov2.py", "--workdir=/data/run"]
@@ -318,20 +316,7 @@ def test_tpu_multi_worker_types_reject_a_local_workdir(
 ):
   proc = run_script(
       TPU_SCRIPT,
-      [
-          subcommand,
-          "--dry-run",
-          "--name",
-          "t",
-          "--zone",
-          "z",
-          "--accelerator-type",
-          accelerator_type,
-          "--config",
-          "configs/mocov2.py",
-          "--workdir",
-          "/data/run",
-      ],
+      [subcommand, "--dry-run", *option_args(TPU_RUN, accelerator_type=accelerator_type)],
       bare_path,
   )
   assert proc.returncode != 0
@@ -342,18 +327,7 @@ def test_tpu_multi_worker_types_reject_a_local_workdir(
 
 def test_tpu_multi_worker_run_passes_multihost(bare_path):
   [(_, _, options)] = tpu_dry_run(
-      bare_path,
-      "run",
-      "--name",
-      "t",
-      "--zone",
-      "z",
-      "--accelerator-type",
-      "v5litepod-16",
-      "--config",
-      "configs/mocov2.py",
-      "--workdir",
-      "gs://b/r",
+      bare_path, "run", *option_args(TPU_RUN, accelerator_type="v5litepod-16", workdir="gs://b/r")
   )
   nohup, _ = find_command(remote_commands(options["--command"]), "nohup")
   assert nohup[4 : nohup.index(">>")] == [
@@ -363,21 +337,9 @@ def test_tpu_multi_worker_run_passes_multihost(bare_path):
   ]
 
 
-RUN_REQUIRED = {
-    "--name": "t",
-    "--zone": "z",
-    "--accelerator-type": "v4-8",
-    "--config": "configs/mocov2.py",
-    "--workdir": "/data/run",
-}
-
-
-@pytest.mark.parametrize("missing", sorted(RUN_REQUIRED))
+@pytest.mark.parametrize("missing", sorted(TPU_RUN))
 def test_tpu_missing_required_option_is_named(bare_path, missing):
-  args = ["run", "--dry-run"]
-  for option, value in RUN_REQUIRED.items():
-    if option != missing:
-      args += [option, value]
+  args = ["run", "--dry-run", *option_args(TPU_RUN, **{missing[2:]: None})]
   proc = run_script(TPU_SCRIPT, args, bare_path)
   assert proc.returncode != 0 and proc.stdout == ""
   assert missing in proc.stderr
@@ -394,70 +356,13 @@ def test_tpu_missing_required_option_is_named(bare_path, missing):
         (["create", "--name", "t", "--zone", "z", "--accelerator-type", "v4-7"], "v4-7"),
         (["create", "--name", "t", "--zone", "z", "--accelerator-type", "v9-8"], "v9-8"),
         (
-            [
-                "create",
-                "--name",
-                "t",
-                "--zone",
-                "z",
-                "--accelerator-type",
-                "v4-8",
-                "--spot",
-                "--preemptible",
-            ],
+            ["create", *option_args(TPU_NODE, accelerator_type="v4-8"), "--spot", "--preemptible"],
             "--preemptible",
         ),
         (["install", "--name", "t", "--zone", "z", "--repo", "/nonexistent/dir"], "--repo"),
-        (
-            [
-                "run",
-                "--name",
-                "t",
-                "--zone",
-                "z",
-                "--accelerator-type",
-                "v4-8",
-                "--config",
-                "configs/missing.py",
-                "--workdir",
-                "/w",
-            ],
-            "configs/missing.py",
-        ),
-        (
-            [
-                "run",
-                "--name",
-                "t",
-                "--zone",
-                "z",
-                "--accelerator-type",
-                "v4-8",
-                "--config",
-                "configs/mocov2.py",
-                "--workdir",
-                "relative/w",
-            ],
-            "--workdir",
-        ),
-        (
-            [
-                "run",
-                "--name",
-                "t",
-                "--zone",
-                "z",
-                "--accelerator-type",
-                "v4-8",
-                "--config",
-                "configs/mocov2.py",
-                "--workdir",
-                "/w",
-                "--",
-                "--workdir=/other",
-            ],
-            "--workdir=/other",
-        ),
+        (["run", *option_args(TPU_RUN, config="configs/missing.py")], "configs/missing.py"),
+        (["run", *option_args(TPU_RUN, workdir="relative/w")], "--workdir"),
+        (["run", *option_args(TPU_RUN), "--", "--workdir=/other"], "--workdir=/other"),
     ],
 )
 def test_tpu_bad_input_is_named(bare_path, args, named):
@@ -483,17 +388,9 @@ SLURM_OPTIONS = {
 SLURM_EXTRA = ("--config.data.data_dir=/shared/tfds", TRICKY_ARG)
 
 
-def slurm_args(options=None, extra=SLURM_EXTRA, **changes):
-  """argv for slurm_gpu.sh: SLURM_OPTIONS with changes (None drops an option), then -- extra."""
-  merged = dict(SLURM_OPTIONS if options is None else options)
-  for key, value in changes.items():
-    option = "--" + key.replace("_", "-")
-    if value is None:
-      merged.pop(option)
-    else:
-      merged[option] = value
-  args = [item for option, value in merged.items() for item in (option, value)]
-  return [*args, "--", *extra]
+def slurm_args(extra=SLURM_EXTRA, **changes):
+  """argv for slurm_gpu.sh: SLURM_OPTIONS with changes (option_args), then -- extra."""
+  return [*option_args(SLURM_OPTIONS, **changes), "--", *extra]
 
 
 def split_dry_run(stdout):
@@ -769,21 +666,9 @@ def test_slurm_without_dry_run_needs_sbatch(bare_path):
 def test_tpu_remote_run_and_logs_commands_work_in_bash(bare_path, tmp_path):
   """The run and logs remote commands, executed by bash in a fake worker home directory."""
   [(_, _, run_options)] = tpu_dry_run(
-      bare_path,
-      "run",
-      "--name",
-      "t",
-      "--zone",
-      "z",
-      "--accelerator-type",
-      "v4-8",
-      "--config",
-      "configs/mocov2.py",
-      "--workdir",
-      "/w",
-      extra=(TRICKY_ARG,),
+      bare_path, "run", *option_args(TPU_RUN, workdir="/w"), extra=(TRICKY_ARG,)
   )
-  [(_, _, logs_options)] = tpu_dry_run(bare_path, "logs", "--name", "t", "--zone", "z")
+  [(_, _, logs_options)] = tpu_dry_run(bare_path, "logs", *option_args(TPU_NODE))
   venv_bin = tmp_path / "cl_jax_venv" / "bin"
   venv_bin.mkdir(parents=True)
   (tmp_path / "cl_jax").mkdir()
