@@ -21,7 +21,6 @@ JAX computation.
 
 import ml_collections
 from absl import app, flags
-from ml_collections import config_flags
 
 from cl_jax.runtime import cli
 from cl_jax.runtime.errors import UsageError
@@ -85,7 +84,7 @@ def line(p: dict) -> str:
 
 
 def _define_flags():
-  config_flags.DEFINE_config_file("config", None, "Config file (configs/NAME.py[:preset]).")
+  cli.define_config_flag()
   flags.DEFINE_list("chips", ["1", "8", "16", "64"], "Chip counts (data-parallel devices).")
 
 

@@ -40,12 +40,7 @@ from cl_jax import train
 from cl_jax.runtime import cli, distributed_startup, logs, stop_requests
 from cl_jax.runtime.errors import UsageError
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "Config file, optionally with a preset: configs/NAME.py[:preset].",
-    lock_config=True,
-)
+_CONFIG = cli.define_config_flag()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default ./runs/<config>).")
 _PROBE = flags.DEFINE_bool(
     "probe",

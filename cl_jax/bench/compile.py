@@ -54,7 +54,6 @@ import jax
 import ml_collections
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
 from cl_jax import batch_plan, config_check, train
 from cl_jax import train_step as step_lib
@@ -624,12 +623,7 @@ def _eval_lines(ev: dict | None) -> list[str]:
 
 def _define_flags():
   """The command's flags (defined only when it runs as a program)."""
-  config_flags.DEFINE_config_file(
-      "config",
-      None,
-      "Config file, optionally with a preset: configs/NAME.py[:preset].",
-      lock_config=True,
-  )
+  cli.define_config_flag()
   flags.DEFINE_string("target", None, "v4:2x2x1, v5e:2x2, v5e:4x4, v5p:2x2x1, v6e:2x2, h100:N.")
   flags.DEFINE_integer("batch_per_chip", None, "Images per chip (default: the config's batch).")
   flags.DEFINE_bool("max_batch", False, "Find the largest per-chip batch that fits the chip.")

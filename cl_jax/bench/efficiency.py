@@ -27,7 +27,6 @@ import ml_collections
 import numpy as np
 import optax
 from absl import app, flags
-from ml_collections import config_flags
 
 from cl_jax import optim
 from cl_jax import train_step as step_lib
@@ -158,10 +157,7 @@ def format_report(result: dict) -> str:
 
 def _define_flags():
   """This command's flags (defined when it runs, so that importing it defines none)."""
-  config_flags.DEFINE_config_file(
-      "config", None, "Config file, optionally with a preset: configs/NAME.py[:preset].",
-      lock_config=True,
-  )  # fmt: skip
+  cli.define_config_flag()
   flags.DEFINE_integer("rounds", 5, "Alternating timing rounds.", lower_bound=1)
   flags.DEFINE_integer("steps", 5, "Steps of each step per round.", lower_bound=1)
   flags.DEFINE_bool("json", False, "Print one JSON object instead of the lines.")

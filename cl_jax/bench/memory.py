@@ -28,7 +28,6 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 from jax._src.ad_checkpoint import saved_residuals  # no public form returns the records
-from ml_collections import config_flags
 
 from cl_jax import config_check
 from cl_jax.bench import synthetic_step
@@ -202,10 +201,7 @@ def format_report(result: dict) -> str:
 
 def _define_flags():
   """This command's flags (defined when it runs, so that importing it defines none)."""
-  config_flags.DEFINE_config_file(
-      "config", None, "Config file, optionally with a preset: configs/NAME.py[:preset].",
-      lock_config=True,
-  )  # fmt: skip
+  cli.define_config_flag()
   flags.DEFINE_float("budget_gib", 80.0, "Device memory for the largest batch, in GiB.")
   flags.DEFINE_bool("json", False, "Print one JSON object instead of the tables.")
   flags.mark_flag_as_required("config")

@@ -30,7 +30,6 @@ import subprocess
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from cl_jax.bench import input as bench_input
 from cl_jax.bench import profile as step_profile
@@ -302,12 +301,7 @@ def _device_name(results: dict) -> str:
 def _define_flags():
   """The command's flags (defined only when it runs as a program, so that importing this module
   next to cl_jax.bench.step defines no flag twice)."""
-  config_flags.DEFINE_config_file(
-      "config",
-      None,
-      "Config file, optionally with a preset: configs/NAME.py[:preset].",
-      lock_config=True,
-  )
+  cli.define_config_flag()
   flags.DEFINE_string("out", None, "Folder for the JSON outputs, the profile and report.md.")
   flags.DEFINE_integer("steps", 20, "Timed steps of each measurement.", lower_bound=1)
   flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.", lower_bound=0)

@@ -27,19 +27,13 @@ import time
 
 import jax
 from absl import app, flags
-from ml_collections import config_flags
 
 from cl_jax import config_check
 from cl_jax.bench import device_peaks, synthetic_step
 from cl_jax.bench import profile as step_profile
 from cl_jax.runtime import cli
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "Config file, optionally with a preset: configs/NAME.py[:preset].",
-    lock_config=True,
-)
+_CONFIG = cli.define_config_flag()
 _DEVICES = flags.DEFINE_list("devices", ["1", "2", "4", "8"], "Device counts to measure.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Timed steps per device count.", lower_bound=1)
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.", lower_bound=0)

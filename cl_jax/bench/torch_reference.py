@@ -53,7 +53,6 @@ import sys
 import time
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from cl_jax import config_check
 from cl_jax.data import photometric
@@ -415,12 +414,7 @@ def measure_torch(config, steps: int, warmup: int, compile: bool) -> dict:
 def _define_flags() -> None:
   """The command line, defined only when the module runs as a program, so that importing it
   beside cl_jax.bench.step defines no flag twice."""
-  config_flags.DEFINE_config_file(
-      "config",
-      None,
-      "Config file, optionally with a preset: configs/NAME.py[:preset].",
-      lock_config=True,
-  )
+  cli.define_config_flag()
   flags.DEFINE_integer("steps", 10, "Timed steps.", lower_bound=1)
   flags.DEFINE_integer("warmup", 2, "Untimed steps after the first.", lower_bound=0)
   flags.DEFINE_bool("compile", False, "torch.compile the step's forward passes and loss.")

@@ -15,10 +15,13 @@ import sys
 import traceback
 
 from absl import flags
+from ml_collections import config_flags
 
 from cl_jax import config_defaults
 from cl_jax.runtime import run_config, write_faults
 from cl_jax.runtime.errors import UsageError
+
+flags.disclaim_key_flags()  # --config defined here belongs to the command that calls for it
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -121,6 +124,17 @@ def _broken_config_file(value: str) -> str | None:
     first = str(e).splitlines()[0] if str(e) else ""
     return f"config file {path} fails to load{where}: {type(e).__name__}: {first}"
   return None
+
+
+def define_config_flag() -> flags.FlagHolder:
+  """Defines --config of every command: a config file with an optional preset
+  (configs/NAME.py[:preset]), locked, so that an override names an existing field."""
+  return config_flags.DEFINE_config_file(
+      "config",
+      None,
+      "Config file, optionally with a preset: configs/NAME.py[:preset].",
+      lock_config=True,
+  )
 
 
 def list_in_help(module_name: str) -> None:
