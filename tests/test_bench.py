@@ -14,20 +14,11 @@ from cl_jax.bench import flops, synthetic_step
 from cl_jax.bench import step as bench
 from cl_jax.runtime import parallel
 from configs import dicr, looc, mocov2, mocov2_patchns
+from tests import tiny_run
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [
-    "--config.data.image_size=16",
-    "--config.model.depth=10",
-    "--config.model.width_multiplier=0.125",
-    "--config.model.head_hidden_dim=16",
-    "--config.model.head_out_dim=8",
-    "--config.moco.queue_size=256",
-    "--config.optim.batch_size=16",  # as tests/test_bench_report.py's: one compiled step
-    "--config.nonsemantic.enabled=False",
-]
 
 
 def test_measure_times_the_training_step():
@@ -76,11 +67,10 @@ def test_cli_runs_each_device_count_in_its_own_process():
           sys.executable,
           "-m",
           "cl_jax.bench.step",
-          "--config=configs/mocov2_patchns.py",
           "--devices=1,2",
           "--steps=1",
           "--warmup=0",
-          *TINY,
+          *tiny_run.BENCH_FLAGS,
       ],
       cwd=ROOT,
       capture_output=True,

@@ -10,20 +10,9 @@ import pytest
 
 from cl_jax.bench import jpeg_decode
 from cl_jax.bench import report as bench_report
+from tests import tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [
-    "--config=configs/mocov2_patchns.py",
-    "--config.data.image_size=16",
-    "--config.model.depth=10",
-    "--config.model.width_multiplier=0.125",
-    "--config.model.head_hidden_dim=16",
-    "--config.model.head_out_dim=8",
-    "--config.moco.queue_size=256",
-    "--config.optim.batch_size=16",
-    # Plain MoCo-v2: the step and torch parts (and tests/test_bench.py) time one program.
-    "--config.nonsemantic.enabled=False",
-]
 
 STEP = {
     "setup": "moco: 50-layer ResNet, 224 px, bfloat16, global batch 256",
@@ -196,7 +185,7 @@ def test_the_one_command_runs_every_part_on_cpu(tmp_path):
   env["CL_JAX_CACHE"] = str(tmp_path / "cache")
   out = tmp_path / "report"
   proc = subprocess.run(
-      [sys.executable, "-m", "cl_jax.bench.report", f"--out={out}", *TINY]
+      [sys.executable, "-m", "cl_jax.bench.report", f"--out={out}", *tiny_run.BENCH_FLAGS]
       + ["--steps=1", "--warmup=0", "--jpeg_images=24", "--jpeg_pipeline_images=48"],
       cwd=ROOT,
       env=env,

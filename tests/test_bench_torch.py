@@ -17,8 +17,8 @@ from cl_jax.bench import torch_reference as bench_torch  # noqa: E402
 from cl_jax.models import torchvision_export as export_torchvision  # noqa: E402
 from cl_jax.runtime import parallel  # noqa: E402
 from configs import mocov2  # noqa: E402
+from tests import tiny_run  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
-from tests.test_bench import TINY  # noqa: E402
 
 B, S, K = 16, 16, 64
 
@@ -142,13 +142,12 @@ def test_compare_cli_prints_jax_and_torch_rows_and_ratios():
           sys.executable,
           "-m",
           "cl_jax.bench.step",
-          "--config=configs/mocov2_patchns.py",
           "--devices=1",
           "--compare=torch",
           "--steps=1",
           "--warmup=0",
           # The patch negatives on: the comparison switches them off in both steps.
-          *(flag for flag in TINY if flag != "--config.nonsemantic.enabled=False"),
+          *(f for f in tiny_run.BENCH_FLAGS if f != "--config.nonsemantic.enabled=False"),
       ],
       cwd=ROOT,
       capture_output=True,

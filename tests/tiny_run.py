@@ -1,5 +1,5 @@
-"""The tiny pretraining run shared by the subprocess tests: its flags, its environment, and
-its processes (one, or several joined on localhost)."""
+"""The tiny runs shared by the subprocess tests: the pretraining run's flags, environment and
+processes (one, or several joined on localhost), and the benchmarks' flags."""
 
 import os
 import socket
@@ -23,6 +23,20 @@ FLAGS = [
     "--config.nonsemantic.patch_max=6",
     "--config.optim.batch_size=32",
     "--config.train.log_every=1",
+]
+
+# Plain MoCo-v2 (patch negatives off) on 16 px, ResNet-10 x0.125, batch 16: the benchmark tests
+# (tests/test_bench.py, test_bench_report.py, test_bench_torch.py) time this one program.
+BENCH_FLAGS = [
+    "--config=configs/mocov2_patchns.py",
+    "--config.data.image_size=16",
+    "--config.model.depth=10",
+    "--config.model.width_multiplier=0.125",
+    "--config.model.head_hidden_dim=16",
+    "--config.model.head_out_dim=8",
+    "--config.moco.queue_size=256",
+    "--config.optim.batch_size=16",
+    "--config.nonsemantic.enabled=False",
 ]
 
 
