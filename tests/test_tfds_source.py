@@ -6,17 +6,18 @@ from `tfds.testing.mock_data` (random examples, or a fake data source with known
 ImageNet-100), or, in the last tests, from tiny genuine ArrayRecord shards written here.
 """
 
+import concurrent.futures
 import io
 import json
 import os
 import pathlib
 import pickle
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import warnings
+import threading
+import time
 
 import numpy as np
 import PIL.Image
@@ -32,8 +33,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 # A loader process that has not finished after this many seconds prints every thread's stack
-# (faulthandler) and exits: grain's worker start-up, rarely, never returns on a loaded 2-core
-# machine.
+# (faulthandler) and exits, failing the test with the stacks instead of hanging it.
 _LOADER_HANG_S = 120
 
 
@@ -62,16 +62,6 @@ def _run_in_own_group(code: str, args: tuple[str, ...]) -> tuple[int, str, str]:
     out.seek(0)
     err.seek(0)
     return proc.returncode, out.read(), err.read()
-
-
-def _run_loader_process(code: str, *args: str) -> tuple[int, str, str]:
-  """Runs the loader process; once more, with a warning carrying the first run's stacks, only
-  when the first run hung. Any other failure, or a second hang, is returned as it is."""
-  returncode, stdout, stderr = _run_in_own_group(code, args)
-  if returncode != 0 and (returncode < 0 or re.search(r"Timeout \(\d+:\d\d:\d\d\)!", stderr)):
-    warnings.warn(f"the grain loader process hung; running it once more. Its stacks:\n{stderr}")
-    returncode, stdout, stderr = _run_in_own_group(code, args)
-  return returncode, stdout, stderr
 
 
 NUM_MOCK_EXAMPLES = 6
@@ -243,6 +233,39 @@ def test_pickled_source_reopens_and_yields_the_same_examples(tmp_path):
   for a, b in zip(after, before):
     np.testing.assert_array_equal(a["image"], b["image"])
     assert a["label"] == b["label"]
+
+
+def test_threads_reaching_a_reopened_source_together_open_it_once(tmp_path, monkeypatch):
+  """grain's read threads all touch a freshly unpickled source at once; one of them opens the
+  TFDS source while the others wait (concurrent first imports of tensorflow_datasets can
+  deadlock), and all read the same records."""
+  write_prepared_dataset(tmp_path, "cifar10", {"train": NUM_MOCK_EXAMPLES, "test": 2})
+  with tfds.testing.mock_data(num_examples=NUM_MOCK_EXAMPLES, data_dir=str(tmp_path)):
+    source = tfds_source.open_source("cifar10", "pretrain", str(tmp_path))
+    expected = [source[i] for i in range(len(source))]
+    restored = pickle.loads(pickle.dumps(source))
+    opened = []
+    open_records = tfds_source._open_records
+
+    def slow_open(*args):
+      opened.append(threading.get_ident())
+      time.sleep(0.5)  # long enough that every thread arrives while the first is opening
+      return open_records(*args)
+
+    monkeypatch.setattr(tfds_source, "_open_records", slow_open)
+    threads = 8
+    barrier = threading.Barrier(threads)
+
+    def read(i):
+      barrier.wait()
+      return restored[i % len(expected)]
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+      examples = list(pool.map(read, range(threads)))
+  assert len(opened) == 1
+  for i, example in enumerate(examples):
+    np.testing.assert_array_equal(example["image"], expected[i % len(expected)]["image"])
+    assert example["label"] == expected[i % len(expected)]["label"]
 
 
 class FakeImagenetRecords:
@@ -429,8 +452,8 @@ def test_cifar10_from_array_record_files_through_a_grain_worker(tmp_path):
       for i, (image, label) in enumerate(zip(images, labels))
   ]
   write_prepared_dataset(tmp_path, "cifar10", {"train": 2, "test": examples})
-  # The loader runs in a fresh process: a grain worker spawned from the test process,
-  # which by now holds the threads of every earlier test, can deadlock at start-up.
+  # The loader runs in a fresh process, as in a training run: tensorflow_datasets is not yet
+  # imported there when the worker's read threads first open the source.
   code = (
       "import faulthandler, json, sys\n"
       f"faulthandler.dump_traceback_later({_LOADER_HANG_S}, exit=True)\n"
@@ -447,7 +470,7 @@ def test_cifar10_from_array_record_files_through_a_grain_worker(tmp_path):
       "print(json.dumps([int(e['label']) for e in loaded]), flush=True)\n"
   )
   out = tmp_path / "images.npy"
-  returncode, stdout, stderr = _run_loader_process(code, str(out))
+  returncode, stdout, stderr = _run_in_own_group(code, (str(out),))
   assert returncode == 0, stderr[-6000:]
   assert json.loads(stdout.strip().splitlines()[-1]) == labels
   np.testing.assert_array_equal(np.load(out), images)

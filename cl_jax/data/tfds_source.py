@@ -20,6 +20,7 @@ import importlib.resources
 import io
 import os
 import re
+import threading
 import uuid
 from typing import Any
 
@@ -203,6 +204,11 @@ def _register(tfds_name: str) -> None:
     tiny_imagenet.register()
 
 
+# Serialises the opening of TFDS sources (and the first import of tensorflow_datasets) in a
+# process; see TfdsSource.records.
+_OPEN_LOCK = threading.Lock()
+
+
 def _open_records(tfds_name: str, split: str, data_dir: str, decoders=None):
   """The TFDS ArrayRecord data source of one split (random access, numpy examples)."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
@@ -242,10 +248,14 @@ class TfdsSource:
 
   @property
   def records(self):
-    """The underlying TFDS data source, opened on first use in each process."""
-    # Two threads racing here open two equivalent sources; the last assignment wins.
+    """The underlying TFDS data source, opened on first use in each process, by one thread:
+    grain's read threads reach here together, and their concurrent first imports of
+    tensorflow_datasets can deadlock (its lazy imports take a lock of their own inside the
+    import lock)."""
     if self._records is None:
-      self._records = _open_records(self.tfds_name, self.split, self.data_dir)
+      with _OPEN_LOCK:
+        if self._records is None:
+          self._records = _open_records(self.tfds_name, self.split, self.data_dir)
     return self._records
 
   @property
