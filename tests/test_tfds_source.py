@@ -53,12 +53,12 @@ def _run_in_own_group(code: str, args: tuple[str, ...]) -> tuple[int, str, str]:
     try:
       proc.wait(timeout=_LOADER_HANG_S + 60)
     except subprocess.TimeoutExpired:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait()
+      pass
     try:
       os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except ProcessLookupError:  # the process and all its children have ended
       pass
+    proc.wait()
     out.seek(0)
     err.seek(0)
     return proc.returncode, out.read(), err.read()
