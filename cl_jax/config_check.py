@@ -407,6 +407,7 @@ def _check_train_eval(c) -> None:
     integer(c, f"train.{p}", 1)
   integer(c, "train.score_queries", 0)
   number(c, "train.max_param_growth", 1.0, None, lo_open=True)
+  number(c, "train.stall_timeout_s", 0.0, None)
   integer(c, "eval.every", 0)
   for name in c.eval.evaluators:
     if name not in MONITORS:

@@ -213,6 +213,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Divergence: stop (without saving) once the parameter norm exceeds this multiple of its
   # value at initialisation, or the loss or the state is no longer finite.
   c.train.max_param_growth = 100.0
+  # Stall watchdog (cl_jax.runtime.stall_watchdog): end the run with exit status 75 once the
+  # host has waited this many seconds for one batch or for the device (at a logging step, for
+  # the steps queued since the last); compiling, evaluating and saving do not count. 0: off.
+  c.train.stall_timeout_s = 1800.0
 
   # Evaluators run while pretraining (cl_jax.evaluators.MONITORS), every `every` steps and at
   # the end (0: never). The weighted-kNN monitor (Wu et al. 2018): the probe's train split is

@@ -17,7 +17,8 @@ number (130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1), what a shell or scheduler reads a
 training loop (start-up, the closing saves done, the probe) SIGTERM and the
 --stop_signal signal end the process at once with one line and the same status:
 every checkpoint that finished saving is intact (one process; in a multi-process
-run JAX's preemption service keeps SIGTERM).
+run JAX's preemption service keeps SIGTERM). A training loop that stops making progress
+(train.stall_timeout_s, cl_jax.runtime.stall_watchdog) ends with one line and status 75.
 
 Multi-host: every process runs the same command with --multihost. The
 coordinator address, process count and process id are detected on Cloud TPU
@@ -26,7 +27,6 @@ them with --coordinator_address, --num_processes and --process_id (any of
 these implies --multihost). The workdir must then be storage every host sees.
 """
 
-import multiprocessing
 import os
 import shlex
 import signal
@@ -37,7 +37,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from cl_jax import train
-from cl_jax.runtime import cli, distributed_startup, logs, stop_requests
+from cl_jax.runtime import cli, distributed_startup, logs, process_exit, stop_requests
 from cl_jax.runtime.errors import UsageError
 
 _CONFIG = cli.define_config_flag()
@@ -119,26 +119,13 @@ def _signal_number(name: str | None) -> int | None:
     ) from None
 
 
-def _end_now(what: str, status: int) -> None:
-  """Print `what`, then "; every checkpoint ... intact: ..." as one line, kill the input
-  workers and exit with `status` at once, without waiting for an abandoned save."""
-  print(
-      f"{what}; every checkpoint that finished saving is intact: run the same command again "
-      "to resume from the latest",
-      file=sys.stderr,
-      flush=True,
-  )
-  for child in multiprocessing.active_children():
-    child.kill()
-  sys.stdout.flush()
-  os._exit(status)
-
-
 def _end_outside_training(signum, frame) -> None:
   """Signal handler outside the training loop: end at once with 128 + signum (no save is in
   flight there: the loop waits for its saves)."""
   del frame
-  _end_now(f"stopped by {signal.Signals(signum).name} outside the training loop", 128 + signum)
+  process_exit.end_now(
+      f"stopped by {signal.Signals(signum).name} outside the training loop", 128 + signum
+  )
 
 
 def main(argv):
@@ -199,7 +186,7 @@ def run() -> None:
   try:
     app.run(main, flags_parser=cli.parse_flags)
   except KeyboardInterrupt:
-    _end_now("interrupted", 130)
+    process_exit.end_now("interrupted", 130)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ point), whichever of them was signalled. The run holds the workdir's writer
 lock (cl_jax.runtime.workdir_lock) from before its first write to its end.
 """
 
+import contextlib
 import functools
 import math
 import time
@@ -41,8 +42,10 @@ from cl_jax.models.encoder import Encoder, encoder_for, head_layout
 from cl_jax.runtime import (
     checkpoint,
     parallel,
+    process_exit,
     run_config,
     run_summary,
+    stall_watchdog,
     wandb_tracker,
     workdir_lock,
     write_faults,
@@ -284,7 +287,11 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
       "param_norm_init": norm0,
   }
   log = _Logger(config, workdir, writer, progress, lead)
-  loop = _Loop(config, workdir, mesh, train_steps, Monitors(config), manager, log, meta)
+  watch = stall_watchdog.StallWatchdog(
+      config.train.stall_timeout_s,
+      functools.partial(_stalled, workdir, config.train.stall_timeout_s),
+  )
+  loop = _Loop(config, workdir, mesh, train_steps, Monitors(config), manager, log, meta, watch)
   done, stop = start, None
   # it.close() stops the input workers and frees their shared memory.
   closers = (progress.close, writer.close, manager.wait_until_finished, it.close)
@@ -292,6 +299,7 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
       stop_requests(stop_signal) as requested,
       checkpoint.quiet_failed_saves(),
       write_faults.in_threads() as thread_faults,
+      watch,
   ):
     try:
       done, stop = _train(loop, state, it, start, end, requested, thread_faults)
@@ -320,31 +328,37 @@ class _Loop(NamedTuple):
   manager: object
   log: "_Logger"
   meta: dict
+  watch: stall_watchdog.StallWatchdog
 
 
 def _train(loop: _Loop, state, it, start: int, end: int, requested, thread_faults):
   """Take steps start + 1 .. end of the run (fewer if a stop is requested): log every
   train.log_every steps, at the monitors' steps and the last, check divergence and save
-  every train.checkpoint_every steps, at the last and at a stop. Returns (the last step taken,
-  the signal that stopped it or None)."""
-  config, workdir, manager = loop.config, loop.workdir, loop.manager
+  every train.checkpoint_every steps, at the last and at a stop. Each step beats the stall
+  watchdog; compiling, evaluating and starting a save are paused stretches. Returns (the last
+  step taken, the signal that stopped it or None)."""
+  config, workdir, manager, watch = loop.config, loop.workdir, loop.manager, loop.watch
   progress, norm0 = loop.log.progress, loop.meta["param_norm_init"]
   clock = Throughput(start, config.optim.batch_size)
   compiled = set()
   done, stop = start, None
   for step in range(start, end):
+    watch.beat(step)
     done = step + 1
     eval_due = loop.monitors.due(done, end)
     logged = done % config.train.log_every == 0 or done == end or eval_due
     first_call = logged not in compiled
+    batch = parallel.global_batch(next(it), loop.mesh)
     if first_call and step > start:  # it compiles: keep it out of img/s
       jax.block_until_ready(state.step)
       t_compile = time.perf_counter()
-    state, metrics = loop.train_steps[logged](state, parallel.global_batch(next(it), loop.mesh))
+    with watch.paused() if first_call else contextlib.nullcontext():
+      state, metrics = loop.train_steps[logged](state, batch)
+      if first_call:
+        jax.block_until_ready(metrics["loss"])
     progress.step()
     if first_call:
       compiled.add(logged)
-      jax.block_until_ready(metrics["loss"])
       if step == start:
         progress.compiled(done, clock.restart(done))
       else:
@@ -360,7 +374,8 @@ def _train(loop: _Loop, state, it, start: int, end: int, requested, thread_fault
       scalars["param_norm"] = norm
       if eval_due:
         t_eval = time.perf_counter()
-        scalars.update(loop.monitors(state.params, state.batch_stats))
+        with watch.paused():
+          scalars.update(loop.monitors(state.params, state.batch_stats))
         clock.exclude(time.perf_counter() - t_eval)  # img/s counts training only
       rate = clock.rate(done)
       if rate is not None:
@@ -370,10 +385,23 @@ def _train(loop: _Loop, state, it, start: int, end: int, requested, thread_fault
     if saved:
       with write_faults.guard(checkpoint.named_in_error, checkpoint.directory(workdir)):
         meta = {**loop.meta, "param_norm": norm, "loss": float(metrics["loss"])}
-        checkpoint.save(manager, state, it, meta)
+        with watch.paused():
+          checkpoint.save(manager, state, it, meta)
     if stop is not None:
       break
   return done, stop
+
+
+def _stalled(workdir: str, timeout_s: float, step: int, idle_s: float) -> None:
+  """The stall watchdog's end of the run: every thread's stack to a file, one line, exit
+  with stall_watchdog.STALL_STATUS."""
+  path = stall_watchdog.write_stacks(workdir, jax.process_index())
+  process_exit.end_now(
+      f"stalled: no training step finished in {idle_s:.0f} s after step {step} "
+      f"(train.stall_timeout_s = {timeout_s:g}): the input pipeline or a device stopped "
+      f"answering; every thread's stack is in {path}",
+      stall_watchdog.STALL_STATUS,
+  )
 
 
 class _Logger:

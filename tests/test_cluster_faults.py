@@ -3,7 +3,8 @@ signal stop at a step end with a checkpoint and resume bit for bit, a second tra
 workdir is refused while the first finishes unharmed, a chunk that is already reached says
 so, a torn metrics line neither stops a resume nor the viz command, and a write fault (a
 full disk, a file size limit, a read-only file system) stops in one line with nothing lost
-and resumes exactly once it is gone."""
+and resumes exactly once it is gone, and a run whose input stalls ends in one line with status
+75 and resumes exactly."""
 
 import contextlib
 import os
@@ -297,3 +298,39 @@ def test_input_workers_die_with_the_trainer(tmp_path, sig):
   while _alive(children) and time.time() < deadline:
     time.sleep(0.1)
   assert not _alive(children), f"orphaned processes: {_alive(children)}"
+
+
+def test_a_stalled_input_ends_in_one_line_and_resumes_bit_for_bit(tmp_path, reference):
+  """The batch of step 7 never arrives (tests/stalled_input.py): once train.stall_timeout_s
+  has passed the run writes every thread's stack, ends with one line and status 75, the
+  checkpoint at step 4 is intact, and the same command resumes to the state of the run never
+  stopped."""
+  state = reference
+  workdir = tmp_path / "run"
+  timeout = "--config.train.stall_timeout_s=10"
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.stalled_input", "7", *trials.command(workdir, timeout)[3:]],
+      cwd=ROOT,
+      env=tiny_run.env(),
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+  assert proc.returncode == 75, proc.stderr[-3000:]
+  stacks = workdir / "stall_stacks_p0.txt"
+  line = proc.stderr.rstrip().splitlines()[-1]
+  assert line.startswith("stalled: no training step finished in "), proc.stderr[-3000:]
+  assert " s after step 6 (train.stall_timeout_s = 10): the input pipeline or a device " in line
+  assert line.endswith(
+      f"every thread's stack is in {stacks}; every checkpoint that finished saving is intact: "
+      "run the same command again to resume from the latest"
+  ), line
+  assert "Traceback" not in proc.stderr
+  text = stacks.read_text()
+  assert "stalled_input.py" in text and "in global_batch" in text, text
+  assert trials.steps(workdir) == [4] and not trials.tmp_folders(workdir)
+  again = trials.run(workdir, timeout)
+  assert again.returncode == 0, again.stderr[-3000:]
+  rows = [r["step"] for r in metrics.read_jsonl(workdir / "metrics.jsonl")]
+  assert rows == list(range(1, trials.TOTAL + 1))
+  assert trials.same_state(trials.final_state(workdir), state)

@@ -98,6 +98,8 @@ def _set(c, path, value):
         ("health.min_std_sqrt_d", -0.1, "health.min_std_sqrt_d"),
         ("health.min_rank", -1.0, "health.min_rank"),
         ("health.min_rank", float("nan"), "health.min_rank"),
+        ("train.stall_timeout_s", -1.0, "train.stall_timeout_s"),
+        ("train.stall_timeout_s", float("inf"), "train.stall_timeout_s"),
     ],
 )
 def test_bad_values_name_their_field(path, value, field):

@@ -9,7 +9,7 @@ On resume the new config is compared with the stored one before anything in
 the workdir is touched. Fields that define the run (method, model, data,
 augmentation, loss, seed, batch) may not change: a different value there is a
 different run and needs its own workdir. The fields of CHANGEABLE (logging,
-checkpoint cadence, probe settings, health thresholds, input workers, data
+checkpoint cadence, probe settings, health thresholds, the stall timeout, input workers, data
 location, run length, learning rate and the gradient reduction's dtype) may
 change with --allow_config_change.
 The fields of an add-on switched off in both configs (<block>.enabled False, or a
@@ -46,6 +46,7 @@ CHANGEABLE = (
     "optim.base_lr",
     "optim.lr_recipe",
     "train.max_param_growth",
+    "train.stall_timeout_s",
     "model.grad_reduce_dtype",
 )
 # The value `differences` shows for a field that one config lacks.
