@@ -405,6 +405,13 @@ def test_holm_decides_a_claim_of_three_comparisons():
   want = np.empty(3)
   want[order] = np.maximum.accumulate([(3 - j) * p[i] for j, i in enumerate(order)])
   assert [c["p_holm"] for c in got] == pytest.approx(np.minimum(want, 1))
+  # The adjusted interval: the t-interval at level 1 - 0.05 / (m - j) for rank j of the p-values.
+  for j, i in enumerate(order):
+    d = np.asarray(list(diffs.values())[i])
+    half = scipy.stats.t.ppf(1 - 0.05 / (3 - j) / 2, 4) * d.std(ddof=1) / math.sqrt(5)
+    adjusted = got[i]["adjusted_interval"]
+    assert got[i]["adjusted_level"] == pytest.approx(1 - 0.05 / (3 - j))
+    assert (adjusted["low"], adjusted["high"]) == pytest.approx((d.mean() - half, d.mean() + half))
   assert [c["verdict"] for c in got] == [
       REPRODUCED if q <= 0.05 else NOT_RESOLVED for q in np.minimum(want, 1)
   ]
@@ -527,6 +534,7 @@ def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
         ["moco"] if arm_name == "mocov2_nojitter" else ["moco", "moco+nonsemantic_patch"]
     )
     assert len(code["source_sha256"]) == 64 and code["commit"]
+    assert code["clean"] is (not code["commit"].endswith("-dirty"))
   assert (tmp_path / "results/ge_nojitter.png").stat().st_size > 1000
   again = run(cmd)
   assert again.returncode == 0 and "training in" not in again.stdout
