@@ -8,6 +8,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 
 import numpy as np
@@ -28,6 +29,8 @@ from cl_jax.analysis.intervals import NOT_RESOLVED, OPPOSITE, REFUSED, REPRODUCE
 from cl_jax.runtime.errors import UsageError
 from cl_jax.studies import CLAIMS, STUDIES, scale_ladder
 from tests import forked_commands, study_fakes, tiny_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_t_interval_matches_a_hand_computed_case_and_scipy():
@@ -534,7 +537,13 @@ def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
         ["moco"] if arm_name == "mocov2_nojitter" else ["moco", "moco+nonsemantic_patch"]
     )
     assert len(code["source_sha256"]) == 64 and code["commit"]
-    assert code["clean"] is (not code["commit"].endswith("-dirty"))
+    # The commit and clean flag against git itself: clean when no tracked source file differs.
+    edited = subprocess.run(
+        ["git", "-C", ROOT, "diff", "--quiet", "HEAD", "--", "cl_jax", "configs"]
+    )
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True)
+    assert code["clean"] is (edited.returncode == 0)
+    assert code["commit"] == head.stdout.decode().strip() + ("" if code["clean"] else "-dirty")
   assert (tmp_path / "results/ge_nojitter.png").stat().st_size > 1000
   again = run(cmd)
   assert again.returncode == 0 and "training in" not in again.stdout
