@@ -57,7 +57,7 @@ from absl import app, flags
 
 from cl_jax import batch_plan, config_check, train
 from cl_jax import train_step as step_lib
-from cl_jax.bench import chips, hlo_arrays, synthetic_step
+from cl_jax.bench import chips, hlo_arrays, hlo_kernels, synthetic_step
 from cl_jax.bench import flops as bench_flops
 from cl_jax.bench import memory as bench_memory
 from cl_jax.data import photometric
@@ -429,14 +429,16 @@ def analyse(config, tgt: Target, with_eval: bool = True) -> dict:
       int(np.prod(s.shape)) * s.dtype.itemsize // (chips_n if s.sharding.spec else 1)
       for s in jax.tree.leaves(state)
   )
-  insts = instructions(compiled.as_text())
+  hlo = compiled.as_text()
+  insts = instructions(hlo)
   flops = float(cost.get("flops", 0.0))
   try:
     analytic = bench_flops.step_flops_per_image(config)["per_image"]
   except ValueError:
     analytic = None
-  accessed = float(cost.get("bytes accessed", 0.0))
-  bound_s = max(flops / tgt.chip.peak_bf16_flops, accessed / tgt.chip.hbm_bytes_per_s)
+  kernels = kernel_report(hlo, config, tgt, batch // chips_n)
+  accessed = float(cost.get("bytes accessed", 0.0)) or float(kernels["bytes"])
+  flop_s, byte_s = flops / tgt.chip.peak_bf16_flops, accessed / tgt.chip.hbm_bytes_per_s
   return {
       **head,
       "compile_s": round(compile_s, 1),
@@ -449,11 +451,36 @@ def analyse(config, tgt: Target, with_eval: bool = True) -> dict:
       "flops_source": flops_source,
       "analytic_flops_per_image": analytic,
       "bytes_accessed_per_chip": accessed,
-      "roofline_img_per_s_per_chip": (batch / chips_n) / bound_s if bound_s else None,
+      "bytes_source": "compiled" if cost.get("bytes accessed") else "kernels' operands and results",
+      "roofline_img_per_s_per_chip": (batch / chips_n) / max(flop_s, byte_s) if flop_s else None,
+      "flop_roofline_img_per_s_per_chip": (batch / chips_n) / flop_s if flop_s else None,
+      "byte_roofline_img_per_s_per_chip": (batch / chips_n) / byte_s if byte_s else None,
+      "kernels": kernels,
       "collectives": collectives(insts, param_elements, batch),
       "census": census(insts),
       "eval": analyse_eval(config, tgt, param_elements) if with_eval else None,
   }
+
+
+def kernel_report(hlo: str, config, tgt: Target, batch_per_chip: int) -> dict:
+  """The kernels of a compiled step per chip (cl_jax.bench.hlo_kernels.kernel_table), with the
+  batch-norm inputs' elements of one forward of the chip's batch and BN's bytes per such
+  element; on GPU targets also the modelled time of the kernels (hlo_kernels.model_ms, rates
+  calibrated on the committed H200 trace: a model, not a measurement)."""
+  table = hlo_kernels.kernel_table(hlo)
+  encoder = encoder_for(config)
+  elements = hlo_kernels.bn_input_elements(encoder, batch_per_chip, config.data.image_size)
+  bn_bytes = sum(
+      table["by_kind"].get(kind, {"bytes": 0})["bytes"]
+      for kind in ("BN statistics", "BN backward", "BN elementwise")
+  )
+  table["bn_input_elements"] = elements
+  table["bn_bytes_per_input_element"] = round(bn_bytes / elements, 2) if elements else None
+  if tgt.name.startswith("h100"):
+    rates = hlo_kernels.load_rates()
+    table["model_ms"] = hlo_kernels.model_ms(table, rates)
+    table["model_source"] = rates["source"]
+  return table
 
 
 def analyse_eval(config, tgt: Target, param_elements: int) -> dict:
@@ -585,8 +612,12 @@ def report(result: dict) -> str:
   if result["roofline_img_per_s_per_chip"]:
     lines.append(
         "  roofline (an estimate, not a measurement): at most "
-        f"{result['roofline_img_per_s_per_chip']:.0f} img/s per chip"
+        f"{result['roofline_img_per_s_per_chip']:.0f} img/s per chip (FLOPs alone "
+        f"{result['flop_roofline_img_per_s_per_chip']:.0f}, bytes alone "
+        f"{result['byte_roofline_img_per_s_per_chip']:.0f}: "
+        f"{result['bytes_accessed_per_chip'] / 1e9:.1f} GB per step, {result['bytes_source']})"
     )
+  lines += kernel_lines(result["kernels"])
   lines.append("  collectives per step (kind, dtype, purpose: count, MB per chip):")
   for c in result["collectives"]:
     lines.append(
@@ -603,6 +634,28 @@ def report(result: dict) -> str:
   )
   lines.append(f"  float64 values: {cen['float64']}; host transfers: {cen['host'] or 'none'}")
   return "\n".join(lines + _eval_lines(result["eval"]))
+
+
+def kernel_lines(kernels: dict) -> list[str]:
+  """The kernel table's lines of report(): kernels and GB per step by kind, and the model."""
+  model = kernels.get("model_ms", {})
+  lines = [
+      f"  kernels per step: {kernels['kernels']}, {kernels['bytes'] / 1e9:.1f} GB of operands "
+      f"and results; batch norm {kernels['bn_bytes_per_input_element']} bytes per BN-input "
+      "element (of one forward)",
+      f"    {'kind':<16} {'kernels':>8} {'GB/step':>9}" + (f" {'model ms':>9}" if model else ""),
+  ]
+  for kind, row in kernels["by_kind"].items():
+    lines.append(
+        f"    {kind:<16} {row['kernels']:>8} {row['bytes'] / 1e9:>9.2f}"
+        + (f" {model[kind]:>9.2f}" if model else "")
+    )
+  if model:
+    lines.append(
+        f"    modelled time {model['total']:.2f} ms per step: a model from per-kind rates of "
+        f"{kernels['model_source']}"
+    )
+  return lines
 
 
 def _eval_lines(ev: dict | None) -> list[str]:

@@ -99,10 +99,11 @@ def profile_compiled(compiled, state, data, steps: int, out_dir: str):
 
 
 def hlo_instructions(hlo_text: str) -> dict[str, dict]:
-  """{instruction name: {"opcode", "op_name", "target", "fused", "bytes", "kernel"}} of an
-  optimized HLO module's text: target is a custom-call's target, "" otherwise; fused is the set
-  of opcodes and custom-call targets inside the computation a fusion calls (on CPUs
-  convolutions run inside fusions, on GPUs cuDNN and Triton GEMM fusions), empty otherwise;
+  """{instruction name: {"opcode", "op_name", "target", "fused", "fused_op_names", "bytes",
+  "kernel"}} of an optimized HLO module's text: target is a custom-call's target, "" otherwise;
+  fused is the set of opcodes and custom-call targets inside the computation a fusion calls (on
+  CPUs convolutions run inside fusions, on GPUs cuDNN and Triton GEMM fusions), empty
+  otherwise, and fused_op_names the op_names of the instructions inside it;
   bytes are those of its outputs and of its operands' outputs (a custom call's output: its
   first array, not the workspace beside it); kernel names the instructions that share one
   compiled kernel (XLA's GPU backend compiles identical fusions once: their deduplicated_name
@@ -142,6 +143,7 @@ def hlo_instructions(hlo_text: str) -> dict[str, dict]:
   for name, inst in instructions.items():
     calls = inst.pop("calls")
     inst["fused"] = computations.get(calls, set())
+    inst["fused_op_names"] = {op_name for _, op_name in names.get(calls, ())}
     if not inst["op_name"] and names.get(calls):
       inst["op_name"] = _fusion_op_name(names[calls])
     inst["bytes"] += sum(outputs.get(operand, 0) for operand in operands[name])
