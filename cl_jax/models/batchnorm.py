@@ -13,11 +13,14 @@ Groups whose rows lie anywhere in the batch (``scattered_group_normalise``, MoCo
 computed without moving the key images) take their statistics with a (G, 2C) all-reduce of
 per-group sums across devices instead; that path is forward only.
 
-The training-mode normalisation (``group_normalise``) has a hand-written backward: autodiff of
-the float32 formula would keep float32 copies of x - mean and of the normalised output, at full
-size, for every BN (about 130 MB per image in a bfloat16 ResNet-50 at 224 px); this one keeps x
-in its own dtype and the (G, C) statistics, and recomputes the rest. The gradient is the same
-function, rounded in float32 as autodiff's is.
+The training-mode normalisation (``group_normalise``) moves the bytes it needs and no more, the
+train step being bound by memory traffic: its statistics take one pass over x (the shifted sums
+of x and x^2), the normalisation (and the ReLU that follows, fused in with ``relu``) one more;
+its hand-written backward takes one pass for the two per-channel sums of the output's gradient
+and one for the input's gradient, and keeps only x in its own dtype and the (G, C) statistics
+(autodiff of the float32 formula would keep float32 copies of x - mean and of the normalised
+output, about 130 MB per image in a bfloat16 ResNet-50 at 224 px, and the ReLU its output and
+mask). The gradient is the same function, rounded in float32 as autodiff's is.
 """
 
 import functools
@@ -49,86 +52,157 @@ def _group_axes(grouped: jax.Array) -> tuple[int, ...]:
   return tuple(range(1, grouped.ndim - 1))
 
 
-def _forward(x, scale, bias, num_groups, epsilon, dtype):
-  """(y, mean, var, rstd): y as in group_normalise; mean, var, rstd (G, 1, ..., 1, C)."""
-  grouped = _grouped(x, num_groups)
+def _sums(a, b, axes):
+  """(sum(a), sum(b)) over axes, keepdims, as one variadic reduction: XLA emits one kernel
+  (per stage of its tree reduction) for both sums, reading their common inputs once."""
+  sa, sb = jax.lax.reduce((a, b), (0.0, 0.0), lambda p, q: (p[0] + q[0], p[1] + q[1]), axes)
+  shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+  return sa.reshape(shape), sb.reshape(shape)
+
+
+def _statistics(grouped, shift):
+  """(mean, var), each (G, 1, ..., 1, C), of grouped (G, B/G, ..., C) float32 in one pass: the
+  sums of d = x - shift and d^2 (one read of x), mean = shift + S1 / N, var = S2 / N - (S1 /
+  N)^2 (the biased variance; float32 cancels little where shift is near the mean)."""
   axes = _group_axes(grouped)
-  mean = jnp.mean(grouped, axis=axes, keepdims=True)
-  var = jnp.mean(jnp.square(grouped - mean), axis=axes, keepdims=True)
+  count = math.prod(grouped.shape[a] for a in axes)
+  d = grouped - shift
+  first, second = _sums(d, jnp.square(d), axes)
+  first, second = first / count, second / count
+  return shift + first, jnp.maximum(second - jnp.square(first), 0.0)
+
+
+def _affine(x, scale, bias, mean, rstd, num_groups):
+  """z = (x - mean) rstd scale + bias as x * gain + offset, float32 (G, B/G, ..., C)."""
+  gain = rstd * scale
+  return _grouped(x, num_groups) * gain + (bias - mean * gain)
+
+
+def _forward(x, residual, scale, bias, shift, num_groups, epsilon, dtype, relu):
+  """(y, mean, var, rstd): y as in group_normalise; mean, var, rstd (G, 1, ..., 1, C)."""
+  mean, var = _statistics(_grouped(x, num_groups), shift)
   rstd = jax.lax.rsqrt(var + epsilon)
-  y = ((grouped - mean) * rstd).reshape(x.shape) * scale + bias
-  return y.astype(dtype), mean, var, rstd
+  z = _output(x, residual, scale, bias, mean, rstd, num_groups, relu)
+  y = z.reshape(x.shape).astype(dtype)
+  if residual is not None:
+    # A block's output is the next block's residual: without the barrier XLA's GPU compiler
+    # (which may skip roundings, xla_allow_excess_precision) fuses the chain of residual adds
+    # across blocks and writes a float32 copy of it beside y.
+    y = jax.lax.optimization_barrier(y)
+  return y, mean, var, rstd
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def group_normalise(x, scale, bias, num_groups: int, epsilon: float, dtype):
-  """Batch norm of x (B, ..., C) over G = num_groups contiguous groups, with its gradient.
+def _output(x, residual, scale, bias, mean, rstd, num_groups, relu):
+  """The normalised x plus the residual, then the ReLU: float32 (G, B/G, ..., C)."""
+  z = _affine(x, scale, bias, mean, rstd, num_groups)
+  if residual is not None:
+    z = z + _grouped(residual, num_groups)
+  return jnp.maximum(z, 0.0) if relu else z
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def group_normalise(
+    x, residual, scale, bias, shift, num_groups: int, epsilon: float, dtype, relu: bool
+):
+  """Batch norm of x (B, ..., C) over G = num_groups contiguous groups, optionally plus a
+  residual and followed by a ReLU (a residual block's end), with its gradient.
 
   Forward, per group g of N = B/G x (spatial size) values per channel (Ioffe & Szegedy 2015,
-  Alg. 1), in float32 whatever x's dtype:
-    mu_g = mean(x_g),  var_g = mean((x_g - mu_g)^2),  r_g = 1 / sqrt(var_g + epsilon)
-    y_g  = (x_g - mu_g) r_g * scale + bias                       (cast to dtype)
-  Backward (the same paper's Sec. 3 chain rule, summed per group), with xhat = (x - mu_g) r_g
-  recomputed from the saved x, and dy's per-group sums S1 = sum(dy), S2 = sum(dy xhat):
+  Alg. 1), in float32 whatever x's dtype, the statistics in one pass over x (the sums of
+  d = x - shift and of d^2, shift a per-channel guess of the mean such as the running mean):
+    mu_g = shift + sum(d) / N,  var_g = sum(d^2) / N - (sum(d) / N)^2,
+    r_g = 1 / sqrt(var_g + epsilon)
+    y_g  = (x_g - mu_g) r_g * scale + bias [+ residual_g], then max(y_g, 0) with relu
+  cast to dtype. Backward (the same paper's Sec. 3 chain rule, summed per group), with
+  xhat = (x - mu_g) r_g recomputed from the saved x, dy the output's gradient (with relu:
+  where y_g > 0, the mask recomputed from x, or read from y where a residual was added, so that
+  no mask or masked gradient is written), and dy's per-group sums S1 = sum(dy),
+  S2 = sum(dy xhat), both taken in one pass:
     dx_g = r_g scale (dy - S1 / N - xhat S2 / N) + dmu_g / N + dvar_g 2 (x - mu_g) / N
-    dscale = sum_g S2,  dbias = sum_g S1
-  The residuals are x in its own dtype (bfloat16 in mixed precision) and the (G, C)
-  statistics, instead of the float32 full-size intermediates that autodiff of the forward
-  would keep.
+    dscale = sum_g S2,  dbias = sum_g S1,  dresidual = dy
+  The residuals are x (and y, with a residual) in their own dtype (bfloat16 in mixed
+  precision) and the (G, C) statistics, instead of the float32 full-size intermediates that autodiff of the
+  forward would keep. shift takes no gradient.
 
   Args:
     x: (B, ..., C), B divisible by num_groups.
-    scale, bias: (C,) float32.
+    residual: None, or an array of x's shape added before the ReLU.
+    scale, bias, shift: (C,) float32.
     num_groups: G.
     epsilon: added to the variance.
     dtype: the dtype of y.
+    relu: apply max(., 0) to the output.
 
   Returns:
     (y (B, ..., C) in dtype, mu (G, C), var (G, C)); var is the biased variance.
   """
-  y, mean, var, _ = _forward(x, scale, bias, num_groups, epsilon, dtype)
+  y, mean, var, _ = _forward(x, residual, scale, bias, shift, num_groups, epsilon, dtype, relu)
   channels = x.shape[-1]
   return y, mean.reshape(num_groups, channels), var.reshape(num_groups, channels)
 
 
-def _group_normalise_fwd(x, scale, bias, num_groups, epsilon, dtype):
-  y, mean, var, rstd = _forward(x, scale, bias, num_groups, epsilon, dtype)
+def _group_normalise_fwd(x, residual, scale, bias, shift, num_groups, epsilon, dtype, relu):
+  y, mean, var, rstd = _forward(
+      x, residual, scale, bias, shift, num_groups, epsilon, dtype, relu
+  )
   channels = x.shape[-1]
   out = (y, mean.reshape(num_groups, channels), var.reshape(num_groups, channels))
-  return out, (x, scale, mean, rstd)
+  # With a residual the ReLU's mask is read from y (kept anyway: the next layer's input), not
+  # recomputed from x and the residual (XLA would keep a float32 copy of the residual for it).
+  mask_source = None if residual is None else y
+  return out, (x, mask_source, scale, bias, shift, mean, rstd)
 
 
-def _group_normalise_bwd(num_groups, epsilon, dtype, residuals, cotangents):
+def _group_normalise_bwd(num_groups, epsilon, dtype, relu, residuals, cotangents):
   del epsilon, dtype
-  x, scale, mean, rstd = residuals
+  x, y, scale, bias, shift, mean, rstd = residuals
   dy, dmean, dvar = cotangents
   grouped = _grouped(x, num_groups)
   axes = _group_axes(grouped)
   count = math.prod(grouped.shape[a] for a in axes)
-  centred = grouped - mean
-  xhat = centred * rstd
   dy = _grouped(dy, num_groups)
-  s1 = jnp.sum(dy, axis=axes, keepdims=True)
-  s2 = jnp.sum(dy * xhat, axis=axes, keepdims=True)
+  if relu and y is not None:
+    dy = jnp.where(_grouped(y, num_groups) > 0, dy, 0.0)
+  elif relu:
+    dy = jnp.where(_affine(x, scale, bias, mean, rstd, num_groups) > 0, dy, 0.0)
+  xhat = (grouped - mean) * rstd
+  s1, s2 = _sums(dy, dy * xhat, axes)
   stat_shape = mean.shape
   dx = (
       (rstd * scale) * (dy - s1 / count - xhat * (s2 / count))
       + dmean.reshape(stat_shape) / count
-      + dvar.reshape(stat_shape) * (2 / count) * centred
+      + dvar.reshape(stat_shape) * (2 / count) * (grouped - mean)
   )
   channels = x.shape[-1]
   dscale = s2.reshape(num_groups, channels).sum(axis=0)
   dbias = s1.reshape(num_groups, channels).sum(axis=0)
-  return dx.reshape(x.shape).astype(x.dtype), dscale, dbias
+  dresidual = None if y is None else dy.reshape(x.shape).astype(y.dtype)
+  return (
+      dx.reshape(x.shape).astype(x.dtype),
+      dresidual,
+      dscale,
+      dbias,
+      jnp.zeros_like(shift),
+  )
 
 
 group_normalise.defvjp(_group_normalise_fwd, _group_normalise_bwd)
 
 
 def scattered_group_normalise(
-    x, scale, bias, shift, groups: jax.Array, num_groups: int, epsilon: float, dtype
+    x,
+    residual,
+    scale,
+    bias,
+    shift,
+    groups: jax.Array,
+    num_groups: int,
+    epsilon: float,
+    dtype,
+    relu: bool,
 ):
-  """group_normalise's forward for groups whose rows lie anywhere in the batch.
+  """group_normalise's forward (residual and relu included) for groups whose rows lie anywhere
+  in the batch.
 
   Row i of x belongs to group groups[i]; every group holds B/G rows. With N = B/G x (spatial
   size) values per channel and group, and d_is = x_is - shift, the per-group sums of d and d^2
@@ -164,6 +238,10 @@ def scattered_group_normalise(
   row_shape = (x.shape[0],) + (1,) * len(axes) + (x.shape[-1],)
   offset = (bias - mean * gain)[groups].reshape(row_shape)
   y = x32 * gain[groups].reshape(row_shape) + offset
+  if residual is not None:
+    y = y + residual.astype(jnp.float32)
+  if relu:
+    y = jnp.maximum(y, 0.0)
   return y.astype(dtype), mean, var
 
 
@@ -174,7 +252,8 @@ class GroupBatchNorm(nn.Module):
   x_g of shape (B/G, ..., C):
     mu_g  = mean(x_g)               over every axis but C        (float32)
     var_g = mean((x_g - mu_g)^2)    biased variance, same axes    (float32)
-    y_g   = (x_g - mu_g) / sqrt(var_g + epsilon) * scale + bias
+    y_g   = (x_g - mu_g) / sqrt(var_g + epsilon) * scale + bias   (then max(y_g, 0) with relu)
+  both statistics from one pass over x, shifted by the running mean (group_normalise)
   and the running statistics in collection ``batch_stats`` are updated as
     mean <- momentum * mean + (1 - momentum) * mean_g(mu_g)
     var  <- momentum * var  + (1 - momentum) * mean_g(var_g)
@@ -196,6 +275,8 @@ class GroupBatchNorm(nn.Module):
     scale_init: initialiser of ``scale`` (``nn.initializers.zeros`` for the last BN of a
       residual branch).
     bias_init: initialiser of ``bias``.
+    relu: follow the normalisation by max(., 0) in the same pass (training mode: the ReLU's
+      gradient mask is recomputed from x in the backward, group_normalise).
   """
 
   num_groups: int = 1
@@ -207,16 +288,23 @@ class GroupBatchNorm(nn.Module):
   use_bias: bool = True
   scale_init: Callable[..., jax.Array] = nn.initializers.ones
   bias_init: Callable[..., jax.Array] = nn.initializers.zeros
+  relu: bool = False
 
   @nn.compact
   def __call__(
-      self, x: jax.Array, use_running_average: bool, groups: jax.Array | None = None
+      self,
+      x: jax.Array,
+      use_running_average: bool,
+      groups: jax.Array | None = None,
+      residual: jax.Array | None = None,
   ) -> jax.Array:
     """Normalises x of shape (B, ..., C); returns the same shape in ``self.dtype``.
 
     In training mode B must be divisible by ``num_groups``; eval mode takes any B.
     groups: None (the G contiguous groups), or (B,) the group of each row in training mode,
     B/G rows each wherever they lie (scattered_group_normalise; forward only).
+    residual: None, or an array of x's shape added to the normalised x before the ReLU (a
+    residual block's end, in the same pass).
     """
     if (
         isinstance(self.num_groups, bool)
@@ -241,8 +329,10 @@ class GroupBatchNorm(nn.Module):
 
     if use_running_average:
       x32 = x.astype(jnp.float32)
-      y = (x32 - ra_mean.value) * jax.lax.rsqrt(ra_var.value + self.epsilon)
-      return (y * scale + bias).astype(self.dtype)
+      y = (x32 - ra_mean.value) * jax.lax.rsqrt(ra_var.value + self.epsilon) * scale + bias
+      if residual is not None:
+        y = y + residual.astype(jnp.float32)
+      return (jnp.maximum(y, 0.0) if self.relu else y).astype(self.dtype)
     if batch % self.num_groups:
       raise ValueError(
           f'batch size {batch} is not divisible by num_groups {self.num_groups}; '
@@ -256,11 +346,20 @@ class GroupBatchNorm(nn.Module):
       )
     if groups is None:
       y, mean, var = group_normalise(
-          x, scale, bias, self.num_groups, self.epsilon, jnp.dtype(self.dtype)
+          x,
+          residual,
+          scale,
+          bias,
+          ra_mean.value,
+          self.num_groups,
+          self.epsilon,
+          jnp.dtype(self.dtype),
+          self.relu,
       )
     else:
       y, mean, var = scattered_group_normalise(
           x,
+          residual,
           scale,
           bias,
           ra_mean.value,
@@ -268,6 +367,7 @@ class GroupBatchNorm(nn.Module):
           self.num_groups,
           self.epsilon,
           jnp.dtype(self.dtype),
+          self.relu,
       )
     if not self.is_initializing():
       ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * mean.mean(axis=0)

@@ -20,7 +20,6 @@ from jax.sharding import Mesh
 
 from cl_jax.models.batchnorm import GroupBatchNorm
 from cl_jax.models.conv import Conv
-from cl_jax.models.relu import relu
 
 # (block type, blocks per stage) for each supported depth.
 _STAGES = {
@@ -96,23 +95,26 @@ class ResidualBlock(nn.Module):
     norm = functools.partial(GroupBatchNorm, num_groups=self.bn_groups, dtype=self.dtype)
     last_scale_init = nn.initializers.zeros if self.zero_init_residual else nn.initializers.ones
     out_features = self.planes * _EXPANSION[self.kind]
-    if self.kind == 'basic':
-      y = _conv(self.planes, 3, self.stride, self.dtype, 'conv1', self.grad_mesh)(x)
-      y = relu(norm(name='bn1')(y, not train, groups))
-      y = _conv(self.planes, 3, 1, self.dtype, 'conv2', self.grad_mesh)(y)
-      y = norm(scale_init=last_scale_init, name='bn2')(y, not train, groups)
-    else:
-      y = _conv(self.planes, 1, 1, self.dtype, 'conv1', self.grad_mesh)(x)
-      y = relu(norm(name='bn1')(y, not train, groups))
-      y = _conv(self.planes, 3, self.stride, self.dtype, 'conv2', self.grad_mesh)(y)
-      y = relu(norm(name='bn2')(y, not train, groups))
-      y = _conv(out_features, 1, 1, self.dtype, 'conv3', self.grad_mesh)(y)
-      y = norm(scale_init=last_scale_init, name='bn3')(y, not train, groups)
     shortcut = x
     if self.stride != 1 or x.shape[-1] != out_features:
       shortcut = _conv(out_features, 1, self.stride, self.dtype, 'proj_conv', self.grad_mesh)(x)
       shortcut = norm(name='proj_bn')(shortcut, not train, groups)
-    return relu(y + shortcut)
+    if self.kind == 'basic':
+      y = _conv(self.planes, 3, self.stride, self.dtype, 'conv1', self.grad_mesh)(x)
+      y = norm(relu=True, name='bn1')(y, not train, groups)
+      y = _conv(self.planes, 3, 1, self.dtype, 'conv2', self.grad_mesh)(y)
+      last = 'bn2'
+    else:
+      y = _conv(self.planes, 1, 1, self.dtype, 'conv1', self.grad_mesh)(x)
+      y = norm(relu=True, name='bn1')(y, not train, groups)
+      y = _conv(self.planes, 3, self.stride, self.dtype, 'conv2', self.grad_mesh)(y)
+      y = norm(relu=True, name='bn2')(y, not train, groups)
+      y = _conv(out_features, 1, 1, self.dtype, 'conv3', self.grad_mesh)(y)
+      last = 'bn3'
+    # The residual branch's last BN adds the shortcut and applies the block's ReLU itself.
+    return norm(scale_init=last_scale_init, relu=True, name=last)(
+        y, not train, groups, residual=shortcut
+    )
 
 
 class ResNet(nn.Module):
@@ -179,10 +181,9 @@ class ResNet(nn.Module):
       x = _conv(width, 7, 2, self.dtype, 'stem_conv', self.grad_mesh)(x)
     else:
       x = _conv(width, 3, 1, self.dtype, 'stem_conv', self.grad_mesh)(x)
-    x = GroupBatchNorm(num_groups=self.bn_groups, dtype=self.dtype, name='stem_bn')(
+    x = GroupBatchNorm(num_groups=self.bn_groups, dtype=self.dtype, relu=True, name='stem_bn')(
         x, not train, groups
     )
-    x = relu(x)
     if self.stem == 'imagenet':
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for stage in range(self.stages):
