@@ -237,7 +237,10 @@ def _bn_problem(seed, shape, groups):
 
 def _jax_bn_gradients(x, scale, bias, w, a, b, groups, dtype=jnp.float32):
   def objective(x, scale, bias):
-    y, mean, var = group_normalise(x, scale, bias, groups, 1e-5, jnp.dtype(dtype))
+    shift = jnp.zeros_like(scale)
+    y, mean, var = group_normalise(
+        x, None, scale, bias, shift, groups, 1e-5, jnp.dtype(dtype), False
+    )
     return jnp.sum(w * y.astype(jnp.float32)) + jnp.sum(a * mean) + jnp.sum(b * var)
 
   return jax.grad(objective, argnums=(0, 1, 2))(x.astype(dtype), scale, bias)
@@ -278,25 +281,61 @@ def test_group_normalise_gradients_in_bfloat16_within_rounding():
   )
 
 
-def test_group_normalise_equals_autodiff_of_the_plain_formula():
-  """Forward bit-identical, gradients within float32 rounding of autodiff through the
-  textbook formula (what GroupBatchNorm computed before its backward was hand-written)."""
-  x, scale, bias, w, _, _ = _bn_problem(9, (16, 4, 4, 6), 4)
+@pytest.mark.parametrize('ending', ['none', 'relu', 'residual_relu'])
+def test_group_normalise_equals_autodiff_of_the_plain_formula(ending):
+  """Output, statistics and gradients (of x, the residual, scale and bias) within float32
+  rounding of autodiff through the textbook two-pass formula followed by jax.nn.relu, the
+  residual added before it: what the ResNet computed before the statistics took one pass and
+  the ReLU and residual add were fused into its batch norms."""
+  x, scale, bias, w, a, b = _bn_problem(9, (16, 4, 4, 6), 4)
+  residual = np.random.default_rng(1).normal(size=x.shape).astype(np.float32)
+  shift = np.full(6, 0.3, np.float32)
+  relu_on, with_residual = ending != 'none', ending == 'residual_relu'
 
-  def plain(x, scale, bias):
+  def plain(x, r, scale, bias):
     grouped = x.reshape((4, 4) + x.shape[1:])
     mean = jnp.mean(grouped, axis=(1, 2, 3), keepdims=True)
     var = jnp.mean(jnp.square(grouped - mean), axis=(1, 2, 3), keepdims=True)
-    return ((grouped - mean) * jax.lax.rsqrt(var + 1e-5)).reshape(x.shape) * scale + bias
+    y = ((grouped - mean) * jax.lax.rsqrt(var + 1e-5)).reshape(x.shape) * scale + bias
+    y = y + r if with_residual else y
+    return (jax.nn.relu(y) if relu_on else y), mean.reshape(4, 6), var.reshape(4, 6)
 
-  ours = lambda x, scale, bias: group_normalise(x, scale, bias, 4, 1e-5, jnp.dtype(jnp.float32))[0]
-  np.testing.assert_array_equal(jax.jit(ours)(x, scale, bias), jax.jit(plain)(x, scale, bias))
-  grads = [
-      jax.jit(jax.grad(lambda *v, f=f: jnp.sum(w * f(*v)), argnums=(0, 1, 2)))(x, scale, bias)
-      for f in (ours, plain)
-  ]
-  for got, want in zip(*grads):
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  def ours(x, r, scale, bias):
+    r = r if with_residual else None
+    return group_normalise(x, r, scale, bias, shift, 4, 1e-5, jnp.dtype(jnp.float32), relu_on)
+
+  def objective(f):
+    def value(x, r, scale, bias):
+      y, mean, var = f(x, r, scale, bias)
+      return jnp.sum(w * y) + jnp.sum(a * mean) + jnp.sum(b * var)
+
+    return jax.jit(jax.grad(value, argnums=(0, 1, 2, 3)))
+
+  for got, want in zip(jax.jit(ours)(x, residual, scale, bias), jax.jit(plain)(x, residual, scale, bias)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  got, want = (objective(f)(x, residual, scale, bias) for f in (ours, plain))
+  if not with_residual:
+    got, want = got[:1] + got[2:], want[:1] + want[2:]
+  for g, v in zip(got, want):
+    np.testing.assert_allclose(g, v, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('offset', [0.0, 3.0])
+def test_one_pass_statistics_of_bfloat16_inputs_with_a_large_mean(offset):
+  """bfloat16 inputs whose mean (300) dwarfs their spread (2): the one-pass statistics,
+  shifted by a per-channel guess of the mean `offset` spreads away from it (the running
+  mean's lag), against float64 NumPy mean and biased variance of the same bfloat16 values:
+  relative error at most 1e-4."""
+  rng = np.random.default_rng(11)
+  x = jnp.asarray(rng.normal(size=(32, 8, 8, 16)) * 2 + 300, jnp.bfloat16)
+  x64 = np.asarray(x.astype(jnp.float32), np.float64).reshape(4, 8 * 8 * 8, 16)
+  shift = jnp.full(16, 300 + 2 * offset, jnp.float32)
+  ones, zeros = jnp.ones(16, jnp.float32), jnp.zeros(16, jnp.float32)
+  _, mean, var = jax.jit(
+      lambda x: group_normalise(x, None, ones, zeros, shift, 4, 1e-5, jnp.dtype(jnp.bfloat16), True)
+  )(x)
+  np.testing.assert_allclose(mean, x64.mean(axis=1), rtol=1e-4)
+  np.testing.assert_allclose(var, x64.var(axis=1), rtol=1e-4)
 
 
 @pytest.mark.parametrize('groups', [1, 8])

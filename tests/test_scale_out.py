@@ -72,7 +72,9 @@ def _close(a, b, rtol=1e-5, atol=1e-7):
   )
 
 
-@pytest.mark.parametrize("bn_mode,groups", [("sync", 1), ("shuffle", 8), ("shuffle_stats", 4)])
+@pytest.mark.parametrize(
+    "bn_mode,groups", [("sync", 1), ("local", 8), ("shuffle", 8), ("shuffle_stats", 4)]
+)
 def test_eight_devices_take_the_one_device_step(bn_mode, groups, host_batch):
   # MoCo-v2 + patch NS negatives on the same global batch: same loss, statistics, updated
   # parameters (online and EMA), batch-norm statistics and queue (compared slot by slot).

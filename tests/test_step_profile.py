@@ -65,6 +65,7 @@ def test_hlo_instructions_read_opcodes_names_targets_and_fusions():
       "op_name": "",
       "target": "",
       "fused": set(),
+      "fused_op_names": set(),
       "bytes": 16,  # its f32[2] and its operand's
       "kernel": "neg.7",
   }
@@ -108,11 +109,13 @@ def test_bytes_reductions_and_shared_kernels():
   )
   assert kind == "reduction"
   # Inside a CUDA graph both reductions run as the kernel input_reduce_fusion_1: its time is
-  # shared equally by the two instructions' phases; the convolution's hlo_op names it.
+  # shared equally by the two instructions' phases; the convolution's hlo_op names its two
+  # cuDNN kernels, whose bytes are the instruction's once.
   events = [
       ("input_reduce_fusion_1", 50.0),
       ("input_reduce_fusion_1", 50.0),
-      ("cudnn-conv.3", 100.0),
+      ("cudnn-conv.3", 60.0),
+      ("cudnn-conv.3", 40.0),
   ]
   s = step_profile.summarise(events, ins, steps=1)
   assert s["by_kind"] == {"convolution": 0.1, "reduction": 0.1}

@@ -86,9 +86,9 @@ _POOLING = ("reduce-window", "select-and-scatter")
 
 
 def executed(hlo_text: str) -> list[str]:
-  """The instructions of an optimized module that launch a kernel each time it runs, in the
-  order they are printed: the non-bookkeeping instructions of ENTRY and of the computations
-  that its while, conditional, call and async instructions run (not of fused computations)."""
+  """The instructions of an optimized module that launch a kernel each time it runs: the
+  non-bookkeeping instructions of ENTRY (in order) and of the computations that its while,
+  conditional, call and async instructions run (not of fused computations)."""
   bodies, entry, current = defaultdict(list), None, None
   for line in hlo_text.splitlines():
     head = _COMPUTATION.match(line)

@@ -234,42 +234,48 @@ def summarise(events: list[tuple[str, float]], instructions: dict[str, dict], st
 
   Returns:
     {"op_ms_per_step": total, "by_phase": {phase: ms per step}, "by_kind": {kind: ms per
-    step}, "gb_by_kind": {kind: GB (1e9 bytes) its kernels read and write per step, the
-    instructions' bytes once per event}, "unmatched_ms_per_step": time of events naming no
-    instruction of the module}. Containers (while, conditional, call, async wrappers) are
+    step}, "gb_by_kind": {kind: GB (1e9 bytes) its kernels read and write per step, the bytes
+    of each instruction that ran counted once (an instruction run several times per step, in
+    a loop, once)}, "unmatched_ms_per_step": time of events naming no instruction of the
+    module}. Containers (while, conditional, call, async wrappers) are
     left out: the ops they run have events of their own.
   """
   by_phase, by_kind, bytes_by_kind = defaultdict(float), defaultdict(float), defaultdict(float)
   sharing = defaultdict(list)  # kernel -> the instructions that run it
-  for inst in instructions.values():
-    sharing[inst["kernel"]].append(inst)
-  kernels = {re.sub(r"[^\w]", "_", name): inst for name, inst in instructions.items()}
-  unmatched = 0.0
-  for name, micros in events:
-    if name in instructions:
-      group = [instructions[name]]
-    elif name in kernels:
+  for name, inst in instructions.items():
+    sharing[inst["kernel"]].append(name)
+  kernels = {re.sub(r"[^\w]", "_", name): name for name in instructions}
+  unmatched, counted = 0.0, set()
+  for event, micros in events:
+    if event in instructions:
+      group = [event]
+    elif event in kernels:
       # A kernel name (an event inside a CUDA graph) stands for every instruction that shares
       # the kernel: identical programs on identical shapes, so each takes an equal part.
-      group = sharing[kernels[name]["kernel"]]
+      group = sharing[instructions[kernels[event]]["kernel"]]
     else:
       group = []
     if not group:
       unmatched += micros
       continue
-    if group[0]["opcode"] in _CONTAINERS:
+    first = instructions[group[0]]
+    if first["opcode"] in _CONTAINERS:
       continue
-    kind = kind_of(group[0]["opcode"], group[0]["target"], group[0]["fused"])
+    kind = kind_of(first["opcode"], first["target"], first["fused"])
     for member in group:
-      by_phase[phase_of(member["op_name"])] += micros / len(group)
+      by_phase[phase_of(instructions[member]["op_name"])] += micros / len(group)
+      # Bytes once per instruction that ran: a cuDNN convolution launches several kernels,
+      # each an event of its instruction.
+      if member not in counted:
+        counted.add(member)
+        bytes_by_kind[kind] += instructions[member]["bytes"]
     by_kind[kind] += micros
-    bytes_by_kind[kind] += group[0]["bytes"]
   per_step = lambda micros: round(micros / steps / 1e3, 3)
   return {
       "op_ms_per_step": per_step(sum(by_phase.values())),
       "by_phase": {p: per_step(by_phase[p]) for p in PHASES if p in by_phase},
       "by_kind": {k: per_step(by_kind[k]) for k in KINDS if k in by_kind},
-      "gb_by_kind": {k: round(bytes_by_kind[k] / steps / 1e9, 4) for k in KINDS if k in by_kind},
+      "gb_by_kind": {k: round(bytes_by_kind[k] / 1e9, 4) for k in KINDS if k in by_kind},
       "unmatched_ms_per_step": per_step(unmatched),
   }
 

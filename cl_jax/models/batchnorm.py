@@ -53,10 +53,19 @@ def _group_axes(grouped: jax.Array) -> tuple[int, ...]:
 
 
 def _sums(a, b, axes):
-  """(sum(a), sum(b)) over axes, keepdims, as one variadic reduction: XLA emits one kernel
-  (per stage of its tree reduction) for both sums, reading their common inputs once."""
-  sa, sb = jax.lax.reduce((a, b), (0.0, 0.0), lambda p, q: (p[0] + q[0], p[1] + q[1]), axes)
+  """(sum(a), sum(b)) over axes (axis 1, the group's rows, and the spatial axes after it),
+  keepdims, for a and b (G, B/G, ..., C): first each row's sums over its spatial axes, as one
+  variadic reduction (XLA emits one kernel for both, reading their common inputs once, and
+  neither writes nor reads again what both recompute, such as a ReLU's mask), then the rows'
+  sums, one plain reduction of both (concatenated on the channel axis), which XLA's partitioner
+  turns into partial sums and one all-reduce where the rows lie on several devices (for a
+  variadic reduction it would gather the whole input)."""
   shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
+  inner = tuple(i for i in axes if i != 1)
+  if inner:
+    a, b = jax.lax.reduce((a, b), (0.0, 0.0), lambda p, q: (p[0] + q[0], p[1] + q[1]), inner)
+  sums = jnp.sum(jnp.concatenate([a, b], axis=-1), axis=1)  # one (G, 2C) reduction
+  sa, sb = jnp.split(sums, 2, axis=-1)
   return sa.reshape(shape), sb.reshape(shape)
 
 
