@@ -159,7 +159,7 @@ def test_local_bn_statistics_are_per_device(host_batch):
   # bn_mode=local with 8 groups on 8 devices: device i's outputs equal a forward of
   # device i's rows alone, and the running statistics are the mean of the 8 per-device
   # updates. The normalisation needs no cross-device traffic (one all-reduce, for the
-  # running statistics, against one per batch-norm layer under sync).
+  # running statistics, against about one per batch-norm layer under sync).
   x = jnp.asarray(host_batch["view1"], jnp.float32) / 255.0
   encoder8, variables = _encoder_and_variables(8)
   encoder1 = _encoder_and_variables(1)[0]
@@ -178,8 +178,10 @@ def test_local_bn_statistics_are_per_device(host_batch):
   def all_reduces(fn):
     return len(re.findall(r" all-reduce(-start)?\(", fn.lower(variables, xs).compile().as_text()))
 
+  # Under sync, one all-reduce of both sums per layer; XLA combines the 3 projection
+  # shortcuts' with their blocks' first BN, which reads the same input.
   layers = len(jax.tree.leaves(variables["batch_stats"])) // 2
-  assert all_reduces(fwd8) <= 1 < layers <= all_reduces(fwd1)
+  assert all_reduces(fwd8) <= 1 < layers - 3 <= all_reduces(fwd1)
 
 
 @pytest.mark.parametrize("mode", ["shuffle", "shuffle_stats"])
