@@ -311,7 +311,9 @@ def test_group_normalise_equals_autodiff_of_the_plain_formula(ending):
 
     return jax.jit(jax.grad(value, argnums=(0, 1, 2, 3)))
 
-  for got, want in zip(jax.jit(ours)(x, residual, scale, bias), jax.jit(plain)(x, residual, scale, bias)):
+  for got, want in zip(
+      jax.jit(ours)(x, residual, scale, bias), jax.jit(plain)(x, residual, scale, bias)
+  ):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   got, want = (objective(f)(x, residual, scale, bias) for f in (ours, plain))
   if not with_residual:

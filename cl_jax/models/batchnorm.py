@@ -130,8 +130,8 @@ def group_normalise(
     dx_g = r_g scale (dy - S1 / N - xhat S2 / N) + dmu_g / N + dvar_g 2 (x - mu_g) / N
     dscale = sum_g S2,  dbias = sum_g S1,  dresidual = dy
   The residuals are x (and y, with a residual) in their own dtype (bfloat16 in mixed
-  precision) and the (G, C) statistics, instead of the float32 full-size intermediates that autodiff of the
-  forward would keep. shift takes no gradient.
+  precision) and the (G, C) statistics, instead of the float32 full-size intermediates that
+  autodiff of the forward would keep. shift takes no gradient.
 
   Args:
     x: (B, ..., C), B divisible by num_groups.
@@ -151,9 +151,7 @@ def group_normalise(
 
 
 def _group_normalise_fwd(x, residual, scale, bias, shift, num_groups, epsilon, dtype, relu):
-  y, mean, var, rstd = _forward(
-      x, residual, scale, bias, shift, num_groups, epsilon, dtype, relu
-  )
+  y, mean, var, rstd = _forward(x, residual, scale, bias, shift, num_groups, epsilon, dtype, relu)
   channels = x.shape[-1]
   out = (y, mean.reshape(num_groups, channels), var.reshape(num_groups, channels))
   # With a residual the ReLU's mask is read from y (kept anyway: the next layer's input), not
