@@ -1,3 +1,4 @@
+# ruff: noqa: E501 (HLO text keeps its long lines)
 """Tests for cl_jax.bench.hlo_kernels: the kernels of a compiled program, their bytes by kind,
 the calibration on the committed H200 trace and the modelled time."""
 
