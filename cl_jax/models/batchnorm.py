@@ -70,10 +70,15 @@ def _sums(a, b, axes):
 
 
 def _statistics(grouped, shift):
-  """(mean, var), each (G, 1, ..., 1, C), of grouped (G, B/G, ..., C) float32 in one pass: the
-  sums of d = x - shift and d^2 (one read of x), mean = shift + S1 / N, var = S2 / N - (S1 /
-  N)^2 (the biased variance; float32 cancels little where shift is near the mean)."""
+  """(mean, var), each (G, 1, ..., 1, C), of grouped (G, B/G, ..., C) float32. Feature maps
+  (spatial axes present) in one pass: the sums of d = x - shift and d^2 (one read of x),
+  mean = shift + S1 / N, var = S2 / N - (S1 / N)^2 (the biased variance; float32 cancels little
+  where shift is near the mean). (G, B/G, C) inputs (the heads' batch norms, whose bytes do not
+  matter) in two passes, mean then mean((x - mean)^2), which no shift can make less exact."""
   axes = _group_axes(grouped)
+  if grouped.ndim == 3:
+    mean = jnp.mean(grouped, axis=axes, keepdims=True)
+    return mean, jnp.mean(jnp.square(grouped - mean), axis=axes, keepdims=True)
   count = math.prod(grouped.shape[a] for a in axes)
   d = grouped - shift
   first, second = _sums(d, jnp.square(d), axes)
