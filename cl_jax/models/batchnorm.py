@@ -167,7 +167,7 @@ def _group_normalise_fwd(x, residual, scale, bias, shift, num_groups, epsilon, d
 
 def _group_normalise_bwd(num_groups, epsilon, dtype, relu, residuals, cotangents):
   del epsilon, dtype
-  x, y, scale, bias, shift, mean, rstd = residuals
+  x, y, scale, bias, shift, mean, rstd = residuals  # y: None without a residual
   dy, dmean, dvar = cotangents
   grouped = _grouped(x, num_groups)
   axes = _group_axes(grouped)
@@ -265,7 +265,8 @@ class GroupBatchNorm(nn.Module):
     mu_g  = mean(x_g)               over every axis but C        (float32)
     var_g = mean((x_g - mu_g)^2)    biased variance, same axes    (float32)
     y_g   = (x_g - mu_g) / sqrt(var_g + epsilon) * scale + bias   (then max(y_g, 0) with relu)
-  both statistics from one pass over x, shifted by the running mean (group_normalise)
+  both statistics of a feature map from one pass over x, shifted by the running mean
+  (group_normalise)
   and the running statistics in collection ``batch_stats`` are updated as
     mean <- momentum * mean + (1 - momentum) * mean_g(mu_g)
     var  <- momentum * var  + (1 - momentum) * mean_g(var_g)
@@ -287,8 +288,9 @@ class GroupBatchNorm(nn.Module):
     scale_init: initialiser of ``scale`` (``nn.initializers.zeros`` for the last BN of a
       residual branch).
     bias_init: initialiser of ``bias``.
-    relu: follow the normalisation by max(., 0) in the same pass (training mode: the ReLU's
-      gradient mask is recomputed from x in the backward, group_normalise).
+    relu: follow the normalisation (and the residual's add) by max(., 0) in the same pass
+      (training mode: the backward recomputes the ReLU's mask from x, or reads it from the
+      output where a residual was added; group_normalise).
   """
 
   num_groups: int = 1
