@@ -13,6 +13,10 @@ C.1 (lr 0.03 at batch 128): one chip runs the paper's recipe, 8 chips batch 1,02
 `:imagenet100_b128` and `:stl10_b128` keep the paper's batch of 128 on any number of chips
 (optim.batch_per_chip 0, as every other config: optim.batch_size is then the global batch).
 
+On more than POD_CHIPS chips, a config whose model.shuffle_bn_above_8_chips names a shuffle-BN
+mode runs MoCo's shuffle-BN in that mode (the ResNet-50 presets: "shuffle_stats", which moves
+no key image between chips) wherever model.bn_mode is a shuffle mode; other bn_modes stay.
+
 The trainer resolves a config this way before it validates it and stores the resolved values
 in the run's config.json (cl_jax.train); this command prints, for each chip count, the per-chip
 batch, the global batch and the lr the run would use. It reads the config only: no device, no
@@ -25,11 +29,25 @@ from absl import app, flags
 from cl_jax.runtime import cli
 from cl_jax.runtime.errors import UsageError
 
+POD_CHIPS = 8
+_SHUFFLE = ("shuffle", "shuffle_stats")
+
 
 def resolve(config: ml_collections.ConfigDict, devices: int) -> ml_collections.ConfigDict:
   """`config` for a run on `devices` data-parallel devices (module docstring): with
   optim.batch_per_chip = b > 0, a copy whose optim.batch_size is b x devices and whose optim.lr
-  is optim.lr x b x devices / optim.batch_size; else `config` itself."""
+  is optim.lr x b x devices / optim.batch_size; on more than POD_CHIPS devices, a copy whose
+  shuffle bn_mode is model.shuffle_bn_above_8_chips where that is set; else `config` itself."""
+  resolved = _resolve_batch(config, devices)
+  pods = config.model.get("shuffle_bn_above_8_chips", "")
+  if devices > POD_CHIPS and pods and config.model.bn_mode in _SHUFFLE:
+    resolved = resolved.copy_and_resolve_references() if resolved is config else resolved
+    resolved.model.bn_mode = pods
+  return resolved
+
+
+def _resolve_batch(config: ml_collections.ConfigDict, devices: int) -> ml_collections.ConfigDict:
+  """resolve's batch and lr (module docstring)."""
   per_chip = config.optim.get("batch_per_chip", 0)
   if not per_chip:
     return config
@@ -60,7 +78,7 @@ def resolve(config: ml_collections.ConfigDict, devices: int) -> ml_collections.C
 
 
 def plan(config: ml_collections.ConfigDict, chips: int) -> dict:
-  """{"chips", "per_chip", "global_batch", "lr"} of `config` on `chips` devices."""
+  """{"chips", "per_chip", "global_batch", "lr", "bn_mode"} of `config` on `chips` devices."""
   resolved = resolve(config, chips)
   batch = resolved.optim.batch_size
   if batch % chips:
@@ -72,6 +90,7 @@ def plan(config: ml_collections.ConfigDict, chips: int) -> dict:
       "per_chip": batch // chips,
       "global_batch": batch,
       "lr": float(resolved.optim.lr),
+      "bn_mode": resolved.model.bn_mode,
   }
 
 
@@ -79,7 +98,7 @@ def line(p: dict) -> str:
   """One plan as the launch scripts' --dry-run prints it."""
   return (
       f"{p['chips']} chip{'s' if p['chips'] != 1 else ''}: per-chip batch {p['per_chip']}, "
-      f"global batch {p['global_batch']}, lr {p['lr']:.6g}"
+      f"global batch {p['global_batch']}, lr {p['lr']:.6g}, bn_mode {p['bn_mode']}"
   )
 
 

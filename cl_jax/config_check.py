@@ -181,6 +181,7 @@ def _check_model(c) -> None:
   choice(c, "model.dtype", DTYPES)
   choice(c, "model.grad_reduce_dtype", DTYPES)
   choice(c, "model.bn_mode", BN_MODES)
+  choice(c, "model.shuffle_bn_above_8_chips", ("",) + SHUFFLE_BN_MODES)
   integer(c, "model.bn_groups", 1)
   integer(c, "moco.queue_size", 1)
   number(c, "moco.temperature", 0.0, None, lo_open=True)

@@ -99,6 +99,9 @@ def base_config() -> ml_collections.ConfigDict:
   # float32 as mixed-precision practice sums them, or bfloat16 for half the bytes
   c.model.grad_reduce_dtype = "float32"
   c.model.bn_mode = "shuffle"  # sync | local | shuffle | shuffle_stats
+  # MoCo's shuffle-BN on more than 8 chips (cl_jax.batch_plan): "" keeps bn_mode; "shuffle" or
+  # "shuffle_stats" replaces a shuffle bn_mode there (a pod: no image gathered on every chip)
+  c.model.shuffle_bn_above_8_chips = ""
   c.model.bn_groups = 4  # virtual batch-norm groups over the global batch
 
   c.moco = ml_collections.ConfigDict()
@@ -282,6 +285,9 @@ _RESNET50 = {
     "head_out_dim": 128,
     "dtype": "bfloat16",
     "bn_groups": 8,
+    # Above one host of 8 chips, shuffle-BN by statistics: "shuffle" would send every chip the
+    # whole global batch of key images (1,235 MB per chip per step on v5e:4x4, docs/scaling-out.md).
+    "shuffle_bn_above_8_chips": "shuffle_stats",
 }
 # The lr and batch scale with the chips: 128 images per chip, lr 0.03 per 128 images
 # (cl_jax.batch_plan); PAPER_BATCH keeps the paper's global batch of 128 on any chips.

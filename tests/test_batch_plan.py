@@ -29,6 +29,29 @@ def test_the_imagenet100_preset_scales_from_the_papers_reference_point(chips, ba
   config_check.validate(resolved, num_devices=chips)
 
 
+@pytest.mark.parametrize("chips", [1, 8, 16, 64])
+def test_the_resnet50_presets_shuffle_bn_by_statistics_beyond_one_host_of_8(chips):
+  """MoCo's shuffle-BN: "shuffle" up to 8 chips, "shuffle_stats" (no key image gathered on every
+  chip) beyond; the config keeps its own mode where the field is "" or bn_mode is not a shuffle
+  mode, and an override of the field is obeyed."""
+  want = "shuffle" if chips <= 8 else "shuffle_stats"
+  config = mocov2_patchns.get_config("imagenet100")
+  assert batch_plan.plan(config, chips)["bn_mode"] == want
+  assert config.model.bn_mode == "shuffle"  # resolve copies; the config is left as it was
+  config.model.shuffle_bn_above_8_chips = "shuffle"
+  assert batch_plan.resolve(config, chips).model.bn_mode == "shuffle"
+  assert batch_plan.resolve(mocov2_patchns.get_config(None), chips).model.bn_mode == "shuffle"
+  # SimCLR inherits the preset's model block but takes statistics over the whole batch.
+  assert batch_plan.resolve(simclr.get_config("imagenet100"), chips).model.bn_mode == "sync"
+
+
+def test_a_shuffle_bn_mode_for_pods_outside_the_shuffle_modes_is_refused():
+  c = mocov2_patchns.get_config(None)
+  c.model.shuffle_bn_above_8_chips = "local"
+  with pytest.raises(config_check.ConfigError, match="model.shuffle_bn_above_8_chips"):
+    config_check.validate(c, num_devices=1)
+
+
 def test_a_global_batch_set_on_a_per_chip_preset_is_refused():
   c = mocov2_patchns.get_config("imagenet100")
   c.optim.batch_size = 1024
