@@ -5,6 +5,8 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
+import time
 
 import pytest
 
@@ -223,3 +225,33 @@ def test_the_one_command_runs_every_part_on_cpu(tmp_path):
   for mode in ("eager", "compiled"):
     row = torch["compare"][f"torch_{mode}"]
     assert "failed" in row or row["img_per_s"] > 0
+
+
+def test_a_part_past_the_deadline_is_stopped_and_named():
+  took = time.monotonic()
+  result = bench_report.run_part([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
+  assert time.monotonic() - took < 10
+  assert result == {"failed": "stopped at the report's deadline, after 0 s"}
+
+
+def test_the_gpu_script_keeps_its_deadline_and_packs_what_it_has(tmp_path):
+  """launch/gpu_report.sh with a 1 s deadline: the step part is stopped, the others are not
+  started, each is named in the report, and report.md, environment.txt and bench.tar.gz (the
+  parts' JSON) are in OUT; the exit status says a part failed."""
+  env = {**os.environ, "CL_JAX_REPORT_DEADLINE_S": "1", "PYTHON": sys.executable}
+  proc = subprocess.run(
+      ["bash", os.path.join(ROOT, "launch", "gpu_report.sh"), str(tmp_path / "o"),
+       *tiny_run.BENCH_FLAGS, "--parts=step,memory"],  # fmt: skip
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  out = tmp_path / "o"
+  text = (out / "report.md").read_text()
+  assert "stopped at the report's deadline" in text and "not started" in text
+  assert "jax " in (out / "environment.txt").read_text()
+  with tarfile.open(out / "bench.tar.gz") as tar:
+    assert {"step.json", "memory.json", "report.md"} <= set(tar.getnames())

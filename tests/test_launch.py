@@ -1,4 +1,5 @@
-"""launch/tpu_vm.sh and launch/slurm_gpu.sh: syntax, shellcheck, and what their --dry-run prints.
+"""launch/tpu_vm.sh and launch/slurm_gpu.sh: syntax, shellcheck, and what their --dry-run prints;
+the GPU report's scripts: syntax and shellcheck (their run: tests/test_bench_report.py).
 
 The scripts run under subprocess with a PATH that holds no gcloud, sbatch or srun, so a dry run
 that reached for them fails. Printed commands are parsed with shlex (the remote commands of
@@ -21,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPU_SCRIPT = os.path.join(ROOT, "launch", "tpu_vm.sh")
 SLURM_SCRIPT = os.path.join(ROOT, "launch", "slurm_gpu.sh")
 COMMON_SCRIPT = os.path.join(ROOT, "launch", "common.sh")
+GPU_SCRIPTS = [os.path.join(ROOT, "launch", n) for n in ("gpu_report.sh", "gpu_wheels.sh")]
 CLUSTER_TOOLS = ("gcloud", "gsutil", "sbatch", "srun", "squeue", "scancel")
 HEREDOC_END = "CL_JAX_SBATCH_SCRIPT"
 TRICKY_ARG = "--config.note=it's a run"  # one argv entry: a space and a single quote
@@ -158,13 +160,13 @@ V4_OPTIONS = (
 V4_EXTRA = ("--config.data.data_dir=gs://bucket/tfds", TRICKY_ARG)
 
 
-@pytest.mark.parametrize("script", [TPU_SCRIPT, SLURM_SCRIPT, COMMON_SCRIPT])
+@pytest.mark.parametrize("script", [TPU_SCRIPT, SLURM_SCRIPT, COMMON_SCRIPT, *GPU_SCRIPTS])
 def test_bash_syntax(script):
   proc = subprocess.run(["bash", "-n", script], capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("script", [TPU_SCRIPT, SLURM_SCRIPT, COMMON_SCRIPT])
+@pytest.mark.parametrize("script", [TPU_SCRIPT, SLURM_SCRIPT, COMMON_SCRIPT, *GPU_SCRIPTS])
 def test_shellcheck_clean(script):
   """Every warning down to style, following the scripts into launch/common.sh (-x)."""
   proc = subprocess.run(

@@ -21,13 +21,15 @@ runs, each in its own process, on this machine's first device:
 and writes DIR/<part>.json (each command's JSON output), DIR/report.md (the tables below,
 with the device's name) and prints the report. --config* flags go to every part unchanged;
 --parts picks some of them. A part that fails is reported with its error and the others
-still run; the exit status is then 1.
+still run; the exit status is then 1. --deadline_s bounds the whole report: a part still
+running at the deadline is stopped and reported as failed, and later parts are not started.
 """
 
 import json
 import os
 import subprocess
 import sys
+import time
 
 from absl import app, flags
 
@@ -66,9 +68,13 @@ def part_command(part: str, out: str, config_args: list[str], steps: int, warmup
   raise ValueError(f"part must be one of {', '.join(PARTS)}; got {part!r}")
 
 
-def run_part(command: list[str]) -> dict:
-  """The JSON object a bench command prints last, or {"failed": its last error line}."""
-  proc = subprocess.run(command, capture_output=True, text=True)
+def run_part(command: list[str], timeout_s: float | None = None) -> dict:
+  """The JSON object a bench command prints last, or {"failed": its last error line, or that
+  it ran out of its timeout_s}."""
+  try:
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+  except subprocess.TimeoutExpired:
+    return {"failed": f"stopped at the report's deadline, after {timeout_s:.0f} s"}
   objects = [line for line in proc.stdout.splitlines() if line.startswith("{")]
   if proc.returncode or not objects:
     lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
@@ -310,6 +316,13 @@ def _define_flags():
       list(DEFAULT_PARTS),
       f"Which of {', '.join(PARTS)} to run (compile only when named).",
   )
+  flags.DEFINE_integer(
+      "deadline_s",
+      0,
+      "Seconds for all the parts together (0: no limit): a part still running then is stopped "
+      "and reported as failed, and the parts after it are not started.",
+      lower_bound=0,
+  )
   flags.DEFINE_integer("jpeg_images", 512, "Images in the generated JPEG folder.", lower_bound=1)
   flags.DEFINE_integer(
       "jpeg_pipeline_images", 768, "Images timed per row of the JPEG pipeline.", lower_bound=1
@@ -328,14 +341,19 @@ def main(argv):
   os.makedirs(out, exist_ok=True)
   config_args = [a for a in sys.argv[1:] if a.startswith("--config")]
   results = {}
+  deadline = time.monotonic() + f.deadline_s if f.deadline_s else None
   for part in PARTS:
     if part not in f.parts:
       continue
-    print(f"running {part} ...", flush=True)
-    command = part_command(
-        part, out, config_args, f.steps, f.warmup, f.jpeg_images, f.jpeg_pipeline_images
-    )
-    results[part] = run_part(command)
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+      results[part] = {"failed": f"not started: the report's {f.deadline_s} s were spent"}
+    else:
+      print(f"running {part} ...", flush=True)
+      command = part_command(
+          part, out, config_args, f.steps, f.warmup, f.jpeg_images, f.jpeg_pipeline_images
+      )
+      results[part] = run_part(command, left)
     with open(os.path.join(out, f"{part}.json"), "w") as handle:
       json.dump(results[part], handle, indent=1)
   text = report(results, _device_name(results))
