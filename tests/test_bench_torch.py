@@ -7,6 +7,7 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")  # the reference's ResNet
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -23,15 +24,19 @@ from tests.conftest import ROOT  # noqa: E402
 B, S, K = 16, 16, 64
 
 
-def _config(symmetric: bool):
-  """A tiny float32 MoCo-v2 with shuffle-BN over 4 groups, photometric augmentation off (every
-  probability 0: the JAX step's views are then the normalised uint8 views)."""
+def _config(symmetric: bool, augment: bool = False):
+  """A tiny float32 MoCo-v2 with shuffle-BN over 4 groups; photometric augmentation off (every
+  probability 0: the JAX step's views are then the normalised uint8 views), or at MoCo-v2's
+  probabilities with solarisation too."""
   c = mocov2.get_config(None)
   c.data.image_size = S
   c.model.update(width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8, dtype="float32")
   c.model.update(bn_mode="shuffle", bn_groups=4)
   c.moco.update(queue_size=K, momentum=0.9, symmetric=symmetric)
-  c.aug.update(jitter_prob=0.0, grayscale_prob=0.0, blur_prob=0.0, solarize_prob=0.0)
+  if augment:
+    c.aug.update(solarize_prob=0.2)
+  else:
+    c.aug.update(jitter_prob=0.0, grayscale_prob=0.0, blur_prob=0.0, solarize_prob=0.0)
   c.optim.batch_size = B
   return c
 
@@ -71,11 +76,13 @@ def _assert_close(torch_state: dict, expected: dict[str, np.ndarray], **tol) -> 
 
 
 @pytest.mark.slow  # compiles the JAX step
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_one_step_matches_the_jax_step(symmetric):
-  """Same weights, queue, views and shuffle permutations: the loss, the SGD-updated query
-  encoder, the EMA key encoder, both encoders' BN running statistics and the queue agree."""
-  c = _config(symmetric)
+@pytest.mark.parametrize("symmetric,augment", [(False, False), (True, False), (False, True)])
+def test_one_step_matches_the_jax_step(symmetric, augment):
+  """Same weights, queue, views and shuffle permutations (and, with augmentation on, the JAX
+  step's photometric parameters, applied by the torch step itself): the loss, the SGD-updated
+  query encoder, the EMA key encoder, both encoders' BN running statistics and the queue
+  agree."""
+  c = _config(symmetric, augment)
   mesh = parallel.make_mesh(jax.devices()[:1])
   encoder, tx, schedule, make_state, _ = train.build(c, 4 * B, mesh)
   before = jax.device_get(make_state())
@@ -93,8 +100,16 @@ def test_one_step_matches_the_jax_step(symmetric):
   model.queue.copy_(torch.from_numpy(np.array(before.queue)))
   torch_step = bench_torch.make_step(model, c, compile=False)
   pairs = 2 if symmetric else 1
+  params = None
+  if augment:  # the JAX step 0's draws (cl_jax.train_step.view_params)
+    rng = jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0)
+    drawn = jax.device_get(step_lib.view_params(rng, B, step_lib.photometric_spec(c.aug)))
+    params = [{k: torch.from_numpy(np.array(v)) for k, v in p.items()} for p in drawn]
+    assert all(p["jitter"].any() and p["grayscale"].any() for p in params)
   loss = torch_step(
-      *(torch.from_numpy(views[v]) for v in ("view1", "view2")), _key_perms(before.rng, pairs)
+      *(torch.from_numpy(views[v]) for v in ("view1", "view2")),
+      _key_perms(before.rng, pairs),
+      params,
   )
 
   np.testing.assert_allclose(float(loss), float(metrics["loss"]), rtol=1e-4)

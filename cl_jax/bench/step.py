@@ -295,7 +295,10 @@ def _compare_torch(config) -> None:
   torch_device = next((r["device"] for r in torch_rows if "device" in r), "n/a")
   devices = f"JAX on {jax_row['device_kind']}, torch on {torch_device}"
   off = f"; switched off in both: {', '.join(addons)}" if addons else ""
-  setup = f"{_setup(reference)}, JAX {_step_words()}; {devices}{off}"
+  setup = (
+      f"{_setup(reference)}, JAX {_step_words()}; {devices}{off}; equal work: both steps "
+      "augment their uint8 views photometrically with the same ops and parameters"
+  )
   ratios = {"ratio_eager": _ratio(jax_row, eager), "ratio_compiled": _ratio(jax_row, compiled)}
   if _JSON.value:
     compare = {"jax": jax_row, "torch_eager": eager, "torch_compiled": compiled, **ratios}
@@ -312,8 +315,7 @@ def _compare_torch(config) -> None:
   print(f"JAX img/s / torch img/s: {', '.join(words)}")
   print(
       "compile s: JAX's lowering and compilation; torch's first step, compilation included. "
-      "The JAX step also augments its views photometrically; the torch step gets them "
-      "augmented."
+      "Both steps augment their views photometrically (cl_jax.bench.torch_augment)."
   )
 
 

@@ -26,13 +26,15 @@ model.bn_groups groups of the batch (GroupBatchNorm2d / 1d, the idea of the Spli
 of the MoCo CIFAR-10 demo), which emulates per-device BN and shuffle-BN on one device as
 cl_jax.models.batchnorm.GroupBatchNorm does; "sync" is one group.
 
-Not like for like with the JAX step, and in torch's favour: the JAX step augments its uint8
-views photometrically (colour jitter, grayscale, blur) inside the timed step, while this
-step gets already-augmented uint8 views and only converts and normalises them (with
---logging_step, the JAX step also computes its logged statistics: score statistics,
-embedding health, per-layer gradient norms). The non-semantic negatives, feature
-transformation, IFM, LooC and DICR add-ons are not implemented: a config with one of them on
-is refused.
+Like for like with the JAX step: the step augments its uint8 views photometrically on the
+device (colour jitter, grayscale, blur, solarize) with the JAX step's ops and parameters
+(cl_jax.bench.torch_augment; measure_torch draws the parameters once with
+cl_jax.data.photometric.sample_photometric and uses them at every step), then converts and
+normalises them; make_step's step without parameters takes views already augmented. With
+--logging_step the JAX step also computes its logged statistics (score statistics, embedding
+health, per-layer gradient norms), which this one does not. The non-semantic negatives,
+feature transformation, IFM, LooC and DICR add-ons are not implemented: a config with one of
+them on is refused.
 
 Precision and layout. On CUDA: channels_last, and with model.dtype "bfloat16" the backbone
 under bf16 autocast (cudnn.benchmark on). The pooled features, head and loss run in float32
@@ -52,9 +54,11 @@ import json
 import sys
 import time
 
+import numpy as np
 from absl import app, flags
 
 from cl_jax import config_check
+from cl_jax import train_step as step_lib
 from cl_jax.data import photometric
 from cl_jax.models.resnet import base_width
 from cl_jax.runtime import cli
@@ -64,6 +68,8 @@ try:
   import torch.nn.functional as F
   from torch import nn
   from torchvision.models import resnet
+
+  from cl_jax.bench import torch_augment
 except ImportError as error:
   _NEEDS_TORCH = (
       "cl_jax.bench.torch_reference needs PyTorch and torchvision, which cl_jax does not install: "
@@ -253,7 +259,8 @@ class MoCo(nn.Module):
     self.encoder_k = copy.deepcopy(self.encoder_q).requires_grad_(False)
     queue = torch.randn(config.moco.queue_size, config.model.head_out_dim)
     self.register_buffer("queue", F.normalize(queue, dim=1))
-    spec = photometric.PhotometricSpec()
+    spec = step_lib.photometric_spec(config.aug)
+    self.blur_radius = photometric.blur_radius(config.data.image_size, config.data.image_size, spec)
     self.register_buffer("mean", torch.tensor(spec.mean).reshape(1, 3, 1, 1))
     self.register_buffer("std", torch.tensor(spec.std).reshape(1, 3, 1, 1))
     self.momentum = config.moco.momentum
@@ -262,9 +269,13 @@ class MoCo(nn.Module):
     self.memory_format = memory_format
     self.pointer = 0
 
-  def normalize(self, views: torch.Tensor) -> torch.Tensor:
-    """(B, S, S, 3) uint8 views -> (B, 3, S, S) float32 (x / 255 - mean) / std."""
-    x = views.permute(0, 3, 1, 2).float().div(255.0)
+  def normalize(self, views: torch.Tensor, params: dict | None = None) -> torch.Tensor:
+    """(B, S, S, 3) uint8 views -> (B, 3, S, S) float32 (x / 255 - mean) / std, the views
+    augmented photometrically with `params` first (torch_augment) unless None."""
+    x = views.float().div(255.0)
+    if params is not None:
+      x = torch_augment.apply_photometric(x, params, self.blur_radius)
+    x = x.permute(0, 3, 1, 2)
     return ((x - self.mean) / self.std).contiguous(memory_format=self.memory_format)
 
   @torch.no_grad()
@@ -277,12 +288,18 @@ class MoCo(nn.Module):
     return torch.empty_like(z).index_copy_(0, perm, z)
 
   def contrast(
-      self, view1: torch.Tensor, view2: torch.Tensor, perms: list[torch.Tensor | None]
+      self,
+      view1: torch.Tensor,
+      view2: torch.Tensor,
+      perms: list[torch.Tensor | None],
+      params: list[dict] | None = None,
   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, keys to enqueue (P, d)) of uint8 views (B, S, S, 3): view1 queries against
     view2's keys, and with symmetric also view2 against view1's (loss their mean, keys of one
-    image adjacent); perms[i] is pair i's shuffle-BN permutation or None."""
-    x1, x2 = self.normalize(view1), self.normalize(view2)
+    image adjacent); perms[i] is pair i's shuffle-BN permutation or None; params: each view's
+    photometric parameters, or None for views already augmented."""
+    params = params or [None, None]
+    x1, x2 = self.normalize(view1, params[0]), self.normalize(view2, params[1])
     pairs = [(x1, x2), (x2, x1)] if self.symmetric else [(x1, x2)]
     keys = [self.keys(xk, perm) for (_, xk), perm in zip(pairs, perms)]
     losses = [
@@ -318,9 +335,11 @@ def build(config, device: torch.device) -> MoCo:
 
 
 def make_step(model: MoCo, config, compile: bool):
-  """step(view1, view2, perms=None) -> detached loss: one MoCo-v2 step of `model` in place.
+  """step(view1, view2, perms=None, params=None) -> detached loss: one MoCo-v2 step of `model`
+  in place.
 
-  view1, view2: (B, S, S, 3) uint8 already-augmented views on the model's device. perms:
+  view1, view2: (B, S, S, 3) uint8 views on the model's device, augmented in the step with
+  params (each view's photometric parameters, MoCo.contrast), or already augmented. perms:
   the shuffle-BN permutations (B,) of each pair, drawn with torch.randperm when None
   (bn_mode "shuffle" or "shuffle_stats" only). compile: torch.compile (COMPILE_MODE) model.contrast.
   """
@@ -336,13 +355,13 @@ def make_step(model: MoCo, config, compile: bool):
   pairs = 2 if config.moco.symmetric else 1
   shuffle = config.model.bn_mode in config_check.SHUFFLE_BN_MODES
 
-  def step(view1, view2, perms=None):
+  def step(view1, view2, perms=None, params=None):
     if perms is None:
       batch = view1.shape[0]
       perms = [torch.randperm(batch, device=device) if shuffle else None for _ in range(pairs)]
     model.momentum_update()
     with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-      loss, keys = contrast(view1, view2, perms)
+      loss, keys = contrast(view1, view2, perms, params)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -357,10 +376,28 @@ def _synchronize(device: torch.device) -> None:
     torch.cuda.synchronize(device)
 
 
+def view_params(config, batch: int, device: torch.device) -> list[dict]:
+  """Two views' photometric parameters (sample_photometric of the config's aug block, keys 1
+  and 2 of seed 0) as tensors on `device`."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  spec = step_lib.photometric_spec(config.aug)
+  return [
+      {
+          k: torch.from_numpy(np.array(v)).to(device)
+          for k, v in jax.device_get(
+              photometric.sample_photometric(jax.random.key(view), batch, spec)
+          ).items()
+      }
+      for view in (1, 2)
+  ]
+
+
 def measure_torch(config, steps: int, warmup: int, compile: bool) -> dict:
   """Times `steps` MoCo-v2 steps of `config` on CUDA if available, else on the CPU.
 
-  Random uint8 views of the config's size and global batch stand in for augmented views.
+  Random uint8 views of the config's size and global batch, augmented in every step with one
+  draw of each view's photometric parameters (the JAX step's work).
 
   Returns a dict: framework "torch", mode ("eager" or "compiled (inductor, COMPILE_MODE)"),
   device (its name), dtype (the backbone's compute dtype), channels_last, global_batch,
@@ -379,17 +416,18 @@ def measure_torch(config, steps: int, warmup: int, compile: bool) -> dict:
       torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8, device=device)
       for _ in range(2)
   ]
+  params = view_params(config, batch, device)
 
   start = time.perf_counter()
-  loss = step(*views)
+  loss = step(*views, params=params)
   _synchronize(device)
   compile_s = time.perf_counter() - start
   for _ in range(warmup):
-    loss = step(*views)
+    loss = step(*views, params=params)
   _synchronize(device)
   start = time.perf_counter()
   for _ in range(steps):
-    loss = step(*views)
+    loss = step(*views, params=params)
   _synchronize(device)
   step_s = (time.perf_counter() - start) / steps
 
