@@ -172,10 +172,14 @@ def _group_normalise_bwd(num_groups, epsilon, dtype, relu, residuals, cotangents
   grouped = _grouped(x, num_groups)
   axes = _group_axes(grouped)
   count = math.prod(grouped.shape[a] for a in axes)
-  dy = _grouped(dy, num_groups)
+  dresidual = None
   if relu and y is not None:
-    dy = jnp.where(_grouped(y, num_groups) > 0, dy, 0.0)
-  elif relu:
+    # The residual's gradient is the masked dy itself: written once (in dy's dtype, exactly),
+    # and read by both passes below instead of dy and y.
+    dresidual = jnp.where(y > 0, dy, jnp.zeros((), dy.dtype))
+    dy = dresidual
+  dy = _grouped(dy, num_groups)
+  if relu and y is None:
     dy = jnp.where(_affine(x, scale, bias, mean, rstd, num_groups) > 0, dy, 0.0)
   xhat = (grouped - mean) * rstd
   s1, s2 = _sums(dy, dy * xhat, axes)
@@ -188,7 +192,6 @@ def _group_normalise_bwd(num_groups, epsilon, dtype, relu, residuals, cotangents
   channels = x.shape[-1]
   dscale = s2.reshape(num_groups, channels).sum(axis=0)
   dbias = s1.reshape(num_groups, channels).sum(axis=0)
-  dresidual = None if y is None else dy.reshape(x.shape).astype(y.dtype)
   return (
       dx.reshape(x.shape).astype(x.dtype),
       dresidual,
