@@ -26,8 +26,10 @@ NUM_JITTER_OPS = 4  # order indices: 0 brightness, 1 contrast, 2 saturation, 3 h
 
 
 def gray(image: jax.Array) -> jax.Array:
-  """(H, W, 3) -> (H, W, 1) BT.601 luma 0.299 R + 0.587 G + 0.114 B."""
-  return jnp.tensordot(image, jnp.asarray(LUMA, image.dtype), axes=(-1, 0))[..., None]
+  """(H, W, 3) -> (H, W, 1) BT.601 luma 0.299 R + 0.587 G + 0.114 B, as a weighted sum (a
+  matrix product would run on a GPU as a GEMM kernel with a 3-wide operand)."""
+  r, g, b = (image[..., i : i + 1] for i in range(3))
+  return LUMA[0] * r + LUMA[1] * g + LUMA[2] * b
 
 
 def _blend(image: jax.Array, other: jax.Array, factor: jax.Array) -> jax.Array:
