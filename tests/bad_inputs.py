@@ -212,10 +212,10 @@ def cases(root: str) -> list[tuple[str, list[str], str]]:
           "--zip must be the official tiny-imagenet-200.zip",
       ),
   ]
-  if importlib.util.find_spec("torch") is None:
+  if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None:
     out.append(
         (
-            "bench_torch: PyTorch not installed",
+            "bench_torch: PyTorch or torchvision not installed",
             ["cl_jax.bench.torch_reference", "--config=configs/mocov2.py"],
             "needs PyTorch and torchvision",
         )

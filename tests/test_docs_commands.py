@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow  # one fresh interpreter per command: seconds each
 
 # Commands that need an optional extra (pyproject.toml) to start: module -> the package it needs.
 # Without it, --help cannot run: the module's flags are checked where the extra is installed.
-OPTIONAL = {"cl_jax.bench.torch_reference": "torch"}
+# Commands that need optional packages: {module: (the pip extra, the modules it must import)}.
+OPTIONAL = {"cl_jax.bench.torch_reference": ("torch", ("torch", "torchvision"))}
 DOCS = sorted(
     [os.path.join(ROOT, "README.md")]
     + glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
@@ -72,7 +73,9 @@ def cl_jax_command(command: list[str]) -> tuple[str, list[str]] | None:
 
 
 def _startable(module: str) -> bool:
-  return module not in OPTIONAL or importlib.util.find_spec(OPTIONAL[module]) is not None
+  return module not in OPTIONAL or all(
+      importlib.util.find_spec(name) is not None for name in OPTIONAL[module][1]
+  )
 
 
 def entry_modules() -> list[str]:
@@ -219,7 +222,7 @@ def test_every_documented_command_exists_as_written():
 @pytest.mark.parametrize("module", entry_modules())
 def test_help_lists_the_commands_own_flags(module):
   if not _startable(module):
-    pytest.skip(f"needs {OPTIONAL[module]} (pip install -e .[{OPTIONAL[module]}])")
+    pytest.skip(f"needs {OPTIONAL[module][0]} (pip install -e .[{OPTIONAL[module][0]}])")
   flags = all_help_flags()[module]
   unlisted = sorted(
       name

@@ -26,6 +26,11 @@ def test_components_name_the_base_step_and_each_addon():
   c = mocov2_patchns.get_config(None)
   c.model.bn_mode = "shuffle_stats"
   assert fingerprint.components(c) == ["moco", "moco+shuffle_stats", "moco+nonsemantic_patch"]
+  assert fingerprint.components(mocov2_patchns.get_config("imagenet100")) == [
+      "moco",
+      "moco+imagenet_stem",
+      "moco+nonsemantic_patch",
+  ]
 
 
 @pytest.mark.parametrize(
@@ -35,6 +40,7 @@ def test_components_name_the_base_step_and_each_addon():
         "moco_symmetric+dicr",
         "moco+ft",
         "moco+shuffle_stats",
+        "moco+imagenet_stem",
         "simclr+hcl",
         "byol",
         "simsiam+dicr",
@@ -63,6 +69,8 @@ def test_the_fingerprint_repeats_and_tells_the_code_paths_apart():
   # Shuffle-BN by statistics: the same maths as the permuted batch, summed in another order.
   by_statistics = fingerprint.step_fingerprint(fingerprint.canonical_config("moco+shuffle_stats"))
   assert by_statistics == pytest.approx(moco, rel=1e-5)
+  # The ImageNet stem (its max-pool's hand-written backward among it) is another network.
+  assert fingerprint.step_fingerprint(fingerprint.canonical_config("moco+imagenet_stem")) != moco
   assert all(isinstance(v, float) and v > 0 for v in base + with_dicr + patch)
   assert fingerprint.differing({"a": [1.0, 2.0], "b": base}, {"a": [1.0, 2.5]}) == ["a"]
 

@@ -6,15 +6,15 @@ Two runs are comparable only if the same arithmetic produced them: a refactor th
 step is computed (the order of a sum, a hand-written backward) changes every later number of a
 run, though its maths stays the same. The fingerprint detects such a change from the numbers
 themselves. It is the loss and gradient norm of one train step, from a fixed initialisation on a
-fixed synthetic batch, of each component of the run's method: the base step (the method, and
-for MoCo whether it is symmetric) and each enabled add-on (non-semantic negatives of each kind,
-FT, IFM, hard negatives, DICR, LooC). Each component's step runs a canonical tiny config (the
-method's quick config at batch 8, a ResNet-10 of width 0.25, float32, the add-on alone at its
-defaults), not the run's own settings, so arms that differ in a setting (patch negatives at
-alpha 1 and alpha 3) share the component's fingerprint, and a comparison checks every
-component its records have in common (cl_jax.analysis.study_summary). The values are float32
-and exact: the same code on the same processor's arithmetic gives the same bits
-(README "Reproducibility": another processor may not).
+fixed synthetic batch, of each component of the run's method: the base step (the method, and for
+MoCo whether it is symmetric), each enabled add-on (non-semantic negatives of each kind, FT, IFM,
+hard negatives, DICR, LooC), MoCo's shuffle-BN by statistics and the ImageNet stem. Each component's
+step runs a canonical tiny config (the method's quick config at batch 8, a ResNet-10 of width 0.25,
+float32, the add-on alone at its defaults), not the run's own settings, so arms that differ in a
+setting (patch negatives at alpha 1 and alpha 3) share the component's fingerprint, and a comparison
+checks every component its records have in common (cl_jax.analysis.study_summary). The values are
+float32 and exact: the same code on the same processor's arithmetic gives the same bits (README
+"Reproducibility": another processor may not).
 
 The source digest is a SHA-256 over the tracked files of cl_jax/ and configs/ (paths and
 contents), which names a code version whether or not it is committed; the study runner stores
@@ -90,12 +90,16 @@ def components(config: ml_collections.ConfigDict) -> list[str]:
   "byol", "simsiam") and one "<method>+<add-on>" per enabled add-on (non-semantic negatives
   by kind: "+nonsemantic_patch", "+nonsemantic_texture"); MoCo's key encoder with shuffle-BN
   by statistics (model.bn_mode "shuffle_stats", other arithmetic than "shuffle") is one more,
-  "+shuffle_stats"."""
+  "+shuffle_stats"; a ResNet with the ImageNet stem (7x7/2 convolution, BN with its ReLU, the
+  3x3/2 max-pool and its hand-written backward, cl_jax.models.pooling) is one more,
+  "+imagenet_stem"."""
   method = config.method
   base = "moco_symmetric" if method == "moco" and config.moco.symmetric else method
   out = [base]
   if method == "moco" and config.model.bn_mode == "shuffle_stats":
     out.append(f"{base}+shuffle_stats")
+  if config.model.stem == "imagenet":
+    out.append(f"{base}+imagenet_stem")
   for addon in ADDONS:
     if config[addon].enabled:
       name = f"nonsemantic_{config.nonsemantic.kind}" if addon == "nonsemantic" else addon
@@ -112,6 +116,8 @@ def canonical_config(component: str) -> ml_collections.ConfigDict:
     c.moco.symmetric = True
   if addon == "shuffle_stats":
     c.model.bn_mode = addon
+  elif addon == "imagenet_stem":
+    c.model.stem = "imagenet"
   elif addon:
     block = "nonsemantic" if addon.startswith("nonsemantic") else addon
     c[block].enabled = True

@@ -63,7 +63,8 @@ def _sums(a, b, axes):
   shape = tuple(1 if i in axes else n for i, n in enumerate(a.shape))
   inner = tuple(i for i in axes if i != 1)
   if inner:
-    a, b = jax.lax.reduce((a, b), (0.0, 0.0), lambda p, q: (p[0] + q[0], p[1] + q[1]), inner)
+    zeros = (jnp.zeros((), a.dtype), jnp.zeros((), b.dtype))
+    a, b = jax.lax.reduce((a, b), zeros, lambda p, q: (p[0] + q[0], p[1] + q[1]), inner)
   sums = jnp.sum(jnp.concatenate([a, b], axis=-1), axis=1)  # one (G, 2C) reduction
   sa, sb = jnp.split(sums, 2, axis=-1)
   return sa.reshape(shape), sb.reshape(shape)

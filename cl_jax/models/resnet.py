@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 
 from cl_jax.models.batchnorm import GroupBatchNorm
 from cl_jax.models.conv import Conv
+from cl_jax.models.pooling import max_pool_3x3_s2
 
 # (block type, blocks per stage) for each supported depth.
 _STAGES = {
@@ -185,7 +186,7 @@ class ResNet(nn.Module):
         x, not train, groups
     )
     if self.stem == 'imagenet':
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+      x = max_pool_3x3_s2(x)
     for stage in range(self.stages):
       x = residual_stage(self, x, train, stage, width, kind, blocks[stage], groups)
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2))

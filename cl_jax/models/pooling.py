@@ -1,0 +1,80 @@
+"""The ImageNet stem's 3x3, stride-2 max-pool with a backward that XLA runs as one elementwise
+pass.
+
+Autodiff of a max-pool is XLA's select-and-scatter, which its GPU compiler rewrites into a
+reduce-window carrying float32 values and int32 indices and a scatter (about 3.2 GB per step
+for the MoCo-v2 ResNet-50 at 224 px, batch 256). The gradient here is the same function written
+as a sum over the 9 window offsets: each window's gradient goes to its first maximum in
+row-major order (select-and-scatter's choice with its `>=` select), placed back by strided
+padding; XLA fuses the whole sum into one kernel that reads x, the pooled y and y's gradient
+and writes x's gradient.
+"""
+
+import jax
+import jax.numpy as jnp
+
+_WINDOW, _STRIDE, _PAD = 3, 2, 1
+
+
+def _padded(x: jax.Array) -> jax.Array:
+  """x (B, H, W, C) with one row and column of -inf on every side."""
+  return jnp.pad(x, ((0, 0), (_PAD, _PAD), (_PAD, _PAD), (0, 0)), constant_values=-jnp.inf)
+
+
+def _offset(padded: jax.Array, di: int, dj: int, out_h: int, out_w: int) -> jax.Array:
+  """The element at offset (di, dj) of every window: (B, out_h, out_w, C)."""
+  return padded[:, di : di + _STRIDE * out_h : _STRIDE, dj : dj + _STRIDE * out_w : _STRIDE]
+
+
+@jax.custom_vjp
+def max_pool_3x3_s2(x: jax.Array) -> jax.Array:
+  """(B, H, W, C) -> (B, ceil(H/2), ceil(W/2), C): the max over 3x3 windows at stride 2 with
+  one row and column of padding on each side (flax's nn.max_pool(x, (3, 3), (2, 2),
+  ((1, 1), (1, 1)))), in x's dtype."""
+  return jax.lax.reduce_window(
+      x,
+      -jnp.inf,
+      jax.lax.max,
+      (1, _WINDOW, _WINDOW, 1),
+      (1, _STRIDE, _STRIDE, 1),
+      ((0, 0), (_PAD, _PAD), (_PAD, _PAD), (0, 0)),
+  )
+
+
+def _forward(x):
+  y = max_pool_3x3_s2(x)
+  return y, (x, y)
+
+
+def _backward(residuals, g):
+  """dx = sum over offsets k of place_k(g * [x_k == y and no earlier offset equals y]): every
+  window's gradient to its first maximum, placed at its input position by strided padding,
+  summed in float32 (an input that is the maximum of several windows takes all their
+  gradients) and cast to g's dtype."""
+  x, y = residuals
+  height, width = x.shape[1:3]
+  out_h, out_w = y.shape[1:3]
+  padded = _padded(x)
+  g32, zero = g.astype(jnp.float32), jnp.zeros((), jnp.float32)
+  taken = jnp.zeros(y.shape, bool)
+  dx = jnp.zeros((x.shape[0], height + 2 * _PAD, width + 2 * _PAD, x.shape[3]), jnp.float32)
+  for di in range(_WINDOW):
+    for dj in range(_WINDOW):
+      first = (_offset(padded, di, dj, out_h, out_w) == y) & ~taken
+      taken = taken | first
+      # Window (i, j)'s element (di, dj) sits at padded row 2 i + di, column 2 j + dj.
+      placed = jax.lax.pad(
+          jnp.where(first, g32, zero),
+          zero,
+          (
+              (0, 0, 0),
+              (di, height + 2 * _PAD - di - (_STRIDE * (out_h - 1) + 1), _STRIDE - 1),
+              (dj, width + 2 * _PAD - dj - (_STRIDE * (out_w - 1) + 1), _STRIDE - 1),
+              (0, 0, 0),
+          ),
+      )
+      dx = dx + placed
+  return (dx[:, _PAD : _PAD + height, _PAD : _PAD + width].astype(g.dtype),)
+
+
+max_pool_3x3_s2.defvjp(_forward, _backward)
