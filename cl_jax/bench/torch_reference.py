@@ -54,6 +54,7 @@ import json
 import sys
 import time
 
+import jax
 import numpy as np
 from absl import app, flags
 
@@ -379,8 +380,6 @@ def _synchronize(device: torch.device) -> None:
 def view_params(config, batch: int, device: torch.device) -> list[dict]:
   """Two views' photometric parameters (sample_photometric of the config's aug block, keys 1
   and 2 of seed 0) as tensors on `device`."""
-  import jax  # pylint: disable=import-outside-toplevel
-
   spec = step_lib.photometric_spec(config.aug)
   return [
       {
