@@ -44,12 +44,13 @@ __all__ = [
 ]
 
 
-def photometric_spec(aug: ml_collections.ConfigDict) -> photometric.PhotometricSpec:
-  """The PhotometricSpec of the `aug` config block: each of its fields is the spec's field
-  of that name (sequences as tuples); the spec's other fields keep their defaults."""
-  return photometric.PhotometricSpec(
-      **{k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in aug.items()}
-  )
+def photometric_spec(config: ml_collections.ConfigDict) -> photometric.PhotometricSpec:
+  """The PhotometricSpec of a run: each field of the config's `aug` block is the spec's field of
+  that name (sequences as tuples), and the views are held in the network's dtype
+  (config.model.dtype), which its first layer rounds them to anyway; the spec's other fields keep
+  their defaults."""
+  fields = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in config.aug.items()}
+  return photometric.PhotometricSpec(**fields, dtype=config.model.dtype)
 
 
 def layer_grad_norms(grads) -> dict[str, jax.Array]:
@@ -174,7 +175,7 @@ def make_train_step(
   augmentation and the optimizer update run under the named scopes "augment" and "optimizer",
   which profiles show (cl_jax.bench.profile).
   """
-  spec = photometric_spec(config.aug)
+  spec = photometric_spec(config)
   addons = addons_lib.from_config(config, steps_per_epoch)
   objective = make_objective(config, encoder, mesh, addons, steps_per_epoch)
   groups = addons.looc_views or ()

@@ -378,13 +378,14 @@ def aug_plus_sample(rng, batch_size, spec):
 def aug_plus_apply(images, params, radius):
   """apply_photometric of the MoCo-v2 aug-plus ops alone, from the module's op helpers."""
 
-  def one(image, p):
+  def colour(image, p):
     x = jnp.where(p["jitter"], colour_jitter.jitter(image, p), image)
-    x = jnp.where(p["grayscale"], jnp.broadcast_to(colour_jitter.gray(x), x.shape), x)
-    x = jnp.clip(jnp.where(p["blur"], photometric._blur(x, p["sigma"], radius), x), 0.0, 1.0)
-    return jnp.where(p["solarize"], pix.solarize(x, 0.5), x)
+    return jnp.where(p["grayscale"], jnp.broadcast_to(colour_jitter.gray(x), x.shape), x)
 
-  return jax.vmap(one)(images, params)
+  planar = jnp.swapaxes(jax.vmap(colour)(images, params), 2, 3)
+  x = photometric._blur(planar, params["sigma"], params["blur"], radius)
+  x = jnp.clip(jnp.swapaxes(x, 2, 3), 0.0, 1.0)
+  return jnp.where(params["solarize"][:, None, None, None], pix.solarize(x, 0.5), x)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from configs import mocov2_patchns, simclr
 # A hand-written HLO module: two gradient all-reduces and a concatenated unnamed one (as the GPU
 # compiler emits), unnamed small combined ones, a cuDNN convolution, an asynchronous all-gather
 # of bf16 key images in the shuffle_bn scope, an all-to-all nobody asked for, a bf16 and an f32
-# convolution, a float32 dot at full and one at default precision, a float64 constant and a
+# convolution, float32 dots at full, high and default precision, a float64 constant and a
 # host callback.
 with open(os.path.join(os.path.dirname(__file__), "data", "train_step_collectives.hlo")) as f:
   HLO = f.read()
@@ -65,10 +65,11 @@ def test_the_readers_find_each_collective_its_bytes_purpose_and_the_census():
   assert census["products"] == {
       "convolution bf16xbf16": 2,
       "convolution f32xf32": 1,
-      "dot f32xf32": 2,
+      "dot f32xf32": 3,
   }
-  # float32 products without operand_precision={highest,highest}: the head's dot and the
-  # unnamed convolution, not the queue contrast's full-precision dot.
+  # float32 products without operand_precision {highest,highest} or {high,high}: the head's dot
+  # and the unnamed convolution, not the queue contrast's full-precision dot or the
+  # augmentation's high-precision one.
   assert census["default_precision_f32"] == {"jit(train_step)/head/dot_general": 1, "?": 1}
   assert census["float64"] == 1
   assert census["host"] == ["custom-call"]

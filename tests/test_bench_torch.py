@@ -103,7 +103,7 @@ def test_one_step_matches_the_jax_step(symmetric, augment):
   params = None
   if augment:  # the JAX step 0's draws (cl_jax.train_step.view_params)
     rng = jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0)
-    drawn = jax.device_get(step_lib.view_params(rng, B, step_lib.photometric_spec(c.aug)))
+    drawn = jax.device_get(step_lib.view_params(rng, B, step_lib.photometric_spec(c)))
     params = [{k: torch.from_numpy(np.array(v)) for k, v in p.items()} for p in drawn]
     assert all(p["jitter"].any() and p["grayscale"].any() for p in params)
   loss = torch_step(

@@ -29,6 +29,7 @@ def test_components_name_the_base_step_and_each_addon():
   assert fingerprint.components(mocov2_patchns.get_config("imagenet100")) == [
       "moco",
       "moco+imagenet_stem",
+      "moco+bfloat16",
       "moco+nonsemantic_patch",
   ]
 
@@ -41,6 +42,7 @@ def test_components_name_the_base_step_and_each_addon():
         "moco+ft",
         "moco+shuffle_stats",
         "moco+imagenet_stem",
+        "moco+bfloat16",
         "simclr+hcl",
         "byol",
         "simsiam+dicr",
@@ -49,7 +51,8 @@ def test_components_name_the_base_step_and_each_addon():
 def test_canonical_configs_are_tiny_valid_and_hold_their_addon_alone(component):
   c = fingerprint.canonical_config(component)
   config_check.validate(c, num_devices=1, reads_data=False)
-  assert (c.optim.batch_size, c.model.depth, c.model.dtype) == (8, 10, "float32")
+  dtype = "bfloat16" if component.endswith("+bfloat16") else "float32"
+  assert (c.optim.batch_size, c.model.depth, c.model.dtype) == (8, 10, dtype)
   assert fingerprint.components(c) == [component.partition("+")[0]] + (
       [component] if "+" in component else []
   )
@@ -71,6 +74,8 @@ def test_the_fingerprint_repeats_and_tells_the_code_paths_apart():
   assert by_statistics == pytest.approx(moco, rel=1e-5)
   # The ImageNet stem (its max-pool's hand-written backward among it) is another network.
   assert fingerprint.step_fingerprint(fingerprint.canonical_config("moco+imagenet_stem")) != moco
+  # A bfloat16 network with its views held in bfloat16 rounds differently.
+  assert fingerprint.step_fingerprint(fingerprint.canonical_config("moco+bfloat16")) != moco
   assert all(isinstance(v, float) and v > 0 for v in base + with_dicr + patch)
   assert fingerprint.differing({"a": [1.0, 2.0], "b": base}, {"a": [1.0, 2.5]}) == ["a"]
 

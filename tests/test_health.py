@@ -209,7 +209,7 @@ def _step_and_query_embeddings(config):
   r_aug1, r_aug2, *_ = jax.random.split(
       jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0), 5
   )
-  spec = step_lib.photometric_spec(config.aug)
+  spec = step_lib.photometric_spec(config)
   augment = jax.jit(photometric.augment_batch, static_argnums=2)
   views = [augment(r, batch[v], spec)[0] for r, v in ((r_aug1, "view1"), (r_aug2, "view2"))]
   project = jax.jit(

@@ -265,6 +265,50 @@ def test_outputs_stay_in_unit_interval():
     assert out.min() >= 0.0 and out.max() <= 1.0
 
 
+def test_blur_matrices_are_the_reflect_padded_taps():
+  """blur_matrices by hand: row i of K holds the tap of offset k at column reflect(i + k)."""
+  sigma, radius, size = 0.9, 2, 5
+  taps = np.exp(-(np.arange(-radius, radius + 1) ** 2) / (2 * sigma**2))
+  taps /= taps.sum()
+  expected = np.zeros((size, size))
+  for i in range(size):
+    for k in range(-radius, radius + 1):
+      j = abs(i + k)
+      j = 2 * (size - 1) - j if j > size - 1 else j
+      expected[i, j] += taps[k + radius]
+  got = np.asarray(
+      photometric.blur_matrices(
+          np.array([sigma, sigma], np.float32), np.array([True, False]), radius, size
+      )
+  )
+  np.testing.assert_allclose(got[0], expected, atol=1e-7)
+  np.testing.assert_array_equal(got[1], np.eye(size))
+
+
+def test_bfloat16_views_stay_within_one_grey_level_of_float32():
+  """Views held in bfloat16 between the passes (a bfloat16 network's runs) against float32 ones,
+  with every op on for half the views and a 23-tap blur as at 224 px: at most one grey level
+  (1 / 255) apart, and not equal (the bfloat16 path is really taken)."""
+  size = 64
+  spec = photometric.PhotometricSpec(
+      jitter_prob=1.0,
+      grayscale_prob=0.5,
+      blur_prob=0.5,
+      solarize_prob=0.5,
+      blur_kernel_fraction=0.36,
+  )
+  assert photometric.blur_radius(size, size, spec) == 11
+  rng = np.random.default_rng(3)
+  smooth = np.cumsum(np.cumsum(rng.normal(size=(16, size, size, 3)), 1), 2)
+  smooth = (smooth - smooth.min()) / (smooth.max() - smooth.min())
+  images = np.concatenate([smooth, rng.random((16, size, size, 3))]).astype(np.float32)
+  params = photometric.sample_photometric(jax.random.key(5), 32, spec)
+  single = apply(images, params, spec)
+  half = apply(images, params, dataclasses.replace(spec, dtype="bfloat16"))
+  difference = np.abs(half - single)
+  assert 0.0 < difference.max() <= 1.0 / 255.0, difference.max()
+
+
 # ---------------------------------------------------------------- sampling
 
 
@@ -339,6 +383,7 @@ def test_augment_batch_runs_under_jit():
         (dict(blur_sigma=(0.0, 1.0)), "blur_sigma"),
         (dict(blur_kernel_fraction=0.0), "blur_kernel_fraction"),
         (dict(std=(0.2, 0.0, 0.2)), "std"),
+        (dict(dtype="float16"), "dtype"),
     ],
 )
 def test_spec_rejects_bad_values(kwargs, match):

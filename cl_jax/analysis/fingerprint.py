@@ -92,7 +92,8 @@ def components(config: ml_collections.ConfigDict) -> list[str]:
   by statistics (model.bn_mode "shuffle_stats", other arithmetic than "shuffle") is one more,
   "+shuffle_stats"; a ResNet with the ImageNet stem (7x7/2 convolution, BN with its ReLU, the
   3x3/2 max-pool and its hand-written backward, cl_jax.models.pooling) is one more,
-  "+imagenet_stem"."""
+  "+imagenet_stem"; a bfloat16 network (model.dtype, whose views are also held in bfloat16
+  between the augmentation's passes, cl_jax.data.photometric) is one more, "+bfloat16"."""
   method = config.method
   base = "moco_symmetric" if method == "moco" and config.moco.symmetric else method
   out = [base]
@@ -100,6 +101,8 @@ def components(config: ml_collections.ConfigDict) -> list[str]:
     out.append(f"{base}+shuffle_stats")
   if config.model.stem == "imagenet":
     out.append(f"{base}+imagenet_stem")
+  if config.model.dtype == "bfloat16":
+    out.append(f"{base}+bfloat16")
   for addon in ADDONS:
     if config[addon].enabled:
       name = f"nonsemantic_{config.nonsemantic.kind}" if addon == "nonsemantic" else addon
@@ -118,7 +121,7 @@ def canonical_config(component: str) -> ml_collections.ConfigDict:
     c.model.bn_mode = addon
   elif addon == "imagenet_stem":
     c.model.stem = "imagenet"
-  elif addon:
+  elif addon and addon != "bfloat16":
     block = "nonsemantic" if addon.startswith("nonsemantic") else addon
     c[block].enabled = True
     if block == "nonsemantic":
@@ -126,7 +129,8 @@ def canonical_config(component: str) -> ml_collections.ConfigDict:
   c.seed = 0
   c.optim.batch_size = 8
   c.moco.queue_size = 64
-  c.model.update(depth=10, width_multiplier=0.25, dtype="float32")
+  c.model.update(depth=10, width_multiplier=0.25)
+  c.model.dtype = "bfloat16" if addon == "bfloat16" else "float32"
   return c
 
 

@@ -67,7 +67,7 @@ def analyse(
      name: {"normstd": {aug: {layer: float}}, "normdist_iou": {layer: [bins floats, None if
      empty]}, "sigma_all": {layer: float}}}.
   """
-  spec = photometric_spec(config.aug)
+  spec = photometric_spec(config)
   encoder = encoder_for(config)
   forward = jax.jit(functools.partial(one_vs_rest.representations, encoder))
   rng, key = np.random.default_rng(seed), jax.random.key(seed)

@@ -342,7 +342,8 @@ def collectives(
 
 def census(insts: list[dict]) -> dict:
   """Convolutions and dots by operand dtypes; the float32 ones at default precision (a TPU
-  computes them in one bfloat16 pass), by the JAX operation that made them; float64 values;
+  computes them in one bfloat16 pass; "high" and "highest" take three and six), by the JAX
+  operation that made them; float64 values;
   host transfers or callbacks."""
   types = {inst["name"]: inst["type"] for inst in insts}
   products = collections.Counter()
@@ -361,7 +362,7 @@ def census(insts: list[dict]) -> dict:
       ]
       products[f"{op} {'x'.join(dtypes[:2]) or '?'}"] += 1
       precision = re.search(r"operand_precision=\{(\w+),(\w+)\}", inst["rest"])
-      full = precision and {p.lower() for p in precision.groups()} == {"highest"}
+      full = precision and {p.lower() for p in precision.groups()} <= {"high", "highest"}
       if dtypes[:2] == ["f32", "f32"] and not full:
         op_name = re.search(r'op_name="([^"]*)"', inst["rest"])
         default_f32[op_name.group(1) if op_name else "?"] += 1

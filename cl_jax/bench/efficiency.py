@@ -59,7 +59,7 @@ def supervised_step(config: ml_collections.ConfigDict):
   model = Classifier(encoder_for(config).backbone, CLASSES)
   batch, size = config.optim.batch_size, config.data.image_size
   tx = optim.make_optimizer(config.optim, optim.lr_schedule(config.optim, 1))
-  spec = step_lib.photometric_spec(config.aug)
+  spec = step_lib.photometric_spec(config)
   # Drawn with the rbg PRNG and compiled whole, as state.init_variables does: threefry op by op
   # compiles one sampler per parameter shape.
   key = jax.random.key(config.seed, impl="rbg")

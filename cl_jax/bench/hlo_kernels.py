@@ -10,8 +10,9 @@ read once each (cl_jax.bench.profile.hlo_instructions): the traffic the kernel n
 which the memory-bound kernels of a train step come close to.
 
 Every kernel has one of KINDS, from its op_name (the JAX name stack) and what it fuses:
-  - "convolution", "matmul": a cuDNN or cuBLAS call, or a fusion that holds one;
-  - "augmentation", "optimizer": under the train step's "augment" or "optimizer" scope;
+  - "augmentation", "optimizer": under the train step's "augment" or "optimizer" scope (the
+    augmentation's matrix products included);
+  - "convolution", "matmul": the other cuDNN or cuBLAS calls, and fusions that hold one;
   - "pooling": reduce-window or select-and-scatter, or what XLA rewrote them into (the
     ImageNet stem's max-pool and its gradient);
   - "BN statistics", "BN backward", "BN elementwise": a kernel that computes anything under a
@@ -119,14 +120,14 @@ def executed(hlo_text: str) -> list[str]:
 
 def kind_of(inst: dict) -> str:
   """The kind (one of KINDS) of a kernel: an entry of profile.hlo_instructions."""
-  general = profile.kind_of(inst["opcode"], inst["target"], inst["fused"])
-  if general in ("convolution", "matmul"):
-    return general
   op_name = inst["op_name"]
   if "/augment/" in op_name:
     return "augmentation"
   if "/optimizer/" in op_name:
     return "optimizer"
+  general = profile.kind_of(inst["opcode"], inst["target"], inst["fused"])
+  if general in ("convolution", "matmul"):
+    return general
   names = {op_name, *inst["fused_op_names"]}
   pooling = {inst["opcode"], *inst["fused"]} & set(_POOLING)
   if pooling or any(p.replace("-", "_") in name for name in names for p in _POOLING):

@@ -104,6 +104,10 @@ class PhotometricSpec:
     texture_prob: probability of texture randomisation by a random convolution, in [0, 1]; LooC
       uses 0.5. Needs images of side >= 4 (the reflect padding of the 7 x 7 kernel).
     mean, std: per-channel RGB normalisation constants (std > 0).
+    dtype: "float32" or "bfloat16", the dtype the views are held in from the colour ops to the
+      end (the blur's matrix products read and write them); every op computes in float32.
+      "bfloat16" halves those bytes and keeps the views within one grey level of "float32"
+      (tests/test_photometric.py), below what a bfloat16 network's first layer rounds away.
   """
 
   jitter_prob: float = 0.8
@@ -120,6 +124,7 @@ class PhotometricSpec:
   texture_prob: float = 0.0
   mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
   std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+  dtype: str = "float32"
 
   def __post_init__(self):
     for name in PROBABILITY_FIELDS:
@@ -149,6 +154,10 @@ class PhotometricSpec:
       raise ValueError(
           f"PhotometricSpec.blur_kernel_fraction must be in (0, 1], got "
           f"{self.blur_kernel_fraction!r}."
+      )
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(
+          f"PhotometricSpec.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}."
       )
     if len(self.mean) != 3:
       raise ValueError(f"PhotometricSpec.mean must have 3 (RGB) entries, got {self.mean!r}.")
@@ -275,24 +284,47 @@ def share(
   return {**target, **{k: source[k] for k in keys}}
 
 
-def _blur(image: jax.Array, sigma: jax.Array, radius: int) -> jax.Array:
-  """Separable Gaussian blur of (H, W, 3): taps w_k ∝ exp(-k^2 / (2 sigma^2)), k = -r..r, sum 1.
+# The blur's products in float32 to about 2^-11 (TF32 on a GPU, three bfloat16 passes on a TPU):
+# a single bfloat16 pass rounds the taps by up to 2^-9, 0.6 grey levels.
+_BLUR_PRECISION = jax.lax.Precision.HIGH
 
-  Borders are reflect-padded (d c b | a b c d | c b a), torchvision GaussianBlur's mode. Written
-  as 2 (2r + 1) shifted multiply-adds rather than dm-pix's gaussian_blur: under vmap with a
-  per-example sigma, dm-pix's depthwise convolution becomes a grouped convolution with B * 3
-  groups, measured 17x slower on CPU at B=64, 224 px, r=11 (and dm-pix pads with zeros, which
-  darkens the border).
+
+def blur_matrices(sigma: jax.Array, blur: jax.Array, radius: int, size: int) -> jax.Array:
+  """The Gaussian blur along one axis of length n = `size`, as (B, n, n) float32 matrices K with
+  blurred = K @ x: K[b, i, j] = sum_k w_bk [reflect(i + k) = j], k = -r..r, with taps
+  w_bk ∝ exp(-k^2 / (2 sigma_b^2)) summing to 1 where blur[b], else the identity (w_b0 = 1).
+
+  Borders are reflect-padded (d c b | a b c d | c b a), torchvision GaussianBlur's mode:
+  reflect(t) = -t below 0 and 2 (n - 1) - t above n - 1 (needs n > r).
   """
-  if radius == 0:
-    return image
-  height, width = image.shape[:2]
   taps = jnp.arange(-radius, radius + 1, dtype=jnp.float32)
-  weights = jnp.exp(-(taps**2) / (2.0 * sigma**2))
-  weights = weights / jnp.sum(weights)
-  padded = jnp.pad(image, ((radius, radius), (radius, radius), (0, 0)), mode="reflect")
-  rows = sum(weights[k] * padded[:, k : k + width] for k in range(2 * radius + 1))
-  return sum(weights[k] * rows[k : k + height] for k in range(2 * radius + 1))
+  weights = jnp.exp(-(taps**2) / (2.0 * sigma[:, None] ** 2))
+  weights = weights / jnp.sum(weights, axis=1, keepdims=True)
+  weights = jnp.where(blur[:, None], weights, (taps == 0).astype(jnp.float32))
+  rows = jnp.arange(size)[:, None]
+  cols = jnp.arange(size)[None, :]
+  matrices = jnp.zeros((sigma.shape[0], size, size), jnp.float32)
+  for index, k in enumerate(range(-radius, radius + 1)):
+    source = jnp.abs(rows + k)
+    source = jnp.where(source > size - 1, 2 * (size - 1) - source, source)
+    matrices = matrices + weights[:, index, None, None] * (source == cols)
+  return matrices
+
+
+def _blur(planar: jax.Array, sigma: jax.Array, blur: jax.Array, radius: int) -> jax.Array:
+  """Separable Gaussian blur of (B, H, 3, W) views where blur[b] (blur_matrices), the others
+  copied: two batched matrix products, along W and then along H, with float32 matrices and
+  results; (B, H, 3, W) float32 out. A blur of 2r + 1 taps as products with banded n x n matrices
+  costs 2n / (2r + 1) times the FLOPs of shifted multiply-adds, which a GPU's matrix units absorb,
+  and moves each image twice instead of 2 (2r + 1) times; dm-pix's depthwise convolution with a
+  per-example sigma becomes a grouped convolution with B * 3 groups under vmap (17x slower on CPU
+  at B=64, 224 px, r=11) and pads with zeros, which darkens the border.
+  """
+  height, width = planar.shape[1], planar.shape[3]
+  along_w = blur_matrices(sigma, blur, radius, width)
+  along_h = along_w if height == width else blur_matrices(sigma, blur, radius, height)
+  rows = jnp.einsum("bhcw,bvw->bhcv", planar, along_w, precision=_BLUR_PRECISION)
+  return jnp.einsum("bgh,bhcv->bgcv", along_h, rows, precision=_BLUR_PRECISION)
 
 
 def _rotate(image: jax.Array, turns: jax.Array) -> jax.Array:
@@ -373,33 +405,45 @@ def apply_photometric(
         f"of side >= {random_conv.RADIUS + 1}, got {height} x {width}."
     )
   radius = blur_radius(height, width, spec)
-  return _apply_batch(images.astype(jnp.float32), params, radius, rotate, texture)
+  return _apply_batch(images.astype(jnp.float32), params, radius, rotate, texture, spec.dtype)
 
 
-def _apply_one(
-    image: jax.Array, p: dict[str, jax.Array], radius: int, rotate: bool, texture: bool
-) -> jax.Array:
-  """One (H, W, 3) image: texture (if `texture`), jitter, grayscale, blur (clipped to [0, 1]
-  against rounding of the luma and blur weights), solarize, rotation (if `rotate`); each selected
-  by its flag in p."""
-  if texture:
-    image = jnp.where(p["texture"], random_conv.texture(image, p["texture_kernel"]), image)
-  x = jnp.where(p["jitter"], colour_jitter.jitter(image, p), image)
-  x = jnp.where(p["grayscale"], jnp.broadcast_to(colour_jitter.gray(x), x.shape), x)
-  x = jnp.clip(jnp.where(p["blur"], _blur(x, p["sigma"], radius), x), 0.0, 1.0)
-  x = jnp.where(p["solarize"], pix.solarize(x, 0.5), x)
-  return _rotate(x, p["rotation"]) if rotate else x
+def _colour(image: jax.Array, p: dict[str, jax.Array], dtype: str) -> jax.Array:
+  """One (H, W, 3) image: jitter where p["jitter"], then grayscale where p["grayscale"]; out as
+  (H, 3, W) in `dtype`, the layout of the blur's matrix products."""
+  planes = tuple(image[..., i] for i in range(3))
+  jittered = colour_jitter.jitter_planes(planes, p)
+  planes = tuple(jnp.where(p["jitter"], y, x) for x, y in zip(planes, jittered))
+  grays = colour_jitter.gray_planes(planes)
+  planes = tuple(jnp.where(p["grayscale"], y, x) for x, y in zip(planes, grays))
+  return jnp.stack(planes, 1).astype(dtype)
 
 
 # Jitted so that eager calls (host-side use, tests) run as one compiled program instead of
 # dispatching every vmapped op separately; inside an outer jit it is simply inlined.
-@functools.partial(jax.jit, static_argnames=("radius", "rotate", "texture"))
+@functools.partial(jax.jit, static_argnames=("radius", "rotate", "texture", "dtype"))
 def _apply_batch(
-    images: jax.Array, params: dict[str, jax.Array], radius: int, rotate: bool, texture: bool
+    images: jax.Array,
+    params: dict[str, jax.Array],
+    radius: int,
+    rotate: bool,
+    texture: bool,
+    dtype: str,
 ) -> jax.Array:
-  return jax.vmap(functools.partial(_apply_one, radius=radius, rotate=rotate, texture=texture))(
-      images, params
-  )
+  """(B, H, W, 3) float32 -> float32: texture (if `texture`), jitter, grayscale, blur (clipped to
+  [0, 1] against rounding of the luma and blur weights), solarize, rotation (if `rotate`); each
+  selected by its flag in params. Between the colour ops and the end, the views are held in
+  `dtype`; every op computes in float32."""
+  x = images
+  if texture:
+    textured = jax.vmap(random_conv.texture)(x, params["texture_kernel"])
+    x = jnp.where(params["texture"][:, None, None, None], textured, x)
+  x = jax.vmap(functools.partial(_colour, dtype=dtype))(x, params)  # (B, H, 3, W)
+  if radius:
+    x = _blur(x, params["sigma"], params["blur"], radius)
+  x = jnp.clip(jnp.swapaxes(x, 2, 3).astype(jnp.float32), 0.0, 1.0)
+  x = jnp.where(params["solarize"][:, None, None, None], pix.solarize(x, 0.5), x)
+  return jax.vmap(_rotate)(x, params["rotation"]) if rotate else x
 
 
 def to_float(images: jax.Array) -> jax.Array:

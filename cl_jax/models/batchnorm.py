@@ -180,10 +180,17 @@ def _group_normalise_bwd(num_groups, epsilon, dtype, relu, residuals, cotangents
     dresidual = jnp.where(y > 0, dy, jnp.zeros((), dy.dtype))
     dy = dresidual
   dy = _grouped(dy, num_groups)
+  dy_sums = dy
   if relu and y is None:
-    dy = jnp.where(_affine(x, scale, bias, mean, rstd, num_groups) > 0, dy, 0.0)
+    # The ReLU's mask, recomputed from x, as two comparisons, equal for every finite z. XLA
+    # computes a comparison that both passes share in the forward and stores it as a mask that
+    # both read (1 + 2 bytes per element); the dx pass's own one it computes there, reading x
+    # anyway. (The reduction's comparison XLA still moves into the forward: 1 + 1 bytes.)
+    z = _affine(x, scale, bias, mean, rstd, num_groups)
+    dy_sums = jnp.where(z <= 0, 0.0, dy)
+    dy = jnp.where(z > 0, dy, 0.0)
   xhat = (grouped - mean) * rstd
-  s1, s2 = _sums(dy, dy * xhat, axes)
+  s1, s2 = _sums(dy_sums, dy_sums * xhat, axes)
   stat_shape = mean.shape
   dx = (
       (rstd * scale) * (dy - s1 / count - xhat * (s2 / count))

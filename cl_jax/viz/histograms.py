@@ -149,7 +149,7 @@ def collect(
   encoder, make_state = built.encoder, built.make_state
   state, _ = checkpoint.restore(manager, jax.eval_shape(make_state), step)
   data = train.pretrain_data(config, source)
-  similarities = _similarity_fn(encoder, step_lib.photometric_spec(config.aug), config.nonsemantic)
+  similarities = _similarity_fn(encoder, step_lib.photometric_spec(config), config.nonsemantic)
   edges = np.linspace(-1.0, 1.0, num_bins + 1)
   tallies: dict[str, Tally | None] = dict.fromkeys(KINDS)
   rng = jax.random.key(config.seed)
