@@ -105,7 +105,7 @@ class PhotometricSpec:
       uses 0.5. Needs images of side >= 4 (the reflect padding of the 7 x 7 kernel).
     mean, std: per-channel RGB normalisation constants (std > 0).
     dtype: "float32" or "bfloat16", the dtype the views are held in from the colour ops to the
-      end (the blur's matrix products read and write them); every op computes in float32.
+      blur (its first matrix product reads them); every op computes in float32.
       "bfloat16" halves those bytes and keeps the views within one grey level of "float32"
       (tests/test_photometric.py), below what a bfloat16 network's first layer rounds away.
   """
@@ -432,7 +432,7 @@ def _apply_batch(
 ) -> jax.Array:
   """(B, H, W, 3) float32 -> float32: texture (if `texture`), jitter, grayscale, blur (clipped to
   [0, 1] against rounding of the luma and blur weights), solarize, rotation (if `rotate`); each
-  selected by its flag in params. Between the colour ops and the end, the views are held in
+  selected by its flag in params. From the colour ops to the blur, the views are held in
   `dtype`; every op computes in float32."""
   x = images
   if texture:
