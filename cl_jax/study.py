@@ -2,6 +2,7 @@
 
 python -m cl_jax.study --study=NAME[,NAME...]|claims [--seeds=5] [--workdir=runs/studies]
     [--results=results/studies] [--arms=ARM,...] [--set=FIELD=VALUE ...] [--report_only]
+    [--rerun_crossed]
 python -m cl_jax.study --list
 
 Run from anywhere (relative config paths resolve against the repository). Studies: the
@@ -17,6 +18,13 @@ comparisons with their intervals and verdicts), <study>.json and <study>.png; wi
 claims, <results>/claims.md, one row per claim with its verdict, its short form for the
 README, <results>/verdicts.md, and <results>/quick_runs.md, one row per record of a quick
 default (cl_jax.studies.recipe).
+
+Arms run seed-major (every arm of seed 0, then of seed 1, ...), so that the arms a paired
+comparison sets side by side run on one machine. A comparison whose members ran on different
+processors or devices is marked in the tables; --rerun_crossed sets aside the records of those
+members that ran elsewhere (under <results>/replaced/, their runs under <workdir>/replaced/) and
+trains them again on this machine: run it from a worktree of the records' commit, so that the
+new records pair with the old ones.
 
 --set applies FIELD=VALUE (a Python literal, else a string) to every arm, e.g. a smaller model
 for a smoke test; such runs need their own --workdir and --results. --report_only rebuilds the
@@ -49,6 +57,12 @@ _RESULTS = flags.DEFINE_string(
 _ARMS = flags.DEFINE_list("arms", None, "Train only these arms (default: all of the study's).")
 _SET = flags.DEFINE_multi_string("set", [], "FIELD=VALUE for every arm's config.")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Rebuild the outputs; train nothing.")
+_RERUN_CROSSED = flags.DEFINE_bool(
+    "rerun_crossed",
+    False,
+    "Retrain, on this machine, the members of paired comparisons that ran on another machine "
+    "than their partners (run it from the records' commit).",
+)
 
 
 def parse_set(items: list[str]) -> tuple[tuple[str, object], ...]:
@@ -118,7 +132,13 @@ def main(argv):
       else:
         try:
           summary = study_lib.run(
-              s, _SEEDS.value, _WORKDIR.value, _RESULTS.value, extra, _ARMS.value
+              s,
+              _SEEDS.value,
+              _WORKDIR.value,
+              _RESULTS.value,
+              extra,
+              _ARMS.value,
+              rerun_crossed=_RERUN_CROSSED.value,
           )
         except study_runs.StudyStopped as e:
           print(e, file=sys.stderr)

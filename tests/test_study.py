@@ -142,7 +142,7 @@ def test_pooled_slope_is_the_regression_with_one_intercept_per_seed():
   assert got.se == pytest.approx(math.sqrt(cov[-1, -1]))
 
 
-def test_one_seed_and_combined_verdicts():
+def test_one_seed_and_the_direction_checks():
   one = intervals.mean_estimate([5.0])
   for expect in intervals.DIRECTIONS:
     assert intervals.verdict(one, expect, math.nan, margin=1.0) == NOT_RESOLVED
@@ -150,10 +150,171 @@ def test_one_seed_and_combined_verdicts():
     intervals.verdict(one, "up", 0.01)
   with pytest.raises(ValueError, match="needs a margin"):
     intervals.verdict(one, "no_decrease", 0.01)
-  assert intervals.combined_verdict([REPRODUCED, REPRODUCED]) == REPRODUCED
-  assert intervals.combined_verdict([REPRODUCED, NOT_RESOLVED]) == NOT_RESOLVED
-  assert intervals.combined_verdict([REPRODUCED, OPPOSITE, NOT_RESOLVED]) == OPPOSITE
-  assert intervals.combined_verdict([REPRODUCED, OPPOSITE, REFUSED]) == REFUSED
+
+
+def test_the_headline_rule_on_hand_made_part_verdicts():
+  R, O, N, M = REPRODUCED, OPPOSITE, NOT_RESOLVED, intervals.MIXED
+  headline = intervals.headline_verdict
+  assert headline([R, R]) == R
+  assert headline([O]) == O and headline([O, N]) == O  # every decided part opposite
+  assert headline([R, O]) == M and headline([R, O, N]) == M  # decided parts disagree
+  assert headline([R, N]) == N and headline([N, N]) == N
+  assert headline([R, O, REFUSED]) == REFUSED
+  with pytest.raises(ValueError):
+    headline([])
+  # The first campaign's rule: opposite as soon as any part is.
+  old = intervals.any_opposite_verdict
+  assert old([R, R]) == R and old([R, N]) == N and old([R, O, N]) == O
+  assert old([R, O, REFUSED]) == REFUSED
+
+
+def test_secondary_parts_never_decide_the_headline():
+  # A reproduced primary part and an opposite secondary one: reproduced under the headline
+  # rule, opposite under the first campaign's.
+  records = {
+      "base": {s: _record({"shape": v, "colour": 90.0 + s}) for s, v in enumerate((40, 42, 41))},
+      "ns": {s: _record({"shape": v, "colour": 80.0 + s}) for s, v in enumerate((45, 46, 47))},
+  }
+  claim = study.Study(
+      name="pair",
+      title="pair",
+      arms=(BASE, NS),
+      metrics=("shape", "colour"),
+      comparisons=(
+          study.Comparison("shape", "shape", ("ns", "base"), expect="increase", quote="q"),
+          study.Comparison(
+              "colour", "colour", ("ns", "base"), expect="increase", quote="r", primary=False
+          ),
+      ),
+      min_seeds=3,
+  )
+  summary = study_summary.summarise(claim, records)
+  assert [c["verdict"] for c in summary["comparisons"]] == [REPRODUCED, OPPOSITE]
+  assert summary["verdict"] == REPRODUCED and summary["verdict_any_opposite"] == OPPOSITE
+  assert [study_summary.part(c) for c in summary["comparisons"]] == ["primary", "secondary"]
+  with pytest.raises(ValueError, match="no decisive comparison is primary"):
+    dataclasses.replace(
+        claim, comparisons=(dataclasses.replace(claim.comparisons[0], primary=False),)
+    )
+
+
+def test_the_minimum_detectable_effect_by_hand():
+  # se 1 on 4 degrees of freedom, tested at 95%: t_{0.975, 4} = 2.776445 and t_{0.8, 4} =
+  # 0.940965 (tables), so 80% power needs a true effect of 3.717410.
+  e = intervals.Estimate(value=0.3, se=1.0, df=4, n=5)
+  assert intervals.min_detectable_effect(e, 0.95) == pytest.approx(3.717410, abs=1e-5)
+  # At Holm's first step of three comparisons (level 1 - 0.05 / 3): t_{1 - 0.05/6, 4} =
+  # 4.851146 (scipy's t.isf(0.05 / 6, 4)), + 0.940965, times se 0.5.
+  half = intervals.Estimate(value=0.3, se=0.5, df=4, n=5)
+  want = 0.5 * (scipy.stats.t.isf(0.05 / 6, 4) + 0.940965)
+  assert intervals.min_detectable_effect(half, 1 - 0.05 / 3) == pytest.approx(want, abs=1e-5)
+  assert math.isnan(intervals.min_detectable_effect(intervals.mean_estimate([1.0]), 0.95))
+  # Power by simulation at that effect: about 80% of t-tests reject (normal errors, n 5).
+  rng = np.random.default_rng(0)
+  sd = 1.0 * math.sqrt(5)  # se 1 with 5 seeds
+  draws = rng.normal(intervals.min_detectable_effect(e, 0.95), sd, size=(20000, 5))
+  p = scipy.stats.ttest_1samp(draws, 0.0, axis=1).pvalue
+  assert 0.77 < float(np.mean(p < 0.05)) < 0.83
+  # A part left unresolved shows it; a decided one does not.
+  records = {
+      "base": {s: _record({"shape": v}) for s, v in enumerate((40.0, 42.0, 41.0))},
+      "ns": {s: _record({"shape": v}) for s, v in enumerate((41.0, 40.0, 43.0))},
+  }
+  three = dataclasses.replace(STUDY, min_seeds=3)
+  c = study_summary.summarise(three, records)["comparisons"][0]
+  diffs = np.array([1.0, -2.0, 2.0])
+  se = diffs.std(ddof=1) / math.sqrt(3)
+  assert c["verdict"] == NOT_RESOLVED
+  assert c["mde"] == pytest.approx(se * (4.302653 + 1.060660), abs=1e-4)  # t_{0.975,2}, t_{0.8,2}
+
+
+def test_a_pair_across_machines_is_marked_and_its_members_elsewhere_are_rerun(tmp_path):
+  # Seed 0: both arms on ZEN; seed 1: ns on another processor; seed 2: base on a GPU.
+  AVX2, H200 = {**ZEN, "isa": "avx2"}, {**ZEN, "device": "NVIDIA H200"}  # noqa: N806
+  where = {("base", 0): ZEN, ("ns", 0): ZEN, ("base", 1): ZEN, ("ns", 1): AVX2}
+  where.update({("base", 2): H200, ("ns", 2): ZEN})
+  records = {
+      a: {s: _record({"shape": 40.0 + s + (a == "ns")}, environment=where[a, s]) for s in range(3)}
+      for a in ("base", "ns")
+  }
+  assert study_summary.machine(records["ns"][1]) == "AMD EPYC (avx2), jax 0.10.2"
+  assert study_summary.machine(records["base"][2]) == "NVIDIA H200, jax 0.10.2"
+  three = dataclasses.replace(STUDY, min_seeds=3)
+  summary = study_summary.summarise(three, records)
+  c = summary["comparisons"][0]
+  assert c["crossed"] == [1, 2]
+  assert "machines differ (seeds 1, 2)" in study_summary.markdown(three, summary)
+  here = study_summary.machine(records["base"][0])
+  assert study.crossed_members(three, records, here) == [("ns", 1), ("base", 2)]
+  assert study.crossed_members(three, records, here, only=["ns"]) == [("ns", 1)]
+  # --rerun_crossed: the records of members that ran elsewhere are moved aside (not deleted)
+  # and trained again; their partners are read, not retrained.
+  work, results, calls = str(tmp_path / "runs"), str(tmp_path / "results"), []
+  for a in ("base", "ns"):
+    for s in range(3):
+      config = study_records.arm_config({"base": BASE, "ns": NS}[a], s, study_fakes.TINY)
+      record = {**records[a][s], "config": study_records.plain_config(config)}
+      record["analyses"] = []
+      path = study_records.record_path(results, a, s)
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(json.dumps(record))
+  study.run(
+      three,
+      3,
+      work,
+      results,
+      study_fakes.TINY,
+      train=_fake_trainer(calls),
+      log=lambda s: None,
+      rerun_crossed=True,
+      here=here,
+  )
+  assert [c[:2] for c in calls] == [("ns", 1), ("base", 2)]  # seed-major
+  moved = json.loads((tmp_path / "results/replaced/ns/seed1.json").read_text())
+  assert moved["environment"]["isa"] == "avx2"
+  assert (tmp_path / "results/replaced/base/seed2.json").exists()
+
+
+def test_the_runner_trains_seed_major(tmp_path):
+  calls = []
+  study.run(
+      STUDY,
+      2,
+      str(tmp_path / "runs"),
+      str(tmp_path / "results"),
+      study_fakes.TINY,
+      train=_fake_trainer(calls),
+      log=lambda s: None,
+  )
+  assert [c[:2] for c in calls] == [("base", 0), ("ns", 0), ("base", 1), ("ns", 1)]
+
+
+def test_health_and_leaving_one_seed_out():
+  flagged = {**_record({"shape": 47.0, "std_sqrt_d": 0.1}), "collapse_flagged_steps": [10, 20]}
+  records = {
+      "base": {s: _record({"shape": v, "std_sqrt_d": 0.8}) for s, v in enumerate((40, 42, 41, 40))},
+      "ns": {s: _record({"shape": v, "std_sqrt_d": 0.7}) for s, v in enumerate((45, 46, 47))},
+  }
+  records["ns"][3] = flagged
+  three = dataclasses.replace(STUDY, metrics=("shape",), min_seeds=4)
+  summary = study_summary.summarise(three, records)
+  assert summary["arms"]["ns"]["flagged_seeds"] == [3]
+  assert summary["arms"]["base"]["std_sqrt_d"]["mean"] == pytest.approx(0.8)
+  assert summary["comparisons"][0]["flagged"] == [3]
+  assert summary["verdict"] == REPRODUCED  # differences 5, 4, 6, 7
+  loo = summary["leave_one_out"]
+  # Three seeds left each time, decided over min_seeds - 1 = 3: each drop stays reproduced
+  # except where the remaining spread is too wide for t_{0.975, 2}.
+  for left, verdict in loo["verdicts"].items():
+    kept = [d for s, d in enumerate((5.0, 4.0, 6.0, 7.0)) if s != left]
+    want = intervals.verdict(
+        intervals.mean_estimate(kept), "increase", intervals.mean_estimate(kept).p_value("increase")
+    )
+    assert verdict == want
+  assert loo["survives"] == all(v == REPRODUCED for v in loo["verdicts"].values())
+  md = study_summary.markdown(three, summary)
+  assert "| ns | 46.2 [" in md and "| 3 | 4 |" in md  # the flagged seed in the arm table
+  assert "collapse-flagged run (seeds 3)" in md
 
 
 # A two-arm study on the tiny fake runs: MoCo-v2 without and with patch negatives.
@@ -217,7 +378,7 @@ def test_records_are_read_not_retrained_and_more_seeds_are_added(tmp_path):
   for name in ("pair.md", "pair.json", "pair.png"):
     assert (tmp_path / "results" / name).exists()
   md = (tmp_path / "results/pair.md").read_text()
-  assert "| ns | 46.0 [" in md and "Verdict: **reproduced**" in md
+  assert "| ns | 46.0 [" in md and "Verdict (primary parts): **reproduced**" in md
 
 
 def test_an_interrupted_run_is_resumed_in_its_own_directory(tmp_path):
@@ -439,7 +600,9 @@ def test_five_seeds_are_needed_for_a_verdict():
   c = summary["comparisons"][0]
   assert c["interval"]["mean"] == pytest.approx(5.0) and c["too_few_seeds"]
   assert c["verdict"] == NOT_RESOLVED and c["p_holm"] == 1.0 and summary["verdict"] == NOT_RESOLVED
-  assert "| not resolved (fewer than 5 seeds) | 3 |" in study_summary.markdown(five, summary)
+  assert "| not resolved (fewer than 5 seeds) | - | 3 | - |" in study_summary.markdown(
+      five, summary
+  )
   with pytest.raises(ValueError, match="min_seeds must be at least 2"):
     dataclasses.replace(STUDY, min_seeds=1)
 
@@ -450,7 +613,21 @@ def test_claims_name_every_part_and_one_name_is_one_arm_everywhere():
     for a in s.arms:
       assert seen.setdefault(a.name, a) == a, f"arm {a.name} differs between studies"
   for s in CLAIMS:
-    assert s.paper and s.where and s.claim and s.is_claim, s.name
+    assert s.paper and s.where and s.claim and s.is_claim and s.paper_setting, s.name
+  # The headline parts: those the quoted headline sentence states.
+  primary = {s.name: [c.label for c in s.comparisons if c.expect and c.primary] for s in CLAIMS}
+  assert primary["zhu_ft"] == [
+      "both - none",
+      "positive score: both - none",
+      "negative score: both - none",
+  ]
+  assert primary["dicr_normstd"] == [
+      "SimCLR: probe mean",
+      "SimCLR: NormStd crop",
+      "MoCo: probe mean",
+  ]
+  assert primary["ge_alpha"] == ["shape vs alpha", "texture vs alpha"]
+  assert primary["ge_alpha_x4"] == ["accuracy: alpha 2 - alpha 0"]
   # Every arm's config is valid, and differs from its quick config only in its overrides.
   for a in seen.values():
     config = study_records.arm_config(a, 0)
@@ -526,7 +703,7 @@ def test_a_tiny_study_end_to_end_through_the_command(tmp_path):
   out = run(cmd)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "training in" in out.stdout
-  assert "Verdict: **not resolved**" in out.stdout  # one seed has no interval
+  assert "Verdict (primary parts): **not resolved**" in out.stdout  # one seed has no interval
   for arm_name in ("mocov2_nojitter", "mocov2_patchns_nojitter"):
     record = json.loads((tmp_path / f"results/runs/{arm_name}/seed0.json").read_text())
     assert record["config"]["aug.jitter_prob"] == 0.0 and record["step"] == 8
@@ -566,6 +743,7 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
       where="Table 9",
       claim="negatives raise shape.",
       paper_result="70 -> 75",
+      paper_setting="224 px",
       min_seeds=3,
   )
   summary = study_summary.summarise(claim, records)
@@ -576,29 +754,40 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
   assert cells[1] == "70 -> 75"
   # One decisive comparison: Holm's interval is the 95% one.
   assert cells[2] == (
-      "shape: ns - base (difference, expected increase): 5.0 [2.5, 7.5] [2.5, 7.5], reproduced"
+      "shape: ns - base (primary difference, expected increase): 5.0 [2.5, 7.5] [2.5, 7.5], "
+      "reproduced"
   )
-  assert cells[3:5] == ["**reproduced**", "6 of 8"]
-  assert cells[5] == "`python -m cl_jax.study --study=pair`"
+  # Two seeds left: t_{0.975, 1} = 12.7 leaves each drop unresolved.
+  moves = "moves (seed 0 out: not resolved; seed 1 out: not resolved; seed 2 out: not resolved)"
+  assert cells[3:6] == ["**reproduced**", "reproduced", moves]
+  assert cells[6] == "on AMD EPYC (avx512f avx2), jax 0.10.2 (6 runs); the paper: 224 px"
+  assert cells[7:] == ["6 of 8", "`python -m cl_jax.study --study=pair`"]
   empty = study_summary.claims_table(
       [claim], [study_summary.summarise(claim, {})], seeds=4
   ).splitlines()[2]
-  assert "| not run yet | 0 of 8 |" in empty
+  assert "| not run yet | - | - | no runs yet; the paper: 224 px | 0 of 8 |" in empty
   unrun = study_summary.verdicts_table([claim], [study_summary.summarise(claim, {})])
-  assert "| not run yet | 1 not run (of 1) |" in unrun
+  assert "| not run yet | - | 1 not run | - | - | - | no runs yet; the paper: 224 px |" in unrun
   short = study_summary.verdicts_table([claim], [summary]).splitlines()[2]
   assert short == (
-      "| Someone 2021, Table 9: negatives raise shape. | **reproduced** | 1 reproduced (of 1) | "
-      "`pair` ([plot](results/studies/pair.png)) |"
+      "| Someone 2021, Table 9: negatives raise shape. | **reproduced** | reproduced | "
+      f"1 reproduced (of 1) | - | - | {moves} | on AMD EPYC (avx512f avx2), jax 0.10.2 (6 runs); "
+      "the paper: 224 px | `pair` ([plot](results/studies/pair.png)) |"
   )
-  # Two decisive comparisons, one without records: counted by verdict.
+  # A secondary part without records, and a primary one across machines: counted apart.
   both = dataclasses.replace(
       claim,
       comparisons=claim.comparisons
-      + (study.Comparison("c", "colour", ("ns", "base"), expect="increase", quote="q"),),
+      + (
+          study.Comparison(
+              "c", "colour", ("ns", "base"), expect="increase", quote="q", primary=False
+          ),
+      ),
   )
+  records["ns"][0] = {**records["ns"][0], "environment": {**ZEN, "isa": "avx2"}}
   short = study_summary.verdicts_table([both], [study_summary.summarise(both, records)])
-  assert "| **not resolved** | 1 reproduced, 1 not resolved (of 2) |" in short
+  assert "| **reproduced** | not resolved | 1 reproduced (of 1) | 1 not resolved (of 1) | " in short
+  assert "| 1 across machines |" in short
 
 
 @pytest.mark.slow

@@ -165,6 +165,7 @@ def differing(a: dict, b: dict) -> list[str]:
 
 def main(argv):
   del argv
+  import jax
   from absl import flags
 
   workdir = flags.FLAGS.workdir
@@ -172,7 +173,12 @@ def main(argv):
     if not workdir or not os.path.exists(os.path.join(workdir, "config.json")):
       raise UsageError(f"--workdir={workdir} holds no run (no config.json)")
     config = run_config.read(workdir)
-    out = {"components": fingerprint(config), "source": source_digest()}
+    # The device the components were computed on, the run's own (a study's record names it).
+    out = {
+        "components": fingerprint(config),
+        "source": source_digest(),
+        "device": jax.devices()[0].device_kind,
+    }
     path = os.path.join(workdir, FILE)
     metrics.write_atomically(path, json.dumps(out, indent=1))
     print(path)

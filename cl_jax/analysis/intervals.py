@@ -26,6 +26,10 @@ p_(1) <= ... <= p_(m), the adjusted p_(j)^Holm = max_{i <= j} min(1, (m - i + 1)
 comparison's H0 is rejected when its adjusted p-value is at most alpha. Its adjusted interval
 is the (1 - alpha / (m - j + 1)) interval, the level at which Holm's step j tests it. (scipy
 and the project's dependencies have no Holm procedure; it is these few lines.)
+
+A claim's headline verdict comes from its primary parts only (headline_verdict): reproduced,
+opposite, mixed or not resolved; Holm's family is still every decisive part. A part that is not
+resolved shows its minimum detectable effect at 80% power (min_detectable_effect).
 """
 
 import dataclasses
@@ -42,6 +46,9 @@ ALPHA = 1 - LEVEL
 DIRECTIONS = ("increase", "decrease", "no_decrease", "no_increase")
 NON_INFERIORITY = ("no_decrease", "no_increase")
 REPRODUCED, OPPOSITE, NOT_RESOLVED = "reproduced", "opposite", "not resolved"
+# A headline whose decided primary parts disagree (headline_verdict).
+MIXED = "mixed"
+POWER = 0.8
 # A comparison whose records come from different code (cl_jax.analysis.fingerprint).
 REFUSED = "refused"
 
@@ -203,9 +210,28 @@ def verdict(
   return REPRODUCED if expected_side else OPPOSITE
 
 
-def combined_verdict(verdicts: Sequence[str]) -> str:
-  """A claim's verdict from its parts': refused when any part is (records of different code),
-  else reproduced when every part is, opposite when any part is opposite, else not resolved."""
+def headline_verdict(primary: Sequence[str]) -> str:
+  """A claim's headline verdict from the verdicts of its primary parts (the comparisons that test
+  the quoted headline sentence itself): refused when any part is (records of different code);
+  reproduced when every part is; opposite when at least one part is decided and every decided
+  part (reproduced or opposite) is opposite; mixed when decided parts disagree; otherwise not
+  resolved. Secondary parts are reported beside it and never decide it."""
+  if not primary:
+    raise ValueError("a claim needs at least one primary part with an expected direction")
+  if any(v == REFUSED for v in primary):
+    return REFUSED
+  if all(v == REPRODUCED for v in primary):
+    return REPRODUCED
+  decided = {v for v in primary if v in (REPRODUCED, OPPOSITE)}
+  if decided == {OPPOSITE}:
+    return OPPOSITE
+  return MIXED if len(decided) == 2 else NOT_RESOLVED
+
+
+def any_opposite_verdict(verdicts: Sequence[str]) -> str:
+  """The claim-level rule of the first campaign (until 2026-12-05), over every decisive part,
+  primary or secondary: refused when any part is, else reproduced when every part is, opposite
+  when any part is opposite, else not resolved. Shown beside headline_verdict."""
   if not verdicts:
     raise ValueError("a claim needs at least one part with an expected direction")
   if any(v == REFUSED for v in verdicts):
@@ -213,3 +239,16 @@ def combined_verdict(verdicts: Sequence[str]) -> str:
   if any(v == OPPOSITE for v in verdicts):
     return OPPOSITE
   return REPRODUCED if all(v == REPRODUCED for v in verdicts) else NOT_RESOLVED
+
+
+def min_detectable_effect(estimate: Estimate, level: float, power: float = POWER) -> float:
+  """The smallest true effect that a two-sided t-test at `level` (Holm's level for the
+  comparison, e.g. 1 - 0.05 / 3) would detect with probability `power`, at the estimate's
+  standard error and degrees of freedom: (t_{(1+level)/2, df} + t_{power, df}) se (the
+  normal-shift approximation of the t-test's power, the other tail neglected). For a
+  non-inferiority test it is the distance inside the margin that the true change must lie at
+  for "kept" to be shown with that power. NaN for one seed."""
+  if estimate.n < 2:
+    return math.nan
+  quantiles = scipy.stats.t.ppf([(1 + level) / 2, power], estimate.df)
+  return float(quantiles.sum() * estimate.se)

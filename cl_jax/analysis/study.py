@@ -36,11 +36,14 @@ from cl_jax.analysis import intervals
 from cl_jax.analysis.study_records import (
     arm_config,
     config_differences,
+    device_kind,
+    environment,
     record_path,
     refuse_changed,
+    set_aside,
 )
 from cl_jax.analysis.study_runs import RunFailed, ensure_record, train_subprocess
-from cl_jax.analysis.study_summary import markdown, metric_digits, summarise
+from cl_jax.analysis.study_summary import machine, markdown, metric_digits, summarise
 from cl_jax.runtime import metrics
 from cl_jax.runtime.errors import UsageError
 
@@ -71,7 +74,10 @@ class Comparison:
   metric(arms[i]) - metric(minus[i]). A decisive comparison (with `expect`) quotes the
   paper's sentence that states its direction (`quote`, with `where` it stands); a
   non-inferiority one ("no_decrease", "no_increase") has its `margin`, in the metric's units,
-  fixed before the runs, and `margin_reason`."""
+  fixed before the runs, and `margin_reason`. A decisive comparison is `primary` when it tests
+  the claim's quoted headline sentence itself, secondary (primary=False) when it tests another
+  sentence, inferred or supporting: secondary parts are judged and shown, and never decide the
+  headline (intervals.headline_verdict)."""
 
   label: str
   metric: str
@@ -83,6 +89,7 @@ class Comparison:
   where: str = ""
   margin: float | None = None
   margin_reason: str = ""
+  primary: bool = True
 
   @property
   def kind(self) -> str:
@@ -93,7 +100,9 @@ class Comparison:
 class Study:
   """Arms, the analyses run on each finished run (ANALYSES), the record metrics tabulated per
   arm, comparisons, and for a claim of a paper: where it stands (paper, figure or table), the
-  claim (the paper's words) and what the paper reports. `outputs`, when given, writes the
+  claim (the paper's words), what the paper reports and the setting the paper ran
+  (`paper_setting`: backbone, data, image size, epochs, batch), shown beside the setting of the
+  records. `outputs`, when given, writes the
   study's own tables (study, records -> {file name: text}) beside the standard ones.
   `sweep_analysis`: the primary analysis of its slopes, "per_seed" (the interval of the
   seeds' least-squares slopes) or "pooled" (one regression with seed effects); the other is
@@ -111,6 +120,7 @@ class Study:
   where: str = ""
   claim: str = ""
   paper_result: str = ""
+  paper_setting: str = ""
   notes: str = ""
   outputs: Callable[["Study", dict], dict] | None = None
   sweep_analysis: str = "per_seed"
@@ -141,6 +151,12 @@ class Study:
           c.margin and c.margin > 0 and c.margin_reason
       ):
         raise ValueError(f"study {self.name}: {c.label} needs a margin > 0 and its reason")
+    decisive = [c for c in self.comparisons if c.expect is not None]
+    if decisive and not any(c.primary for c in decisive):
+      raise ValueError(
+          f"study {self.name}: no decisive comparison is primary; mark those that test the "
+          "quoted headline sentence primary=True"
+      )
     if self.sweep_analysis not in SWEEP_ANALYSES:
       raise ValueError(f"study {self.name}: sweep_analysis must be one of {SWEEP_ANALYSES}")
     if self.min_seeds < 2:
@@ -169,6 +185,27 @@ def read_records(study: Study, seeds: int, results: str, extra=()) -> dict:
         )
         out.setdefault(a.name, {})[s] = record
   return out
+
+
+def crossed_members(
+    study: Study, records: dict, here: str, only: Sequence[str] | None = None
+) -> list[tuple[str, int]]:
+  """(arm, seed) of every record that shares a seed of one of the study's comparisons with a
+  record computed on another machine (study_summary.machine) and was not computed on `here`,
+  the machine at hand (of the arms in `only`, when given): retraining those here leaves every
+  such pair on one machine."""
+  out = set()
+  for c in study.comparisons:
+    members = list(dict.fromkeys((*c.arms, *c.minus)))
+    seeds = set.intersection(*(set(records.get(a, {})) for a in members))
+    for s in seeds:
+      if len({machine(records[a][s]) for a in members}) > 1:
+        out |= {
+            (a, s)
+            for a in members
+            if machine(records[a][s]) != here and (only is None or a in only)
+        }
+  return sorted(out, key=lambda item: (item[1], item[0]))
 
 
 def write_outputs(study: Study, records: dict, results: str) -> list[str]:
@@ -207,20 +244,34 @@ def run(
     only: Sequence[str] | None = None,
     train: Callable = train_subprocess,
     log: Callable[[str], None] = print,
+    rerun_crossed: bool = False,
+    here: str | None = None,
 ) -> dict:
   """Records for every arm (or those in `only`) and seed 0 .. seeds - 1, trained where
-  missing, with the outputs rewritten after each new record. A run that fails (RunFailed) is
-  reported and the others go on. Returns summarise()'s dict over every record of the study's
+  missing, with the outputs rewritten after each new record. With `rerun_crossed`, the
+  records of crossed pairs that were computed on another machine than `here` (by default this
+  one: study_summary.machine of its environment and device) are set aside first
+  (study_records.set_aside) and trained again. A run that fails (RunFailed) is reported and
+  the others go on. Returns summarise()'s dict over every record of the study's
   arms, with "failed": one line per failed run."""
   names = [a.name for a in study.arms]
   unknown = [n for n in (only or ()) if n not in names]
   if unknown:
     raise UsageError(f"study {study.name} has no arm {unknown[0]}; its arms: {', '.join(names)}")
   chosen = [a for a in study.arms if only is None or a.name in only]
-  read_records(study, seeds, results, extra)  # refuse a changed arm before any training
+  existing = read_records(study, seeds, results, extra)  # refuse a changed arm first
+  if rerun_crossed:
+    if here is None:
+      here = machine({"environment": {**environment(), "device": device_kind()}})
+    for a, s in crossed_members(study, existing, here, only):
+      moved = ", ".join(set_aside(results, workdir, a, s))
+      log(f"{study.name}: {a} seed {s} ran on another machine than its partners; moved to {moved}")
   failed = []
-  for a in chosen:
-    for s in range(seeds):
+  # Seed-major: every arm of seed s before seed s + 1, so that the arms of a seed, which its
+  # paired comparisons set side by side, run on one machine even when a study is split
+  # across sessions or machines.
+  for s in range(seeds):
+    for a in chosen:
       path = record_path(results, a.name, s)
       existed = path.exists() and "code" in json.loads(path.read_text())
       try:

@@ -92,6 +92,28 @@ def run_dir(workdir: str, arm_name: str, seed: int) -> epath.Path:
   return epath.Path(workdir) / arm_name / f"seed{seed}"
 
 
+def set_aside(results: str, workdir: str, arm_name: str, seed: int) -> list[str]:
+  """Moves the record of arm_name at seed to <results>/replaced/<arm>/seed<s>[.<n>].json and
+  its run directory, if any, to <workdir>/replaced/<arm>/seed<s>[.<n>], so that the study
+  trains the seed again (nothing is deleted); returns the new paths."""
+  moved = []
+  for source, root, suffix in (
+      (record_path(results, arm_name, seed), epath.Path(results), ".json"),
+      (run_dir(workdir, arm_name, seed), epath.Path(workdir), ""),
+  ):
+    if not source.exists():
+      continue
+    target = root / "replaced" / arm_name / f"seed{seed}{suffix}"
+    n = 1
+    while target.exists():
+      target = root / "replaced" / arm_name / f"seed{seed}.{n}{suffix}"
+      n += 1
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source.rename(target)
+    moved.append(str(target))
+  return moved
+
+
 def total_steps(config: ml_collections.ConfigDict) -> int:
   """The step of the run's last checkpoint (and so of its final probe report)."""
   from cl_jax import train
@@ -136,6 +158,7 @@ def _code(directory: epath.Path) -> dict:
       "clean": not started["commit"].endswith("-dirty"),
       "source_sha256": started["sha256"],
       "fingerprint": printed["components"],
+      "device": printed.get("device", "cpu"),
   }
 
 
@@ -173,7 +196,7 @@ def collect(
       "step": step,
       "wall_s": wall_s,
       "analyses": sorted(analyses),
-      "environment": environment(),
+      "environment": {**environment(), "device": code.pop("device")},
       "code": code,
       "metrics": values,
       "collapse_flagged_steps": [
@@ -205,9 +228,23 @@ def processor(cpuinfo: str) -> tuple[str, str]:
   return model, isa
 
 
+def device_kind() -> str:
+  """The kind of JAX's first device on this machine ("cpu" on a processor), asked of a child
+  process, so that the calling process (a study, whose runs are children) holds no
+  accelerator."""
+  import subprocess
+  import sys
+
+  code = "import jax; print(jax.devices()[0].device_kind)"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  return out.stdout.strip().splitlines()[-1]
+
+
 def environment() -> dict:
   """What decides a run's arithmetic beside its config: the JAX version, XLA_FLAGS and the
-  processor (its model and widest vector instructions, `processor`): README "Reproducibility"."""
+  processor (its model and widest vector instructions, `processor`): README "Reproducibility".
+  A record adds the device the run computed on ("device": JAX's device kind, "cpu" on a
+  processor), read from the run's fingerprint file."""
   import jax
 
   if os.path.exists("/proc/cpuinfo"):

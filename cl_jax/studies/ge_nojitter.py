@@ -2,6 +2,7 @@
 accuracy (they keep it off the colour shortcut)."""
 
 from cl_jax.analysis.study import Comparison, Study
+from cl_jax.studies import ge_alpha
 from cl_jax.studies.arms import MOCOV2, MOCOV2_NS, variant
 
 BASE = variant(MOCOV2, "mocov2_nojitter", aug__jitter_prob=0.0)
@@ -34,6 +35,7 @@ STUDY = Study(
     where="Sec. 3.3, Table 3",
     claim="\u201cWe found that patch-based negatives contribute significant effectiveness in "
     "preventing the models from learning such a color distribution shortcut.\u201d (Sec. 3.3)",
+    paper_setting=ge_alpha.GE_SETTING,
     paper_result="ImageNet-100 top-1 without colour jitter: MoCo-v2 70.44, + patch negatives "
     "76.42 (+5.98; 77.88 with jitter), one run each.",
     notes="The paper measures the shortcut by the top-1 accuracy alone: here the mean of the "

@@ -4,6 +4,7 @@ colour against shape and texture on Trifeature."""
 import math
 
 from cl_jax.analysis.study import Comparison, Study
+from cl_jax.studies import robinson_ifm
 from cl_jax.studies.arms import simclr
 
 TEMPERATURES = (0.05, 0.2, 0.5)
@@ -50,6 +51,7 @@ STUDY = Study(
     "represent color well and other features badly. When instance discrimination is hard "
     "(small \u03c4, big \u03b2), encoders represent more challenging shape and texture "
     "features well, at the expense of color.\u201d (Fig. 3 caption)",
+    paper_setting=robinson_ifm.ROBINSON_SETTING,
     paper_result="SimCLR, ResNet-18 on Trifeature: colour accuracy rises and shape and texture "
     "fall as T grows or beta shrinks (plotted only; the grid of T and beta is not stated).",
     notes="The paper contrasts the easy and the hard end of each sweep; the slope over the "

@@ -32,13 +32,16 @@ def rung(
     arms: Mapping[str, Arm],
     labels: Sequence[str],
     extra=(),
+    primary: Sequence[str] | None = None,
     notes: str = "",
     **fields: str,
 ) -> Study:
   """Claim `quick` at FACTOR x its epochs: its comparisons `labels` (quote, direction, margin
   kept) between the longer arms ({quick arm name: longer arm}), then the comparisons `extra`
-  (already over the longer arms); `fields` (title, where, claim, paper_result) replace the
-  quick claim's where the rung tests only part of it."""
+  (already over the longer arms); `primary`, when given, the labels that test the rung's
+  headline (the others secondary; by default each keeps the quick claim's part); `fields`
+  (title, where, claim, paper_result) replace the quick claim's where the rung tests only part
+  of it."""
   by_label = {c.label: c for c in quick.comparisons}
   unknown = [label for label in labels if label not in by_label]
   if unknown:
@@ -62,7 +65,12 @@ def rung(
       paper_result=fields["paper_result"],
       arms=tuple(arms.values()),
       comparisons=tuple(
-          dataclasses.replace(c, arms=names(c.arms), minus=names(c.minus))
+          dataclasses.replace(
+              c,
+              arms=names(c.arms),
+              minus=names(c.minus),
+              primary=c.primary if primary is None else c.label in primary,
+          )
           for c in (by_label[label] for label in labels)
       )
       + tuple(extra),
@@ -79,6 +87,7 @@ GE = rung(
     ge_alpha.STUDY,
     GE_ARMS,
     ("accuracy: alpha 2 - alpha 0",),
+    primary=("accuracy: alpha 2 - alpha 0",),
     title="Patch negatives: alpha 2 against alpha 0 (Ge et al. 2021, Sec. 3.1)",
     where="Sec. 3.1, Table 1",
     claim=f"\u201c{ge_alpha.ACCURACY}\u201d (Sec. 3.1)",
