@@ -364,6 +364,32 @@ PRESETS = {
         "train": {"log_every": 50, "checkpoint_every": 1000, "keep_checkpoints": 3},
         "probe": {"protocol": "fast", "epochs": 100},
     },
+    # Robinson et al. 2021's Trifeature setting (Sec. 2.3 and 4.1): ResNet-18 at full width on
+    # 128 px images for 200 epochs. Neither the paper nor its authors' public code gives the
+    # batch, the optimiser or the training-set size: the training split is the public ports'
+    # (2,400 images, 3 renders of each of the 800 training combinations), the test split 2,000
+    # renders of the 200 held-out ones (the ports render each once; more renders make the probe
+    # less noisy), and the optimiser is the method's small-data recipe (configs/simclr.py).
+    "trifeature128": {
+        "preset": "trifeature128",
+        "data": {
+            "image_size": 128,
+            "trifeature_train": 2400,
+            "trifeature_test": 2000,
+            "crop_scale": (0.08, 1.0),
+        },
+        "model": {
+            "depth": 18,
+            "stem": "imagenet",
+            "width_multiplier": 1,
+            "head_hidden_dim": 512,
+            "head_out_dim": 128,
+            "dtype": "bfloat16",
+        },
+        "aug": {"blur_prob": 0.0},
+        "optim": {"epochs": 200},
+        "train": {"log_every": 20, "checkpoint_every": 200},
+    },
 }
 
 

@@ -2,7 +2,7 @@
 
 python -m cl_jax.study --study=NAME[,NAME...]|claims [--seeds=5] [--workdir=runs/studies]
     [--results=results/studies] [--arms=ARM,...] [--set=FIELD=VALUE ...] [--report_only]
-    [--rerun_crossed]
+    [--rerun_crossed] [--workers=N] [--deadline_s=S]
 python -m cl_jax.study --list
 
 Run from anywhere (relative config paths resolve against the repository). Studies: the
@@ -26,6 +26,11 @@ members that ran elsewhere (under <results>/replaced/, their runs under <workdir
 trains them again on this machine: run it from a worktree of the records' commit, so that the
 new records pair with the old ones.
 
+--workers=N trains N arm-seeds at once, as N processes (on a GPU, each with 1/N of its
+memory); --deadline_s=S starts no run that would end more than S seconds after the study began
+(by the longest run of its records on this machine): the rest wait for the next call, so that a
+fixed-length session on a device ends with whole records.
+
 --set applies FIELD=VALUE (a Python literal, else a string) to every arm, e.g. a smaller model
 for a smoke test; such runs need their own --workdir and --results. --report_only rebuilds the
 outputs from the records without training.
@@ -36,6 +41,7 @@ the end of its step with a checkpoint; the study then ends with that run's exit 
 """
 
 import ast
+import os
 import sys
 import time
 
@@ -63,6 +69,48 @@ _RERUN_CROSSED = flags.DEFINE_bool(
     "Retrain, on this machine, the members of paired comparisons that ran on another machine "
     "than their partners (run it from the records' commit).",
 )
+
+
+_WORKERS = flags.DEFINE_integer(
+    "workers",
+    1,
+    "Runs at once: N worker processes, each training every N-th pending arm-seed in seed-major "
+    "order (on a GPU they share it, each with 1/N of its memory).",
+    lower_bound=1,
+)
+_PART = flags.DEFINE_string("part", None, "I/N: train as worker I of N (set by --workers).")
+_DEADLINE = flags.DEFINE_float(
+    "deadline_s",
+    None,
+    "Start no run that would end later than this many seconds after the study began (by the "
+    "longest run of its records on this machine); the rest wait for the next call.",
+)
+
+
+def parse_part(text: str | None) -> tuple[int, int]:
+  """(i, n) of --part=I/N (0 <= I < N); (0, 1) without it."""
+  if text is None:
+    return 0, 1
+  i, slash, n = text.partition("/")
+  if not (slash and i.isdigit() and n.isdigit() and int(i) < int(n)):
+    raise UsageError(f"--part={text}: give I/N with 0 <= I < N, e.g. --part=0/4")
+  return int(i), int(n)
+
+
+def run_workers(n: int) -> list[str]:
+  """This command's study as n worker processes (--part=i/n each, the other flags as given),
+  sharing a GPU's memory equally; returns one line per worker that failed (its runs' errors
+  are in its output above). A stop signal is passed on to every worker and ends the study."""
+  argv = [a for a in sys.argv[1:] if not a.startswith(("--workers", "--noworkers"))]
+  cmds = [[sys.executable, "-m", "cl_jax.study", *argv, f"--part={i}/{n}"] for i in range(n)]
+  env = dict(os.environ)
+  env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / n:.3f}")
+  try:
+    codes = study_runs.run_children(cmds, env)
+  except study_runs.StudyStopped as e:
+    print(e, file=sys.stderr)
+    sys.exit(e.code)
+  return [f"worker {i} of {n} ended with status {c}" for i, c in enumerate(codes) if c]
 
 
 def parse_set(items: list[str]) -> tuple[tuple[str, object], ...]:
@@ -116,6 +164,11 @@ def main(argv):
       return
     extra = parse_set(_SET.value)
     studies, summaries = chosen(_STUDY.value), []
+    part, workers_failed = parse_part(_PART.value), []
+    if _WORKERS.value > 1 and not _REPORT_ONLY.value:
+      if _PART.value:
+        raise UsageError("give --workers or --part, not both")
+      workers_failed = run_workers(_WORKERS.value)  # then the tables, from their records
     if _REPORT_ONLY.value:
       found = [study_lib.read_records(s, _SEEDS.value, _RESULTS.value, extra) for s in studies]
       if not any(found):
@@ -124,9 +177,9 @@ def main(argv):
             "train the study first (without --report_only), or give the --results that "
             "holds its records"
         )
-    for i, s in enumerate(studies):
-      if _REPORT_ONLY.value:
-        records = found[i]
+    for s in studies:
+      if _REPORT_ONLY.value or _WORKERS.value > 1:
+        records = study_lib.read_records(s, _SEEDS.value, _RESULTS.value, extra)
         study_lib.write_outputs(s, records, _RESULTS.value)
         summary = study_summary.summarise(s, records)
       else:
@@ -139,6 +192,8 @@ def main(argv):
               extra,
               _ARMS.value,
               rerun_crossed=_RERUN_CROSSED.value,
+              part=part,
+              deadline_s=_DEADLINE.value,
           )
         except study_runs.StudyStopped as e:
           print(e, file=sys.stderr)
@@ -161,7 +216,10 @@ def main(argv):
       )
     print("Verdicts:\n" + "\n".join("  " + verdict_line(m) for _, m in claims))
   print(f"study wall time {time.perf_counter() - start:.0f} s")
-  failed = [line for m in summaries for line in m.get("failed", ())]
+  left = [line for m in summaries for line in m.get("left", ())]
+  if left:
+    print(f"left for the next call (--deadline_s): {', '.join(left)}")
+  failed = [line for m in summaries for line in m.get("failed", ())] + workers_failed
   if failed:
     sys.exit(
         "runs that failed (their logs are above; the rest of the study went on):\n  "

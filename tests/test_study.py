@@ -243,6 +243,9 @@ def test_a_pair_across_machines_is_marked_and_its_members_elsewhere_are_rerun(tm
   summary = study_summary.summarise(three, records)
   c = summary["comparisons"][0]
   assert c["crossed"] == [1, 2]
+  # A GPU's record never pairs with a processor's.
+  assert "different device kinds (AMD EPYC" not in c["refused"]
+  assert "computed on different device kinds (NVIDIA H200, cpu)" in c["refused"]
   assert "machines differ (seeds 1, 2)" in study_summary.markdown(three, summary)
   here = study_summary.machine(records["base"][0])
   assert study.crossed_members(three, records, here) == [("ns", 1), ("base", 2)]
@@ -851,3 +854,71 @@ def test_a_child_without_a_signal_gives_its_status_and_a_stop_is_not_a_failed_ru
     study.run(
         STUDY, 2, str(tmp_path / "runs"), str(tmp_path / "res"), study_fakes.TINY, train=stopped
     )
+
+
+def test_a_deadline_leaves_runs_that_would_not_end_in_time_and_workers_split_the_rest(tmp_path):
+  work, results, calls = str(tmp_path / "runs"), str(tmp_path / "results"), []
+  run = lambda seeds, **kw: study.run(
+      STUDY,
+      seeds,
+      work,
+      results,
+      study_fakes.TINY,
+      train=_fake_trainer(calls),
+      log=lambda s: None,
+      here="AMD EPYC (avx512f avx2), jax 0.10.2",
+      **kw,
+  )
+  # Workers 0 and 1 of 2 take every other pending arm-seed in seed-major order.
+  assert run(1, part=(1, 2))["left"] == []
+  assert [c[:2] for c in calls] == [("ns", 0)]
+  run(1, part=(0, 2))
+  assert [c[:2] for c in calls] == [("ns", 0), ("base", 0)]
+  # The fake runs took 10 s (seed 0) on this machine: with 5 s to go no run starts, with 60 s
+  # every one does.
+  for s in (0,):
+    for a in ("base", "ns"):
+      path = study_records.record_path(results, a, s)
+      record = json.loads(path.read_text())
+      path.write_text(json.dumps({**record, "environment": {**record["environment"], **ZEN}}))
+  summary = run(2, deadline_s=5.0)
+  assert summary["left"] == ["base seed 1", "ns seed 1"] and len(calls) == 2
+  assert run(2, deadline_s=60.0)["left"] == [] and len(calls) == 4
+
+
+@pytest.mark.slow
+def test_the_gpu_study_command_brings_back_new_records_at_tiny_size(tmp_path):
+  """launch/gpu_study.sh on this processor at tiny size: two arm-seeds of the paper-scale rung
+  as two workers at once; their records, and only they, come back in OUT/runs."""
+  tiny = (
+      "data.image_size=32",
+      "data.trifeature_train=256",
+      "data.trifeature_test=128",
+      "optim.batch_size=32",
+      "optim.epochs=1",
+      "optim.warmup_epochs=0",
+      "model.width_multiplier=0.25",
+      "model.dtype=float32",
+  )
+  env = {**os.environ, "PYTHON": sys.executable, "CL_JAX_STUDY_WORKERS": "2"}
+  env["CL_JAX_STUDY_DEADLINE_S"] = "900"
+  env["CL_JAX_CACHE"] = str(tmp_path / "cache")
+  arms = "simclr_trifeature128,simclr_ifm_trifeature128"
+  script = os.path.join(ROOT, "launch", "gpu_study.sh")
+  flags = ["--seeds=1", f"--arms={arms}", *(f"--set={x}" for x in tiny)]
+  proc = subprocess.run(
+      ["bash", script, "robinson_ifm_paper", str(tmp_path / "o"), *flags],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=900,
+  )
+  out = tmp_path / "o"
+  assert proc.returncode == 0, (out / "study.log").read_text()[-3000:]
+  new = sorted(str(p.relative_to(out / "runs")) for p in (out / "runs").rglob("*.json"))
+  assert new == ["simclr_ifm_trifeature128/seed0.json", "simclr_trifeature128/seed0.json"]
+  record = json.loads((out / "runs/simclr_ifm_trifeature128/seed0.json").read_text())
+  assert record["environment"]["device"] == "cpu" and record["config"]["data.image_size"] == 32
+  assert record["config"]["ifm.enabled"] and record["config"]["optim.optimizer"] == "lars"
+  assert not (out / "results").exists() and "2 new records" in proc.stdout

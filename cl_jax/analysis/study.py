@@ -27,6 +27,7 @@ command is cl_jax.study.
 
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from etils import epath
@@ -246,48 +247,82 @@ def run(
     log: Callable[[str], None] = print,
     rerun_crossed: bool = False,
     here: str | None = None,
+    part: tuple[int, int] = (0, 1),
+    deadline_s: float | None = None,
 ) -> dict:
   """Records for every arm (or those in `only`) and seed 0 .. seeds - 1, trained where
   missing, with the outputs rewritten after each new record. With `rerun_crossed`, the
   records of crossed pairs that were computed on another machine than `here` (by default this
   one: study_summary.machine of its environment and device) are set aside first
   (study_records.set_aside) and trained again. A run that fails (RunFailed) is reported and
-  the others go on. Returns summarise()'s dict over every record of the study's
-  arms, with "failed": one line per failed run."""
+  the others go on. `part` (i, n): train only the i-th of every n pending arm-seeds in
+  seed-major order (one of n workers, cl_jax.study --workers). `deadline_s`: start no run that
+  would end more than deadline_s seconds after this call began, by the longest wall time of
+  the study's records on this machine (a fixed-length device session); those are left for the
+  next call. Returns summarise()'s dict over every record of the study's arms, with "failed":
+  one line per failed run, and "left": one per arm-seed left for the next call."""
   names = [a.name for a in study.arms]
   unknown = [n for n in (only or ()) if n not in names]
   if unknown:
     raise UsageError(f"study {study.name} has no arm {unknown[0]}; its arms: {', '.join(names)}")
   chosen = [a for a in study.arms if only is None or a.name in only]
+  began = time.monotonic()
   existing = read_records(study, seeds, results, extra)  # refuse a changed arm first
+  if here is None and (rerun_crossed or deadline_s is not None):
+    here = machine({"environment": {**environment(), "device": device_kind()}})
+  walls = [
+      r["wall_s"]
+      for by in existing.values()
+      for r in by.values()
+      if r.get("wall_s") and machine(r) == here
+  ]
   if rerun_crossed:
-    if here is None:
-      here = machine({"environment": {**environment(), "device": device_kind()}})
     for a, s in crossed_members(study, existing, here, only):
       moved = ", ".join(set_aside(results, workdir, a, s))
       log(f"{study.name}: {a} seed {s} ran on another machine than its partners; moved to {moved}")
-  failed = []
+  failed, left = [], []
+
   # Seed-major: every arm of seed s before seed s + 1, so that the arms of a seed, which its
   # paired comparisons set side by side, run on one machine even when a study is split
   # across sessions or machines.
-  for s in range(seeds):
-    for a in chosen:
-      path = record_path(results, a.name, s)
-      existed = path.exists() and "code" in json.loads(path.read_text())
-      try:
-        record = ensure_record(a, s, workdir, results, extra, study.analyses, train, log)
-      except RunFailed as e:
-        failed.append(str(e))
-        log(f"{study.name}: {e}")
-        continue
-      if not existed:
-        shown = ", ".join(
-            f"{m} {record['metrics'][m]:.{metric_digits(m)}f}"
-            for m in study.metrics
-            if m in record["metrics"]
+  def recorded(s: int, a: Arm) -> bool:
+    path = record_path(results, a.name, s)
+    return path.exists() and "code" in json.loads(path.read_text())
+
+  items = [(s, a) for s in range(seeds) for a in chosen]
+  pending = [item for item in items if not recorded(*item)]
+  # Worker i of n trains every n-th pending arm-seed; the first also reads (and completes the
+  # analyses of) those recorded before.
+  mine = set(pending[part[0] :: part[1]])
+  for s, a in items:
+    existed = (s, a) not in pending
+    if (s, a) not in mine and not (existed and part[0] == 0):
+      continue
+    if not existed and deadline_s is not None:
+      elapsed, longest = time.monotonic() - began, max(walls, default=0.0)
+      if elapsed + longest > deadline_s:
+        left.append(f"{a.name} seed {s}")
+        log(
+            f"{study.name}: {a.name} seed {s} left for the next call ({elapsed:.0f} s "
+            f"elapsed, runs take up to {longest:.0f} s here, deadline {deadline_s:.0f} s)"
         )
-        log(f"{study.name}: {a.name} seed {s}: {shown}")
-        write_outputs(study, read_records(study, seeds, results, extra), results)
+        continue
+    try:
+      record = ensure_record(a, s, workdir, results, extra, study.analyses, train, log)
+    except RunFailed as e:
+      failed.append(str(e))
+      log(f"{study.name}: {e}")
+      continue
+    if not existed:
+      if record.get("wall_s"):
+        walls.append(record["wall_s"])
+      shown = ", ".join(
+          f"{m} {record['metrics'][m]:.{metric_digits(m)}f}"
+          for m in study.metrics
+          if m in record["metrics"]
+      )
+      log(f"{study.name}: {a.name} seed {s}: {shown}")
+      write_outputs(study, read_records(study, seeds, results, extra), results)
   records = read_records(study, seeds, results, extra)
   write_outputs(study, records, results)
-  return {**summarise(study, records), "failed": failed}
+  return {**summarise(study, records), "failed": failed, "left": left}

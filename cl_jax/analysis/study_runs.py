@@ -56,37 +56,48 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def run_child(cmd: list[str]) -> int:
-  """Run `cmd` and return its exit status. The child has its own process group, so a terminal's
-  Ctrl-C reaches this process only; while it runs, SIGINT and SIGTERM sent here are passed on to
-  it (cl_jax.main then stops at the end of its step with a checkpoint) and the wait goes on
-  until it has ended. Raises StudyStopped after such a signal."""
-  received, pending, child = [], [], []  # pending: came before the child started
+  """Run `cmd` and return its exit status (run_children with one command)."""
+  return run_children([cmd])[0]
+
+
+def run_children(cmds: list[list[str]], env: dict | None = None) -> list[int]:
+  """Run the commands `cmds` at once (with environment `env`, by default this process's) and
+  return their exit statuses. Each child has its own process group, so a terminal's Ctrl-C
+  reaches this process only; while they run, SIGINT and SIGTERM sent here are passed on to every
+  child (cl_jax.main then stops at the end of its step with a checkpoint) and the wait goes on
+  until all have ended. Raises StudyStopped after such a signal."""
+  received, pending, children = [], [], []  # pending: came before the children started
 
   def forward(signum, frame):
     del frame
     received.append(signum)
-    if child:
-      child[0].send_signal(signum)
+    if children:
+      for child in children:
+        child.send_signal(signum)
     else:
       pending.append(signum)
 
   previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
   try:
-    child.append(subprocess.Popen(cmd, process_group=0))
+    children.extend(subprocess.Popen(cmd, process_group=0, env=env) for cmd in cmds)
     while pending:
-      child[0].send_signal(pending.pop(0))
-    code = child[0].wait()
+      signum = pending.pop(0)
+      for child in children:
+        child.send_signal(signum)
+    codes = [child.wait() for child in children]
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
   if received:
     name = signal.Signals(received[0]).name
+    shown = "; ".join(" ".join(cmd[1:]) for cmd in cmds)
+    worst = max(codes, key=lambda c: c if c > 0 else 128 + (-c or received[0]))
     raise StudyStopped(
-        f"study stopped by {name}: {' '.join(cmd[1:])} ended with status {code}; run the "
-        "same command again to resume",
-        code if code > 0 else 128 + (-code or received[0]),
+        f"study stopped by {name}: {shown} ended with status {', '.join(map(str, codes))}; run "
+        "the same command again to resume",
+        worst if worst > 0 else 128 + (-worst or received[0]),
     )
-  return code
+  return codes
 
 
 def same_source(arm_: Arm, seed: int, directory: epath.Path) -> None:

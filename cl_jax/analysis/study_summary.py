@@ -56,8 +56,9 @@ def _same_source(r: dict, q: dict) -> bool:
 
 
 def code_refusal(records: dict, arm_names: Sequence[str], seeds: Sequence[int]) -> str | None:
-  """One line naming two records of `arm_names` x `seeds` that may come from different code, or
-  a record without a fingerprint (written by older code); None when they agree. Two records
+  """One line naming two records of `arm_names` x `seeds` that may come from different code or
+  computed on different device kinds (a GPU and a processor, two GPU models), or a record
+  without a fingerprint (written by older code); None when they agree. Two records
   agree when they were trained from the same source (digest and JAX version), or, from other
   source on the same processor, when every fingerprint component both hold is equal
   (cl_jax.analysis.fingerprint). Fingerprints from different processors differ in their last
@@ -70,6 +71,13 @@ def code_refusal(records: dict, arm_names: Sequence[str], seeds: Sequence[int]) 
       return f"record {a} seed {s} has no code fingerprint (older code): run it again"
   for i, (a, s, r) in enumerate(used):
     for b, t, q in used[i + 1 :]:
+      kinds = {x.get("environment", {}).get("device", "cpu") for x in (r, q)}
+      if len(kinds) > 1:
+        return (
+            f"records {a} seed {s} and {b} seed {t} computed on different device kinds "
+            f"({', '.join(sorted(kinds))}): a comparison stays within one device kind; train "
+            "both arms on one"
+        )
       if _same_source(r, q):
         continue
       named = (

@@ -31,7 +31,12 @@ CLAIMS = tuple(
         zhu_ft,
         dicr_normstd,
     )
-) + (scale_ladder.GE, scale_ladder.DICR)
+) + (
+    scale_ladder.GE,
+    scale_ladder.DICR,
+    scale_ladder.ROBINSON_IFM,
+    scale_ladder.ROBINSON_DIFFICULTY,
+)
 STUDIES = {
     s.name: s for s in (*CLAIMS, looc_rotation_setting.STUDY, suppression.STUDY, recipe.STUDY)
 }

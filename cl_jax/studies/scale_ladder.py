@@ -1,20 +1,24 @@
-"""One rung of a scale ladder: two claims' pairwise comparisons again at 4x the quick recipe's
-epochs, so that a reader can see whether a verdict reached at the quick scale moves with training.
+"""The rungs of a scale ladder: claims' comparisons again in a larger setting, so that a reader
+can see whether a verdict reached at the quick scale moves with training and size.
 
 Each rung is a claim of its own with the quick claim's paper, sentences, directions, margins and
-Holm correction, over the longer arms: Ge et al.'s alpha 2 against alpha 0 (MoCo-v2, 64 epochs
-instead of 16) and DICR on SimCLR (32 epochs instead of 8). Only the epochs change (and DICR's
-lambda warm-up, which ends in the last epoch as in the quick recipe).
+Holm correction, over other arms:
+- at 4x the quick recipe's epochs (CPU): Ge et al.'s alpha 2 against alpha 0 (MoCo-v2, 64 epochs
+  instead of 16) and DICR on SimCLR (32 epochs instead of 8); only the epochs change (and DICR's
+  lambda warm-up, which ends in the last epoch as in the quick recipe);
+- at the paper's own scale (a GPU): Robinson et al.'s Fig. 6 and Fig. 3 on Trifeature at 128 px
+  with a full-width ResNet-18 for 200 epochs (configs/simclr.py:trifeature128).
 """
 
 import dataclasses
 from collections.abc import Mapping, Sequence
 
 from cl_jax.analysis.study import Arm, Comparison, Study
-from cl_jax.studies import dicr_normstd, ge_alpha
+from cl_jax.studies import dicr_normstd, ge_alpha, robinson_difficulty, robinson_ifm
 from cl_jax.studies.arms import MOCOV2, MOCOV2_NS, SIMCLR, variant
 
 FACTOR = 4
+PAPER_PRESET = "trifeature128"
 QUICK_EPOCHS = {"mocov2": 16, "simclr": 8}  # optim.epochs of the quick configs (README)
 
 
@@ -27,6 +31,11 @@ def longer(base: Arm, epochs: int) -> Arm:
   )
 
 
+def on_preset(base: Arm, preset: str) -> Arm:
+  """`base` (same overrides) on its config file's `preset` instead of the quick setting."""
+  return Arm(f"{base.name}_{preset}", f"{base.config.split(':')[0]}:{preset}", base.overrides)
+
+
 def rung(
     quick: Study,
     arms: Mapping[str, Arm],
@@ -34,11 +43,14 @@ def rung(
     extra=(),
     primary: Sequence[str] | None = None,
     notes: str = "",
+    suffix: str = f"x{FACTOR}",
+    scale: str = f"{FACTOR}x the quick recipe's epochs",
     **fields: str,
 ) -> Study:
-  """Claim `quick` at FACTOR x its epochs: its comparisons `labels` (quote, direction, margin
-  kept) between the longer arms ({quick arm name: longer arm}), then the comparisons `extra`
-  (already over the longer arms); `primary`, when given, the labels that test the rung's
+  """Claim `quick` in a larger setting (`scale`, in words; the rung is named
+  <quick>_<suffix>): its comparisons `labels` (quote, direction, margin
+  kept) between the rung's arms ({quick arm name: rung arm}), then the comparisons `extra`
+  (already over the rung's arms); `primary`, when given, the labels that test the rung's
   headline (the others secondary; by default each keeps the quick claim's part); `fields`
   (title, where, claim, paper_result) replace the quick claim's where the rung tests only part
   of it."""
@@ -58,9 +70,9 @@ def rung(
   fields = {k: fields.get(k, getattr(quick, k)) for k in described}
   return dataclasses.replace(
       quick,
-      name=f"{quick.name}_x{FACTOR}",
-      title=f"{fields['title']}, at {FACTOR}x the quick recipe's epochs",
-      where=f"{fields['where']}, at {FACTOR}x the quick recipe's epochs",
+      name=f"{quick.name}_{suffix}",
+      title=f"{fields['title']}, at {scale}",
+      where=f"{fields['where']}, at {scale}",
       claim=fields["claim"],
       paper_result=fields["paper_result"],
       arms=tuple(arms.values()),
@@ -76,8 +88,7 @@ def rung(
       + tuple(extra),
       notes=f"One rung of the scale ladder: the comparisons of the claim {quick.name} between "
       f"these arms, with its quotes, directions and margins (fixed for the quick recipe, before "
-      f"any run of either) and Holm's correction over the decisive ones, after {FACTOR}x the "
-      f"quick recipe's epochs. {notes}",
+      f"any run of either) and Holm's correction over the decisive ones, at {scale}. {notes}",
   )
 
 
@@ -113,3 +124,29 @@ DICR = rung(
     notes="SimCLR only (the MoCo arms of the quick claim are not repeated). The kept margins are "
     "the quick recipe's seed SDs; the longer recipe's are not known before its runs.",
 )
+
+PAPER_SCALE = "the paper's scale (Trifeature 128 px, ResNet-18, 200 epochs, on a GPU)"
+PAPER_NOTES = (
+    "The paper's own Trifeature setting (configs/simclr.py:trifeature128): 128 px, a full-width "
+    "ResNet-18 with the ImageNet stem, 200 epochs. The paper and its authors' public code give "
+    "no batch, optimiser or training-set size: the training split is the public ports' (2,400 "
+    "images, 3 renders of each of the 800 training combinations) and the optimiser SimCLR's "
+    "CIFAR-10 recipe (LARS, batch 512, lr 0.6, weight decay 1e-6, 10 warm-up epochs). Runs on "
+    "one GPU kind (records name their device; a comparison across device kinds is refused)."
+)
+
+
+def _paper_rung(quick: Study) -> Study:
+  arms = {a.name: on_preset(a, PAPER_PRESET) for a in quick.arms}
+  return rung(
+      quick,
+      arms,
+      tuple(c.label for c in quick.comparisons),
+      notes=PAPER_NOTES,
+      suffix="paper",
+      scale=PAPER_SCALE,
+  )
+
+
+ROBINSON_IFM = _paper_rung(robinson_ifm.STUDY)  # Fig. 6: the ladder's first rung on a GPU
+ROBINSON_DIFFICULTY = _paper_rung(robinson_difficulty.STUDY)  # Fig. 3
