@@ -61,6 +61,12 @@ _ALLOW_CHANGE = flags.DEFINE_bool(
     "the fields in cl_jax.runtime.run_config.CHANGEABLE (logging, "
     "checkpoints, probe, workers, epochs, lr).",
 )
+_REINDEX = flags.DEFINE_bool(
+    "reindex",
+    False,
+    "Resume over a folder of images (data.name folder) that changed since the run started: "
+    "the run reads the folder as it is now (another data order).",
+)
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False, "Join a multi-process run " "(jax.distributed.initialize)."
 )
@@ -154,6 +160,7 @@ def main(argv):
           stop_at_step=_STOP_AT.value,
           allow_config_change=_ALLOW_CHANGE.value,
           stop_signal=stop_signal,
+          reindex=_REINDEX.value,
       )
     except stop_requests.Interrupted as e:
       print(_interrupted(e), file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ lock (cl_jax.runtime.workdir_lock) from before its first write to its end.
 
 import contextlib
 import functools
+import json
 import math
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from cl_jax.evaluators.registry import Monitors
 from cl_jax.models.encoder import Encoder, encoder_for, head_layout
 from cl_jax.runtime import (
     checkpoint,
+    metrics,
     parallel,
     process_exit,
     run_config,
@@ -56,6 +58,9 @@ from cl_jax.runtime.progress import Progress, Throughput
 from cl_jax.runtime.run_log import collapse_notice, report_warning
 from cl_jax.runtime.stop_requests import Interrupted, stop_due, stop_requests
 from cl_jax.state import TrainState, init_state
+
+# In a run's workdir: the digest of the folder index its pretraining reads (_same_data).
+DATA_INDEX_FILE = "data_index.json"
 
 
 class TrainingDiverged(RuntimeError):
@@ -173,6 +178,7 @@ def pretrain(
     stop_at_step: int | None = None,
     allow_config_change: bool = False,
     stop_signal: int | None = None,
+    reindex: bool = False,
 ) -> tuple[int, int]:
   """Pretrain (or resume) in `workdir`; returns (last step taken, total steps).
 
@@ -182,7 +188,9 @@ def pretrain(
   unless every change is in run_config.CHANGEABLE and `allow_config_change` is
   set. The run holds the workdir's writer lock (cl_jax.runtime.workdir_lock) throughout.
   A stop request (Ctrl-C, SIGTERM, `stop_signal`) ends it at the end of its step
-  with a checkpoint and raises Interrupted.
+  with a checkpoint and raises Interrupted. A run over a folder of images (data.name folder)
+  keeps its index's digest in the workdir (DATA_INDEX_FILE); resuming it over a folder whose
+  index changed is a UsageError unless `reindex`, which resumes over the folder as it is now.
   """
   check_workdir(workdir)
   taken_over = []
@@ -192,7 +200,7 @@ def pretrain(
           "the run's files", workdir, lambda: checkpoint.after_write_fault(workdir)
       ):
         return _pretrain(
-            config, workdir, stop_at_step, allow_config_change, stop_signal, taken_over
+            config, workdir, stop_at_step, allow_config_change, stop_signal, taken_over, reindex
         )
 
 
@@ -234,7 +242,31 @@ def _open_log(config, workdir: str, start: int, lead: bool) -> MetricWriter:
   return writer
 
 
-def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, lock_notes):
+def _same_data(workdir: str, source, reindex: bool, lead: bool) -> None:
+  """Keep the pretraining source's index digest (a folder's, cl_jax.data.folder_source) in
+  DATA_INDEX_FILE; a run with a checkpoint whose stored digest differs is refused (UsageError)
+  unless `reindex`. Sources without a digest (TFDS, Trifeature) are fixed by their name."""
+  digest = getattr(source, "digest", None)
+  if digest is None:
+    return
+  path = epath.Path(workdir) / DATA_INDEX_FILE
+  if checkpoint.steps_on_disk(workdir) and path.exists():
+    stored = json.loads(path.read_text())
+    if stored["digest"] != digest and not reindex:
+      raise UsageError(
+          f"{source.folder} changed since this run started ({stored['images']} images then, "
+          f"{len(source)} now): a resumed run would read other images in another order. Start a "
+          "new --workdir, or resume over the folder as it is now with --reindex"
+      )
+  if lead:
+    metrics.write_atomically(
+        path, json.dumps({"folder": source.folder, "digest": digest, "images": len(source)})
+    )
+
+
+def _pretrain(
+    config, workdir, stop_at_step, allow_config_change, stop_signal, lock_notes, reindex=False
+):
   """pretrain's body, run while holding the writer lock; `lock_notes` are the lock's
   warnings, reported once the run's log is open."""
   # ---- Config and data.
@@ -245,6 +277,7 @@ def _pretrain(config, workdir, stop_at_step, allow_config_change, stop_signal, l
   changes = resume_changes(config, workdir, allow_config_change)
   lead = jax.process_index() == 0
   source, texture = _pretrain_source(config)
+  _same_data(workdir, source, reindex, lead)
   spe = steps_per_epoch(len(source), config.optim.batch_size)
   data = pretrain_data(config, source, jax.process_index(), jax.process_count(), texture)
   make_iterator = functools.partial(pipeline.make_iterator, data, config.data.workers)

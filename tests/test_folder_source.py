@@ -55,15 +55,50 @@ def test_a_labelled_folder_gives_each_split_its_classes_and_caches_the_index(tmp
   assert train.labels.tolist() == [0] * 6 + [1] * 6
   item = train[names.index("dog/004.JPG")]
   assert item["image"].shape == (40, 48, 3) and item["label"] == 1
-  # Pretraining reads train/; the index is cached, so a file added later is not listed.
+  # Pretraining reads train/, whose index is cached.
   pretrain = sources.open_source(data, "pretrain")
-  assert pretrain.files == train.files
+  assert pretrain.files == train.files and pretrain.digest == train.digest
   cached = folder_source.index_path(str(tmp_path / "cache"), str(root / "train"))
   assert json.loads(open(cached).read())["classes"] == ["cat", "dog"]
+
+
+def test_the_index_follows_the_folder_when_images_are_added_removed_or_replaced(tmp_path, capsys):
+  root = make_labelled(tmp_path / "images")
+  data = _data(root, tmp_path / "cache")
+  first = sources.open_source(data, "pretrain")
+  cached = folder_source.index_path(str(tmp_path / "cache"), str(root / "train"))
+  assert capsys.readouterr().err == ""  # a new index, nothing changed
+  again = sources.open_source(data, "pretrain")
+  assert again.files == first.files and capsys.readouterr().err == ""
+  # Added: the new image is listed, with one line naming the cache file and why.
   _image(root / "train" / "cat" / "999.jpg", 99)
-  assert len(sources.open_source(data, "pretrain")) == 12
-  os.remove(cached)
-  assert len(sources.open_source(data, "pretrain")) == 13
+  added = sources.open_source(data, "pretrain")
+  err = capsys.readouterr().err
+  assert len(added) == 13 and str(root / "train" / "cat" / "999.jpg") in added.files
+  assert "changed since it was indexed (12 -> 13 images" in err and cached in err
+  assert added.digest != first.digest
+  # Removed.
+  os.remove(root / "train" / "dog" / "004.JPG")
+  removed = sources.open_source(data, "pretrain")
+  assert len(removed) == 12 and "13 -> 12 images" in capsys.readouterr().err
+  # Replaced in place (same name, other pixels and size): the same files, indexed again.
+  _image(root / "train" / "dog" / "005.JPG", 5, size=(30, 20))
+  replaced = sources.open_source(data, "pretrain")
+  assert replaced.files == removed.files and "indexed again" in capsys.readouterr().err
+  assert replaced[replaced.files.index(str(root / "train/dog/005.JPG"))]["image"].shape == (
+      30,
+      20,
+      3,
+  )
+
+
+def test_an_image_that_vanished_after_indexing_is_named_as_such(tmp_path):
+  root = make_labelled(tmp_path / "images", per_class=3)
+  source = sources.open_source(_data(root, tmp_path / "cache"), "pretrain")
+  gone = source.files[2]
+  os.remove(gone)
+  with pytest.raises(folder_source.VanishedImageError, match="is gone: the folder changed"):
+    source[2]
 
 
 def test_any_tree_of_images_pretrains_without_labels_and_the_probe_asks_for_splits(tmp_path):
@@ -92,9 +127,9 @@ def test_unreadable_images_stop_naming_the_file_or_are_skipped_and_named(tmp_pat
   assert "warning: skipped unreadable image" in capsys.readouterr().err
 
 
-def test_a_restart_reads_the_same_batches_from_the_cached_index(tmp_path):
+def test_a_restart_over_an_unchanged_folder_reads_the_same_batches(tmp_path):
   """The pipeline's element n depends on the index order: a new process (here: a new source)
-  reading the cached index gets the same batch n, even after a file was added to the folder."""
+  over the unchanged folder gets the same batch n; once a file is added, the order differs."""
   root = make_labelled(tmp_path / "images", per_class=8)
   data = _data(root, tmp_path / "cache")
 
@@ -109,10 +144,11 @@ def test_a_restart_reads_the_same_batches_from_the_cached_index(tmp_path):
     return ds[n]
 
   first = batch(5)  # mid-epoch 2 of 16 images in batches of 4
-  _image(root / "train" / "cat" / "000a.jpg", 77)
   again = batch(5)
   for k in ("view1", "view2", "box1"):
     np.testing.assert_array_equal(first[k], again[k])
+  _image(root / "train" / "cat" / "000a.jpg", 77)
+  assert not np.array_equal(batch(5)["view1"], first["view1"])
 
 
 @pytest.mark.slow
@@ -194,3 +230,37 @@ def test_a_folder_run_stopped_mid_epoch_resumes_on_the_same_batches(tmp_path):
     losses[name] = {r["step"]: r["loss"] for r in rows if "loss" in r}
   assert sorted(losses["through"]) == [1, 2, 3, 4]
   assert losses["resumed"] == losses["through"]
+
+
+@pytest.mark.slow
+def test_a_run_over_a_changed_folder_resumes_only_with_reindex(tmp_path):
+  root = make_labelled(tmp_path / "images", per_class=40, val=4)
+  flags = [f for f in tiny_run.FLAGS if not f.startswith("--config.data.trifeature")]
+  flags += [
+      "--config.data.name=folder",
+      f"--config.data.folder={root}",
+      f"--config.data.cache_dir={tmp_path / 'cache'}",
+      "--config.optim.epochs=2",
+      "--config.eval.every=0",
+      "--config.probe.after_pretrain=False",
+  ]
+  run = tmp_path / "run"
+
+  def main(*extra):
+    proc = tiny_run.start(run, flags + list(extra))[0]
+    _, err = proc.communicate(timeout=600)
+    return proc.returncode, err
+
+  code, err = main("--stop_at_step=1")
+  assert code == 0, err[-3000:]
+  stored = json.loads((run / "data_index.json").read_text())
+  assert stored["images"] == 80
+  _image(root / "train" / "cat" / "new.jpg", 123)
+  code, err = main()
+  lines = [ln for ln in err.strip().splitlines() if ln.startswith("error")]
+  assert code != 0 and len(lines) == 1, err[-3000:]
+  assert "changed since this run started (80 images then, 81 now)" in lines[0]
+  assert "--reindex" in lines[0] and "Traceback" not in err
+  code, err = main("--reindex")
+  assert code == 0, err[-3000:]
+  assert json.loads((run / "data_index.json").read_text())["images"] == 81

@@ -8,12 +8,16 @@
   are no labels (a run on it sets probe.after_pretrain=False; the probe asks for the layout
   above).
 
-The file index (the images' paths relative to their split folder, sorted, and their classes) is
-built once per split folder, walking the tree with a progress bar on a terminal, and cached as
-JSON in <data.cache_dir>/folder_index/ (data.cache_dir "": $CL_JAX_CACHE or ~/.cache/cl_jax),
-so a million-file folder is not listed at every start and a resumed run reads the same images in
-the same order. The cache is keyed by the folder's absolute path: delete the file (its path is
-logged) to index a folder whose images changed. Unreadable images are handled as
+The file index (the images' paths relative to their split folder, sorted, and their classes)
+follows the folder: every start walks the tree (a progress bar on a terminal) and takes its
+signature, the number of images, their total size and the newest modification time. The index
+is cached as JSON in <data.cache_dir>/folder_index/ (data.cache_dir "": $CL_JAX_CACHE or
+~/.cache/cl_jax), keyed by the folder's absolute path; a folder whose signature differs from its
+cached index's (images added, removed or replaced) is indexed again, with a line on stderr
+naming the cache file and what changed. The index's digest (of its files and labels) is kept in
+a run's workdir (data_index.json), and a run that resumes over a folder whose index changed is
+refused (its data order would change) unless resumed with cl_jax.main --reindex. An image that
+vanished after the index was taken is named as such. Unreadable images are handled as
 cl_jax.data.image_folder does for the evaluators (data.bad_images: "stop" names the file and
 stops, "skip" decodes every image once and leaves the unreadable ones out, each named).
 """
@@ -57,44 +61,64 @@ def split_folder(root: str, role: str) -> str:
   return train if role == "probe_train" else test
 
 
-def _walk(folder: str) -> list[str]:
-  """Every image under `folder` (IMAGE_EXTENSIONS, any case, any depth), as sorted paths
-  relative to it; a progress bar counts them on a terminal."""
-  found = []
+def _walk(folder: str) -> tuple[list[str], dict]:
+  """(every image under `folder` (IMAGE_EXTENSIONS, any case, any depth) as sorted paths
+  relative to it, the tree's signature {"images", "bytes", "newest_mtime_ns"}); a progress bar
+  counts them on a terminal."""
+  found, size, newest = [], 0, 0
   bar = tqdm.tqdm(desc=f"indexing {folder}", unit=" images", disable=not sys.stderr.isatty())
   for directory, subfolders, names in os.walk(folder, followlinks=True):
     subfolders.sort()
     for name in names:
       if name.lower().endswith(image_folder.IMAGE_EXTENSIONS):
-        found.append(os.path.relpath(os.path.join(directory, name), folder))
+        path = os.path.join(directory, name)
+        stat = os.stat(path)
+        size, newest = size + stat.st_size, max(newest, stat.st_mtime_ns)
+        found.append(os.path.relpath(path, folder))
         bar.update()
   bar.close()
-  return sorted(found)
+  return sorted(found), {"images": len(found), "bytes": size, "newest_mtime_ns": newest}
 
 
 def build_index(folder: str) -> dict:
   """{"folder", "files" (sorted relative paths), "classes" (sorted class folder names, or
-  None), "labels" (per file, or None)}: labelled when every image lies inside a first-level
-  folder, the class being that folder."""
+  None), "labels" (per file, or None), "signature" (_walk's), "digest" (of files and labels)}:
+  labelled when every image lies inside a first-level folder, the class being that folder."""
   if not os.path.isdir(folder):
     raise DatasetNotFoundError(f"data.folder: {folder!r} is not a folder of images")
-  files = _walk(folder)
+  files, signature = _walk(folder)
   if not files:
     raise DatasetNotFoundError(
         f"no images in {folder!r}: expected files ending in "
         f"{', '.join(image_folder.IMAGE_EXTENSIONS)} (any case), at any depth"
     )
   tops = [f.split(os.sep, 1)[0] if os.sep in f else None for f in files]
-  if any(t is None for t in tops):
-    return {"folder": folder, "files": files, "classes": None, "labels": None}
-  classes = sorted(set(tops))
-  position = {c: i for i, c in enumerate(classes)}
+  classes, labels = None, None
+  if not any(t is None for t in tops):
+    classes = sorted(set(tops))
+    position = {c: i for i, c in enumerate(classes)}
+    labels = [position[t] for t in tops]
+  listed = json.dumps([files, labels]).encode()
   return {
       "folder": folder,
       "files": files,
       "classes": classes,
-      "labels": [position[t] for t in tops],
+      "labels": labels,
+      "signature": signature,
+      "digest": hashlib.sha256(listed).hexdigest()[:16],
   }
+
+
+def _changes(old: dict, new: dict) -> str:
+  """What differs between two signatures, in words."""
+  out = []
+  if old.get("images") != new["images"]:
+    out.append(f"{old.get('images')} -> {new['images']} images")
+  if old.get("bytes") != new["bytes"]:
+    out.append(f"{old.get('bytes')} -> {new['bytes']} bytes")
+  if old.get("newest_mtime_ns") != new["newest_mtime_ns"]:
+    out.append("a newer file")
+  return ", ".join(out) or "an index of an earlier version"
 
 
 def index_path(cache_dir: str, folder: str) -> str:
@@ -105,18 +129,29 @@ def index_path(cache_dir: str, folder: str) -> str:
 
 
 def cached_index(cache_dir: str, folder: str) -> dict:
-  """The index of `folder`, read from its cache or built and cached."""
+  """The index of `folder` as it is now (build_index), cached; a line on stderr when the cached
+  one described another tree (module docstring)."""
   path = index_path(cache_dir, folder)
+  index = build_index(folder)
   if os.path.exists(path):
     with open(path) as f:
-      index = json.load(f)
-    logging.info("image index of %s: %d images from %s", folder, len(index["files"]), path)
-    return index
-  index = build_index(folder)
+      cached = json.load(f)
+    if cached.get("signature") == index["signature"] and cached.get("digest") == index["digest"]:
+      return cached
+    what = _changes(cached.get("signature", {}), index["signature"])
+    print(
+        f"{folder} changed since it was indexed ({what}): indexed again, "
+        f"{len(index['files'])} images, in {path}",
+        file=sys.stderr,
+    )
   os.makedirs(os.path.dirname(path), exist_ok=True)
   metrics.write_atomically(path, json.dumps(index))
   logging.info("image index of %s: %d images, cached in %s", folder, len(index["files"]), path)
   return index
+
+
+class VanishedImageError(UsageError):
+  """An image listed in the index is no longer in the folder."""
 
 
 class FolderSource:
@@ -134,6 +169,7 @@ class FolderSource:
           f"{folder}/<class>/"
       )
     self.folder = folder
+    self.digest, self.signature = index["digest"], index["signature"]
     self.class_names = index["classes"] or []
     self.files = [os.path.join(folder, f) for f in index["files"]]
     labels = index["labels"] or [UNLABELLED] * len(self.files)
@@ -155,7 +191,17 @@ class FolderSource:
   def __getitem__(self, i: int) -> dict[str, Any]:
     if not 0 <= i < len(self):
       raise IndexError(f"index {i} out of range for a source of {len(self)} images")
-    pixels = image_folder.read(self.files[i], "set --config.data.bad_images=skip")
+    try:
+      pixels = image_folder.read(self.files[i], "set --config.data.bad_images=skip")
+    except image_folder.BadImageError:
+      if os.path.exists(self.files[i]):
+        raise
+      raise VanishedImageError(
+          f"{self.files[i]} was in {self.folder} when the run indexed it and is gone: the "
+          "folder changed while the run read it. Put the file back, or start the run again "
+          "(the folder is indexed at every start; resuming over a changed folder needs "
+          "--reindex)"
+      ) from None
     return {"image": pixels, "label": int(self.labels[i])}
 
   def __repr__(self) -> str:
