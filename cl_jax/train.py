@@ -24,6 +24,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -108,10 +109,30 @@ _param_norm = jax.jit(optax.global_norm)
 
 
 def check_workdir(workdir: str) -> None:
-  """UsageError if `workdir` names an existing file (it must be a directory or not exist)."""
+  """UsageError if `workdir` names an existing file (it must be a directory or not exist), or
+  lies under a file."""
   path = epath.Path(workdir)
   if path.exists() and not path.is_dir():
     raise UsageError(f"--workdir={workdir} is a file; give a directory (new or holding a run)")
+  if "://" in workdir:
+    return
+  parent = os.path.dirname(os.path.abspath(workdir))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise UsageError(f"--workdir={workdir} lies under {parent}, a file; give a directory")
+
+
+def make_workdir(workdir: str) -> None:
+  """Create `workdir` (a local one) with its parents, or UsageError in one line."""
+  if "://" in workdir:
+    return
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise UsageError(
+        f"--workdir={workdir} cannot be created ({e.strerror}); give a directory you can write to"
+    ) from None
 
 
 def resume_changes(
@@ -193,6 +214,13 @@ def pretrain(
   index changed is a UsageError unless `reindex`, which resumes over the folder as it is now.
   """
   check_workdir(workdir)
+  # The config is checked before the workdir is created or locked: a refused config leaves
+  # nothing behind.
+  mesh = parallel.make_mesh()
+  config = batch_plan.resolve(config, mesh.devices.size)  # optim.batch_per_chip's batch and lr
+  config_check.validate(config, num_devices=mesh.devices.size)
+  wandb_tracker.check_available(config)
+  make_workdir(workdir)
   taken_over = []
   with write_faults.guard("the writer lock", workdir):  # e.g. a read-only workdir
     with workdir_lock.hold(workdir, warn=taken_over.append):
@@ -200,7 +228,14 @@ def pretrain(
           "the run's files", workdir, lambda: checkpoint.after_write_fault(workdir)
       ):
         return _pretrain(
-            config, workdir, stop_at_step, allow_config_change, stop_signal, taken_over, reindex
+            config,
+            mesh,
+            workdir,
+            stop_at_step,
+            allow_config_change,
+            stop_signal,
+            taken_over,
+            reindex,
         )
 
 
@@ -265,15 +300,11 @@ def _same_data(workdir: str, source, reindex: bool, lead: bool) -> None:
 
 
 def _pretrain(
-    config, workdir, stop_at_step, allow_config_change, stop_signal, lock_notes, reindex=False
+    config, mesh, workdir, stop_at_step, allow_config_change, stop_signal, lock_notes, reindex
 ):
   """pretrain's body, run while holding the writer lock; `lock_notes` are the lock's
   warnings, reported once the run's log is open."""
-  # ---- Config and data.
-  mesh = parallel.make_mesh()
-  config = batch_plan.resolve(config, mesh.devices.size)  # optim.batch_per_chip's batch and lr
-  config_check.validate(config, num_devices=mesh.devices.size)
-  wandb_tracker.check_available(config)
+  # ---- Config and data (the config resolved and checked by pretrain).
   changes = resume_changes(config, workdir, allow_config_change)
   lead = jax.process_index() == 0
   source, texture = _pretrain_source(config)

@@ -102,6 +102,23 @@ def test_resume_rule_names_every_differing_field():
     run_config.check_resume(
         stored, _config(optim__epochs=40), step=8, workdir="w", allow_change=False
     )
+  # Many changes (another method): the first three fields and a count of the others.
+  with pytest.raises(run_config.ConfigChangeError) as e:
+    run_config.check_resume(
+        stored,
+        _config(
+            moco__temperature=0.5,
+            model__head_out_dim=32,
+            model__head_hidden_dim=16,
+            model__depth=50,
+            moco__queue_size=256,
+        ),
+        step=8,
+        workdir="w",
+        allow_change=False,
+    )
+  message = str(e.value)
+  assert message.count(" -> ") == 3 and "and 2 more fields" in message and len(message) < 400
   accepted = run_config.check_resume(
       stored,
       _config(
@@ -279,6 +296,35 @@ def test_bad_inputs_get_one_line(tmp_path):
   line = _error_line(_run(tmp_path / "w", "--config.moco.temprature=0.3"))
   assert "unknown config field moco.temprature" in line
   assert "did you mean moco.temperature?" in line
+
+
+def test_bad_workdirs_and_refused_configs_get_one_line_and_leave_nothing(tmp_path):
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  for workdir, phrase in (
+      (a_file / "run", f"lies under {a_file}, a file; give a directory"),
+      ("/proc/cl_jax_run", "/proc/cl_jax_run cannot be created (No such file or directory)"),
+  ):
+    proc = _run(workdir)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert phrase in _error_line(proc)
+  # A config that fails its check creates no workdir (no lock file, nothing).
+  proc = _run(tmp_path / "w", "--config.optim.batch_size=7")
+  assert "must divide optim.batch_size = 7" in _error_line(proc)
+  assert not (tmp_path / "w").exists()
+
+
+def test_help_exits_with_status_zero():
+  for module in ("cl_jax.main", "cl_jax.study"):
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=tiny_run.env(),
+    )
+    assert proc.returncode == 0 and "--workdir" in proc.stdout + proc.stderr, module
 
 
 @pytest.mark.slow

@@ -86,8 +86,12 @@ def _one_line(message: str) -> str:
   return " ".join(lines)
 
 
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl flags parser: parse `argv`, or print one error line and exit with status 2."""
+  """absl flags parser: parse `argv`, or print one error line and exit with status 2; --help
+  prints the flags and exits with status 0 (absl's own exits with 1)."""
   argv = list(argv)
   found = _config_arg(argv)
   try:
@@ -98,6 +102,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(argv)
   except UsageError as e:
     sys.exit(f"error: {e}")
+  except SystemExit as e:
+    if e.code == 1 and any(a.split("=")[0] in HELP_FLAGS for a in argv[1:]):
+      sys.exit(0)
+    raise
   except Exception as e:  # absl and ml_collections raise several types for bad flags
     if found is not None:
       broken = _broken_config_file(_config_arg(argv)[1])

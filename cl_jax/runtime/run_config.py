@@ -146,9 +146,21 @@ def changeable(field: str) -> bool:
   return any(field == c or (c.endswith(".") and field.startswith(c)) for c in CHANGEABLE)
 
 
+SHOWN_CHANGES = 3  # a refusal names this many changed fields, then counts the others
+
+
+def _some(changes: list[str]) -> str:
+  """The first SHOWN_CHANGES of `changes`, "; "-joined, and how many more there are."""
+  shown = "; ".join(changes[:SHOWN_CHANGES])
+  more = len(changes) - SHOWN_CHANGES
+  return shown + (f" and {more} more field{'s' if more > 1 else ''}" if more > 0 else "")
+
+
 def check_resume(stored, new, *, step: int, workdir: str, allow_change: bool) -> list[str]:
   """Raise ConfigChangeError unless config `new` may resume the run of config `stored`
-  (its checkpoint at `step`); return the accepted changes as "field: old -> new" lines."""
+  (its checkpoint at `step`), naming the first few changed fields and counting the others
+  (config.json in the workdir holds them all); return the accepted changes as
+  "field: old -> new" lines."""
   old_flat, new_flat = flatten(stored), flatten(new)
 
   def inert(field: str, old, new) -> bool:
@@ -164,19 +176,19 @@ def check_resume(stored, new, *, step: int, workdir: str, allow_change: bool) ->
   free = [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if changeable(k)]
   if fixed:
     allowed = (
-        f" (the other changes, {'; '.join(free)}, are allowed with " "--allow_config_change)"
+        f" (the other changes, {_some(free)}, are allowed with --allow_config_change)"
         if free
         else ""
     )
     raise ConfigChangeError(
         f"{workdir} holds a run (checkpoint at step {step}) with another config: "
-        f"{'; '.join(fixed)}. These fields define the run: start a new run with another "
+        f"{_some(fixed)}. These fields define the run: start a new run with another "
         f"--workdir, or resume this one with its own values{allowed}."
     )
   if free and not allow_change:
     raise ConfigChangeError(
         f"{workdir} holds a run (checkpoint at step {step}) started with other values of "
-        f"{'; '.join(free)}. Pass --allow_config_change to resume with the new values "
+        f"{_some(free)}. Pass --allow_config_change to resume with the new values "
         "(each start's config is kept in config.step<N>.json), or drop the overrides."
     )
   return free
