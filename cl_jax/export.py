@@ -32,6 +32,7 @@ from absl import app, flags
 from etils import epath
 
 from cl_jax.data import photometric
+from cl_jax.models import torchvision_export
 from cl_jax.models.encoder import Encoder, encoder_for
 from cl_jax.models.torchvision_export import TORCHVISION_DEPTHS, arch_name, torchvision_state_dict
 from cl_jax.runtime import checkpoint, cli, parallel, run_config, write_faults
@@ -83,6 +84,9 @@ def description(
 def safetensors_metadata(about: dict) -> dict[str, str]:
   """The safetensors metadata (strings only) of a torchvision export described by `about`."""
   metadata = {"format": "torchvision", "arch": arch_name(about["depth"])}
+  metadata["load"] = torchvision_export.loading_line(
+      about["depth"], about["stem"], about["width_multiplier"]
+  )
   for key, value in about.items():
     metadata[key] = value if isinstance(value, str) else json.dumps(value)
   return metadata
@@ -152,12 +156,18 @@ def export(workdir: str, fmt: str, step: int | None = None, out: str | None = No
   write_atomically(path, data)
   if fmt == "flax":
     write_atomically(f"{path}.json", json.dumps(flax_sidecar(about, path), indent=2))
+  backbone = encoder.backbone
   return {
       "path": path,
       "format": fmt,
       "step": step,
       "tensors": count,
       "parameters": sum(x.size for x in jax.tree.leaves(params)),
+      "load": (
+          torchvision_export.loading_line(backbone.depth, backbone.stem, backbone.width_multiplier)
+          if fmt == "torchvision"
+          else f"load it with flax.serialization.msgpack_restore; {path}.json describes it"
+      ),
   }
 
 
@@ -188,6 +198,7 @@ def main(argv):
         f"wrote {result['path']} ({result['format']}, step {result['step']}): "
         f"{result['tensors']} tensors, {result['parameters']:,} parameters"
     )
+    print(result["load"])
 
 
 if __name__ == "__main__":

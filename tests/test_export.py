@@ -279,6 +279,47 @@ def test_torchvision_computes_our_features(depth, stem, size):
   np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4 * scale)
 
 
+def test_the_export_says_how_to_load_a_backbone_that_is_not_a_stock_torchvision_resnet():
+  from cl_jax.models import torchvision_export
+
+  stock = torchvision_export.loading_line(50, "imagenet", 1)
+  assert stock.startswith("load it into torchvision.models.resnet50()")
+  quick = torchvision_export.loading_line(18, "cifar", 0.25)
+  assert quick == (
+      "not a stock torchvision ResNet-18 (cifar stem, width x0.25): load it into "
+      "cl_jax.models.torchvision_export.torch_resnet(18, stem='cifar', width_multiplier=0.25), "
+      "torchvision's ResNet built at this layout"
+  )
+  about = {"depth": 18, "stem": "cifar", "width_multiplier": 0.25, "stages": 4}
+  assert export.safetensors_metadata(about)["load"] == quick
+
+
+@pytest.mark.parametrize(
+    "depth,stem,width", [(18, "cifar", 0.25), (50, "imagenet", 0.5)], ids=["quick", "r50-half"]
+)
+def test_the_named_builder_loads_the_export_strictly_and_computes_our_features(depth, stem, width):
+  torch = pytest.importorskip("torch")
+  pytest.importorskip("torchvision")
+  safetensors_torch = pytest.importorskip("safetensors.torch")
+  from cl_jax.models import torchvision_export
+
+  module = ResNet(depth=depth, stem=stem, width_multiplier=width)
+  size = 32
+  variables = _random_variables(module, size)
+  tensors = torchvision_state_dict(variables["params"], variables["batch_stats"], depth)
+  model = torchvision_export.torch_resnet(depth, stem=stem, width_multiplier=width)
+  state = safetensors_torch.load(safetensors.numpy.save(tensors))
+  model.load_state_dict(state, strict=True)  # every tensor, no fc
+  model.eval()
+  images = _images(size)
+  with torch.no_grad():
+    theirs = model(torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+  ours = np.asarray(module.apply(variables, images, train=False)["pooled"])
+  assert ours.shape == theirs.shape == (2, module.feature_dim)
+  scale = np.abs(ours).max()
+  np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4 * scale)
+
+
 # Bad input.
 
 

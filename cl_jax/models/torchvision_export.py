@@ -33,11 +33,11 @@ The model then maps (B, 3, H, W) float32 images, RGB in [0, 1] normalised as
 `pooled` features.
 
 A run with the CIFAR stem (3x3/1 conv, no max-pool) maps onto conv1 too, with a (w, 3, 3, 3)
-kernel: the torchvision model needs `model.conv1 = nn.Conv2d(3, w, 3, 1, 1, bias=False)` and
-`model.maxpool = nn.Identity()` before loading. A width_multiplier other than 1 scales every
-channel count (the names stay the same); torchvision's constructors build only width 1
-(`width_per_group` widens the bottleneck's inner convs only), so such a file loads into a
-ResNet whose layers are built at the scaled widths.
+kernel, and a width_multiplier other than 1 scales every channel count (the names stay the
+same). torchvision's constructors build neither (`width_per_group` widens the bottleneck's inner
+convs only): `torch_resnet(depth, stem, width_multiplier)` builds torchvision's own ResNet class
+at that stem and those widths, into which such a file loads strictly after `fc` is replaced by
+Identity (`loading_line` names the call for an export).
 
 A backbone that stops after conv4 (LooC++'s conv5 heads, ResNet stages=3) has no torchvision
 counterpart and is refused.
@@ -48,6 +48,56 @@ import numpy as np
 # (torchvision constructor, residual blocks per stage, convs per block) per depth.
 _ARCHS = {18: ("resnet18", (2, 2, 2, 2), 2), 50: ("resnet50", (3, 4, 6, 3), 3)}
 TORCHVISION_DEPTHS = tuple(sorted(_ARCHS))
+
+
+def is_stock(stem: str, width_multiplier: float) -> bool:
+  """Whether a backbone loads into torchvision's own constructor (ImageNet stem, width 1)."""
+  return stem == "imagenet" and width_multiplier == 1
+
+
+def loading_line(depth: int, stem: str, width_multiplier: float) -> str:
+  """One line saying how to load an export of this backbone into PyTorch."""
+  if is_stock(stem, width_multiplier):
+    return (
+        f"load it into torchvision.models.{arch_name(depth)}() with strict=False (no fc), "
+        "then model.fc = torch.nn.Identity()"
+    )
+  return (
+      f"not a stock torchvision ResNet-{depth} ({stem} stem, width x{width_multiplier:g}): load "
+      f"it into cl_jax.models.torchvision_export.torch_resnet({depth}, stem={stem!r}, "
+      f"width_multiplier={width_multiplier:g}), torchvision's ResNet built at this layout"
+  )
+
+
+def torch_resnet(depth: int, stem: str = "imagenet", width_multiplier: float = 1.0):
+  """torchvision's ResNet class (resnet18 / resnet50 blocks) built with `stem` ("imagenet":
+  7x7/2 conv and max-pool; "cifar": 3x3/1 conv, no max-pool) and every channel count scaled by
+  `width_multiplier`, with fc = Identity: the module whose state dict is
+  torchvision_state_dict's for that backbone, (B, 3, H, W) -> (B, D) pooled features. Needs
+  torch and torchvision."""
+  import torch
+  import torchvision
+
+  width = 64 * width_multiplier
+  if width != int(width) or width < 1:
+    raise ValueError(f"64 x width_multiplier must be a positive integer, got {width}")
+  width = int(width)
+  block = torchvision.models.resnet.BasicBlock if depth == 18 else None
+  block = block or torchvision.models.resnet.Bottleneck
+  model = getattr(torchvision.models, arch_name(depth))()
+  model.inplanes = width
+  if stem == "cifar":
+    model.conv1 = torch.nn.Conv2d(3, width, 3, 1, 1, bias=False)
+    model.maxpool = torch.nn.Identity()
+  else:
+    model.conv1 = torch.nn.Conv2d(3, width, 7, 2, 3, bias=False)
+  model.bn1 = torch.nn.BatchNorm2d(width)
+  blocks = _ARCHS[depth][1]
+  for i, count in enumerate(blocks):
+    layer = model._make_layer(block, width * 2**i, count, stride=1 if i == 0 else 2)  # noqa: SLF001
+    setattr(model, f"layer{i + 1}", layer)
+  model.fc = torch.nn.Identity()
+  return model
 
 
 def arch_name(depth: int) -> str:
