@@ -5,7 +5,11 @@ python -m cl_jax.batch_plan --config=configs/NAME.py[:preset] --chips=1,8,16,64 
 `optim.batch_per_chip` = b > 0 makes the batch follow the chips: a run on N data-parallel
 devices takes a global batch of b x N, and its learning rate follows the global batch by the
 linear scaling rule (Goyal et al. 2017) from the config's reference point, optim.lr at
-optim.batch_size: lr(B) = optim.lr x B / optim.batch_size. A config that names its reference
+optim.batch_size: lr(B) = optim.lr x B / optim.batch_size. A global batch above
+optim.large_batch (1,024) trains with at least optim.large_batch_warmup_epochs (5) of linear
+warm-up (at most epochs - 1), the gradual warm-up with which Goyal et al. (Sec. 2.2) keep the
+linear rule working at large batches (16 chips of 128: batch 2,048 at lr 0.48, 5 warm-up
+epochs). A config that names its reference
 batch (optim.lr_reference_batch, the presets below) refuses an optim.batch_size other than it:
 the batch is then set per chip. The full-size MoCo presets
 (:imagenet100, :stl10, :folder) take b = 128 with the reference point of Ge et al. 2021, App.
@@ -74,11 +78,15 @@ def _resolve_batch(config: ml_collections.ConfigDict, devices: int) -> ml_collec
     resolved.optim.lr_reference_batch = batch
   if "base_lr" in resolved.optim:  # the lr is no longer base_lr x batch / 256's reference
     resolved.optim.base_lr = resolved.optim.lr * 256 / batch
+  if batch > config.optim.get("large_batch", batch):
+    warmup = min(config.optim.get("large_batch_warmup_epochs", 0), config.optim.epochs - 1)
+    resolved.optim.warmup_epochs = max(resolved.optim.warmup_epochs, warmup)
   return resolved
 
 
 def plan(config: ml_collections.ConfigDict, chips: int) -> dict:
-  """{"chips", "per_chip", "global_batch", "lr", "bn_mode"} of `config` on `chips` devices."""
+  """{"chips", "per_chip", "global_batch", "lr", "warmup_epochs", "bn_mode"} of `config` on
+  `chips` devices."""
   resolved = resolve(config, chips)
   batch = resolved.optim.batch_size
   if batch % chips:
@@ -90,6 +98,7 @@ def plan(config: ml_collections.ConfigDict, chips: int) -> dict:
       "per_chip": batch // chips,
       "global_batch": batch,
       "lr": float(resolved.optim.lr),
+      "warmup_epochs": resolved.optim.warmup_epochs,
       "bn_mode": resolved.model.bn_mode,
   }
 
@@ -98,7 +107,8 @@ def line(p: dict) -> str:
   """One plan as the launch scripts' --dry-run prints it."""
   return (
       f"{p['chips']} chip{'s' if p['chips'] != 1 else ''}: per-chip batch {p['per_chip']}, "
-      f"global batch {p['global_batch']}, lr {p['lr']:.6g}, bn_mode {p['bn_mode']}"
+      f"global batch {p['global_batch']}, lr {p['lr']:.6g}, warm-up {p['warmup_epochs']} "
+      f"epochs, bn_mode {p['bn_mode']}"
   )
 
 

@@ -317,6 +317,8 @@ def _check_optim(c) -> None:
   """The optimizer, the lr (a named recipe or base_lr scaling) and its schedule."""
   choice(c, "optim.optimizer", OPTIMIZERS)
   integer(c, "optim.batch_per_chip", 0)
+  integer(c, "optim.large_batch", 1)
+  integer(c, "optim.large_batch_warmup_epochs", 0)
   integer(c, "optim.lr_reference_batch", 0)
   recipe = choice(c, "optim.lr_recipe", tuple(LR_RECIPES))
   if get(c, "optim.batch_per_chip") and recipe != "custom":

@@ -180,6 +180,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.momentum = 0.9
   c.optim.weight_decay = 5e-4
   c.optim.warmup_epochs = 0
+  # With batch_per_chip: a global batch above large_batch trains with at least
+  # large_batch_warmup_epochs of linear warm-up (Goyal et al. 2017's gradual warm-up for the
+  # linear rule at large batches; 0 turns it off).
+  c.optim.large_batch = 1024
+  c.optim.large_batch_warmup_epochs = 5
   c.optim.epochs = 8
   c.optim.schedule = "cosine"  # cosine | step (x0.1 at each of optim.decay_epochs)
   c.optim.decay_epochs = ()

@@ -28,9 +28,12 @@ Subcommands:
   run       start python -m cl_jax.main on all workers in the background (nohup), each worker
             appending to its own ~/$REMOTE_LOG; multi-worker slices add --multihost
   logs      stream the logs of all workers until the run ends (lines prefixed by worker host)
+  probe     after a multi-worker run: the linear probe and the backbone's export (flax and
+            torchvision) as a single-host job on worker 0, on that worker's 4 chips, into the
+            workdir (a single-worker run probes at the end of its own run)
   delete    delete the TPU VM
-  all       create, install, run, logs, delete (the VM is deleted also when a step fails or the
-            script is interrupted)
+  all       create, install, run, logs, probe (multi-worker types), delete (the VM is deleted
+            also when a step fails or the script is interrupted)
 
 Options (OPTION VALUE or OPTION=VALUE):
   --name NAME               TPU VM name (all subcommands)
@@ -232,6 +235,17 @@ cmd_logs() {
   on_all_workers "set -e; test -f ~/$REMOTE_PID || { echo \"no cl_jax run on \$(hostname)\" >&2; exit 1; }; tail -n +1 --pid=\"\$(cat ~/$REMOTE_PID)\" -F ~/$REMOTE_LOG | sed -u \"s/^/[\$(hostname)] /\""
 }
 
+# The TPU runtime's view of one host alone (its 2x2 chips) for a single-host job on a worker of
+# a multi-host slice, which would otherwise wait for the other hosts.
+readonly ONE_HOST="TPU_CHIPS_PER_PROCESS_BOUNDS=2,2,1 TPU_PROCESS_BOUNDS=1,1,1 TPU_VISIBLE_CHIPS=0,1,2,3"
+
+cmd_probe() {
+  # shellcheck disable=SC2088  # ~ expands on the worker.
+  local python="~/$REMOTE_VENV/bin/python" workdir
+  workdir=$(quote_words "--workdir=$WORKDIR")
+  gcloud_tpu ssh "$NAME" --worker=0 --command "set -e; cd ~/$REMOTE_CODE; export $ONE_HOST; $python -m cl_jax.probe $workdir; $python -m cl_jax.export $workdir --format=flax; $python -m cl_jax.export $workdir --format=torchvision"
+}
+
 cmd_delete() {
   gcloud_tpu delete "$NAME" --quiet
 }
@@ -243,6 +257,9 @@ cmd_all() {
   cmd_install
   cmd_run
   cmd_logs
+  if (($(workers_of "$ACCELERATOR_TYPE") > 1)); then
+    cmd_probe
+  fi
 }
 
 parse_args() {
@@ -253,14 +270,14 @@ parse_args() {
   local word
   for word in "${POSITIONAL[@]}"; do
     case $word in
-      create | install | run | logs | delete | all)
+      create | install | run | logs | probe | delete | all)
         [[ -z $SUBCOMMAND ]] || die "two subcommands given: '$SUBCOMMAND' and '$word'"
         SUBCOMMAND=$word
         ;;
-      *) die "unknown subcommand '$word': use create, install, run, logs, delete or all" ;;
+      *) die "unknown subcommand '$word': use create, install, run, logs, probe, delete or all" ;;
     esac
   done
-  [[ -n $SUBCOMMAND ]] || die "no subcommand: use create, install, run, logs, delete or all (see --help)"
+  [[ -n $SUBCOMMAND ]] || die "no subcommand: use create, install, run, logs, probe, delete or all (see --help)"
 }
 
 main() {
@@ -270,6 +287,7 @@ main() {
     create) check_create_options ;;
     install) check_install_options ;;
     logs | delete) check_vm_options ;;
+    probe) check_vm_options; require_set --workdir "$WORKDIR" ;;
     run) check_run_options ;;
     all) check_create_options; check_install_options; check_run_options ;;
   esac

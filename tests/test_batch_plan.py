@@ -29,6 +29,25 @@ def test_the_imagenet100_preset_scales_from_the_papers_reference_point(chips, ba
   config_check.validate(resolved, num_devices=chips)
 
 
+@pytest.mark.parametrize("chips, warmup", [(1, 0), (8, 0), (16, 5), (64, 5)])
+def test_a_global_batch_above_1024_warms_up_for_5_epochs(chips, warmup):
+  """Goyal et al. 2017, Sec. 2.2: the linear rule at large batches with a gradual warm-up."""
+  config = mocov2_patchns.get_config("imagenet100")
+  assert batch_plan.plan(config, chips)["warmup_epochs"] == warmup
+  assert config.optim.warmup_epochs == 0  # the config is left as it was
+  longer = mocov2_patchns.get_config("imagenet100")
+  longer.optim.warmup_epochs = 10  # a longer warm-up is kept
+  assert batch_plan.resolve(longer, chips).optim.warmup_epochs == 10
+  off = mocov2_patchns.get_config("imagenet100")
+  off.optim.large_batch_warmup_epochs = 0
+  assert batch_plan.resolve(off, chips).optim.warmup_epochs == 0
+  short = mocov2_patchns.get_config("imagenet100")
+  short.optim.epochs = 3  # at most epochs - 1
+  assert batch_plan.resolve(short, chips).optim.warmup_epochs == min(warmup, 2)
+  if warmup:
+    assert "warm-up 5 epochs" in batch_plan.line(batch_plan.plan(config, chips))
+
+
 @pytest.mark.parametrize("chips", [1, 8, 16, 64])
 def test_the_resnet50_presets_shuffle_bn_by_statistics_beyond_one_host_of_8(chips):
   """MoCo's shuffle-BN: "shuffle" up to 8 chips, "shuffle_stats" (no key image gathered on every
@@ -124,7 +143,10 @@ def test_the_launch_scripts_dry_run_prints_the_plan():
        "--accelerator-type", "v4-32", f"--config={config}", "--workdir", "gs://b/r"],
       capture_output=True, text=True, env=env, timeout=120, check=True,
   )  # fmt: skip
-  assert "batch plan: 16 chips: per-chip batch 128, global batch 2048, lr 0.48" in tpu.stderr
+  assert (
+      "batch plan: 16 chips: per-chip batch 128, global batch 2048, lr 0.48, warm-up 5 epochs"
+      in tpu.stderr
+  )
   slurm = subprocess.run(
       [os.path.join(LAUNCH, "slurm_gpu.sh"), "--dry-run", "--nodes", "2", "--gpus-per-node",
        "8", "--partition", "p", "--time", "60", f"--config={config}", "--workdir", "/tmp/r",

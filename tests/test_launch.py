@@ -186,11 +186,20 @@ def test_help_exits_zero(script, bare_path):
 
 def test_tpu_all_prints_the_lifecycle_in_order(bare_path):
   commands = tpu_dry_run(bare_path, "all", *V4_OPTIONS, extra=V4_EXTRA)
-  assert [sub for sub, _, _ in commands] == ["create", "ssh", "scp", "ssh", "ssh", "ssh", "delete"]
-  for sub, positionals, options in commands:
+  assert [sub for sub, _, _ in commands] == [
+      "create",
+      "ssh",
+      "scp",
+      "ssh",
+      "ssh",
+      "ssh",
+      "ssh",
+      "delete",
+  ]
+  for i, (sub, positionals, options) in enumerate(commands):
     assert options["--zone"] == "us-central2-b" and options["--project"] == "my-proj"
     if sub in ("ssh", "scp"):
-      assert options["--worker"] == "all"
+      assert options["--worker"] == ("0" if i == 6 else "all")
     if sub != "scp":
       assert positionals == ["cl-v4"]
 
@@ -243,7 +252,33 @@ def test_tpu_all_prints_the_lifecycle_in_order(bare_path):
   assert operator == "|" and "-F" in tail and tail[-1] == "~/cl_jax_logs/run.log"
   assert "--pid=$(cat ~/cl_jax_logs/run.pid)" in tail
 
-  assert commands[6][2]["--quiet"] is True
+  # The probe and the exports after the multi-worker run, on worker 0's own chips.
+  probed = remote_commands(commands[6][2]["--command"])
+  assert [
+      "export",
+      "TPU_CHIPS_PER_PROCESS_BOUNDS=2,2,1",
+      "TPU_PROCESS_BOUNDS=1,1,1",
+      "TPU_VISIBLE_CHIPS=0,1,2,3",
+  ] in [t for t, _ in probed]
+  jobs = [t for t, _ in probed if t[0] == "~/cl_jax_venv/bin/python"]
+  assert jobs == [
+      ["~/cl_jax_venv/bin/python", "-m", "cl_jax.probe", "--workdir=gs://bucket/runs/v4"],
+      [
+          "~/cl_jax_venv/bin/python",
+          "-m",
+          "cl_jax.export",
+          "--workdir=gs://bucket/runs/v4",
+          "--format=flax",
+      ],
+      [
+          "~/cl_jax_venv/bin/python",
+          "-m",
+          "cl_jax.export",
+          "--workdir=gs://bucket/runs/v4",
+          "--format=torchvision",
+      ],
+  ]
+  assert commands[7][2]["--quiet"] is True
 
 
 def test_tpu_install_from_git_url_clones_on_every_worker(bare_path):
