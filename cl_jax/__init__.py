@@ -3,6 +3,9 @@
 Commands and modules that moved keep answering: `python -m cl_jax.<old name>` (or an import of
 it) stops with one line naming what replaced it (MOVED), instead of Python's bare "No module
 named ...".
+
+Importing cl_jax chooses XLA's CPU convolution path from the processor where no XLA_FLAGS are
+set (cl_jax.runtime.xla_cpu); XLA_CPU_CHOICE is the line saying so, or None.
 """
 
 import importlib.abc
@@ -29,3 +32,7 @@ class _MovedCommands(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.append(_MovedCommands())
+
+from cl_jax.runtime import xla_cpu as _xla_cpu  # noqa: E402  (before any JAX backend exists)
+
+XLA_CPU_CHOICE = _xla_cpu.apply()

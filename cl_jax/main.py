@@ -36,6 +36,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+import cl_jax
 from cl_jax import train
 from cl_jax.runtime import cli, distributed_startup, logs, process_exit, stop_requests
 from cl_jax.runtime.errors import UsageError
@@ -141,6 +142,8 @@ def main(argv):
   # orbax's warning when a save waited for the previous one (a slow disk or a loaded machine)
   # is advice on the checkpoint cadence, not a fault, and would break a stop's one line.
   logs.drop("Waiting for previous save to complete took")
+  if cl_jax.XLA_CPU_CHOICE:
+    print(cl_jax.XLA_CPU_CHOICE, file=sys.stderr)
   explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   with cli.report(train.TrainingDiverged):
     stop_signal = _signal_number(_STOP_SIGNAL.value)
