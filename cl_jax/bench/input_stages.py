@@ -1,0 +1,138 @@
+"""Where one host core's time goes when it feeds the pretraining step from JPEG files.
+
+python -m cl_jax.bench.input_stages [--config=configs/NAME.py[:preset]] [--jpeg_dir=DIR]
+    [--jpeg_images=512] [--batches=4] [--json]
+
+On the generated ImageNet-like JPEG folder of `--input=jpeg` (cl_jax.bench.jpeg_folder, cached)
+and the config's views (data.image_size, data.crop_scale, two views per image), one process times
+each stage of the CPU input path image by image, as cl_jax.data.folder_source and
+cl_jax.data.pipeline run them:
+  read       the file's bytes (open and read);
+  decode     PIL's full-size decode to an (H, W, 3) uint8 array (convert to RGB included);
+  crop       each view's random resized crop and flip parameters (geometric.sample_crop);
+  resize     each view's crop, antialiased bilinear resize and flip (geometric.apply_crop);
+  batch      stacking the views of optim.batch_size images into batch arrays;
+then the same images through the pipeline itself with 0 grain workers (pipeline.make_iterator):
+its time per image over the stages' sum is grain's own share (its dataset, transforms and
+iterator), "transport" in the table. Printed as ms per image, share of the pipeline's time and the
+rate one core reaches; --json prints the dict.
+"""
+
+import io
+import json
+import os
+import time
+
+import numpy as np
+import PIL.Image
+from absl import app, flags
+
+from cl_jax import config_defaults
+from cl_jax.bench import input as bench_input
+from cl_jax.bench.jpeg_folder import default_root, make_jpeg_folder
+from cl_jax.data import folder_source, geometric
+from cl_jax.runtime import cli
+
+STAGES = ("read", "decode", "crop", "resize", "batch")
+# Without --config: MoCo-v2's ImageNet-100 views (224 px, crop scale 0.2-1, batch 128).
+DEFAULT_CONFIG = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "configs",
+    "mocov2.py",
+)
+VIEWS = 2
+
+
+def stage_times(files: list[str], image_size: int, crop_scale, batch: int, seed: int = 0) -> dict:
+  """{stage: seconds} over `files` (module docstring), one process, every view drawn as the
+  pipeline draws them (two per image)."""
+  rng = np.random.default_rng(seed)
+  spent = dict.fromkeys(STAGES, 0.0)
+  views = []
+  for path in files:
+    t0 = time.perf_counter()
+    with open(path, "rb") as f:
+      data = f.read()
+    t1 = time.perf_counter()
+    with PIL.Image.open(io.BytesIO(data)) as image:
+      pixels = np.asarray(image.convert("RGB"), np.uint8)
+    t2 = time.perf_counter()
+    params = [
+        geometric.sample_crop(rng, pixels.shape[0], pixels.shape[1], scale=crop_scale)
+        for _ in range(VIEWS)
+    ]
+    t3 = time.perf_counter()
+    views.append([geometric.apply_crop(pixels, p, image_size) for p in params])
+    t4 = time.perf_counter()
+    spent["read"] += t1 - t0
+    spent["decode"] += t2 - t1
+    spent["crop"] += t3 - t2
+    spent["resize"] += t4 - t3
+    if len(views) == batch:
+      t5 = time.perf_counter()
+      [np.stack([v[k] for v in views]) for k in range(VIEWS)]
+      spent["batch"] += time.perf_counter() - t5
+      views = []
+  return spent
+
+
+def measure(config, source: folder_source.FolderSource, batches: int) -> dict:
+  """The stage table over `batches` batches of the folder `source` and the pipeline's own time
+  per image over the same folder (0 workers; its images in its shuffled order)."""
+  batch = config.optim.batch_size
+  images = batch * batches
+  files = (source.files * (1 + images // len(source.files)))[:images]
+  spent = stage_times(files, config.data.image_size, tuple(config.data.crop_scale), batch)
+  pipeline = bench_input.pipeline_rate(source, config, 0, batches)
+  per_image = {k: 1000 * v / images for k, v in spent.items()}
+  total = 1000 / pipeline["img_per_s"]
+  per_image["transport"] = max(0.0, total - sum(per_image.values()))
+  return {
+      "images": images,
+      "image_size": config.data.image_size,
+      "ms_per_image": {k: round(v, 3) for k, v in per_image.items()},
+      "pipeline_ms_per_image": round(total, 3),
+      "pipeline_img_per_s": pipeline["img_per_s"],
+      "stages_img_per_s": round(1000 / sum(v for k, v in per_image.items() if k in STAGES), 1),
+  }
+
+
+def table(result: dict) -> str:
+  """The stage table in markdown."""
+  total = result["pipeline_ms_per_image"]
+  lines = [
+      f"one core, {result['images']} images, {result['image_size']} px view pairs: "
+      f"{result['pipeline_img_per_s']} img/s through the pipeline (0 workers)",
+      "",
+      "| stage | ms per image | share |",
+      "|---|---:|---:|",
+  ]
+  for stage, ms in result["ms_per_image"].items():
+    lines.append(f"| {stage} | {ms:.2f} | {100 * ms / total:.0f}% |")
+  lines.append(f"| pipeline | {total:.2f} | 100% |")
+  return "\n".join(lines)
+
+
+def _define_flags():
+  cli.define_config_flag()
+  flags.DEFINE_string("jpeg_dir", None, "The generated JPEG folder (default: cached).")
+  flags.DEFINE_integer("jpeg_images", 512, "Images of the generated folder.", lower_bound=1)
+  flags.DEFINE_integer("batches", 4, "Batches of optim.batch_size timed.", lower_bound=1)
+  flags.DEFINE_bool("json", False, "Print the result as JSON.")
+
+
+def main(argv):
+  del argv
+  f = flags.FLAGS
+  with cli.report():
+    config = f.config or config_defaults.load_config_file(DEFAULT_CONFIG).get_config("imagenet100")
+    root = f.jpeg_dir or default_root(f.jpeg_images, 0)
+    make_jpeg_folder(root, f.jpeg_images, 0)
+    source = folder_source.FolderSource(folder_source.build_index(root))
+    result = measure(config, source, f.batches)
+    print(json.dumps(result, indent=1) if f.json else table(result))
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,33 @@
+"""The per-stage table of one core's JPEG input (cl_jax.bench.input_stages) on a small folder:
+every stage timed, the stages within the pipeline's own time, the table's rows."""
+
+import os
+
+import numpy as np
+import PIL.Image
+
+from cl_jax import config_defaults
+from cl_jax.bench import input_stages
+from cl_jax.data import folder_source
+
+
+def test_each_stage_is_timed_and_the_pipeline_holds_them(tmp_path):
+  rng = np.random.default_rng(0)
+  for i in range(24):
+    size = (40 + 4 * (i % 5), 56 - 2 * (i % 3))
+    pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+    os.makedirs(tmp_path / f"c{i % 2}", exist_ok=True)
+    PIL.Image.fromarray(pixels).save(tmp_path / f"c{i % 2}" / f"{i}.jpg", quality=90)
+  config = config_defaults.load_config_file(input_stages.DEFAULT_CONFIG).get_config(None)
+  config.optim.batch_size = 8
+  config.data.image_size = 16
+  source = folder_source.FolderSource(folder_source.build_index(str(tmp_path)))
+  spent = input_stages.stage_times(source.files, 16, (0.2, 1.0), batch=8)
+  assert set(spent) == set(input_stages.STAGES) and all(t > 0 for t in spent.values())
+  result = input_stages.measure(config, source, batches=2)
+  ms = result["ms_per_image"]
+  assert list(ms) == [*input_stages.STAGES, "transport"] and ms["transport"] >= 0
+  assert result["images"] == 16 and result["pipeline_img_per_s"] > 0
+  rows = input_stages.table(result).splitlines()
+  assert rows[2] == "| stage | ms per image | share |" and rows[-1].startswith("| pipeline |")
+  assert len(rows) == 4 + len(ms) + 1
