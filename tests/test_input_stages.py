@@ -29,5 +29,7 @@ def test_each_stage_is_timed_and_the_pipeline_holds_them(tmp_path):
   assert list(ms) == [*input_stages.STAGES, "transport"] and ms["transport"] >= 0
   assert result["images"] == 16 and result["pipeline_img_per_s"] > 0
   rows = input_stages.table(result).splitlines()
-  assert rows[2] == "| stage | ms per image | share |" and rows[-1].startswith("| pipeline |")
-  assert len(rows) == 4 + len(ms) + 1
+  assert rows[2] == "| stage | ms per image | share |" and rows[-3].startswith("| pipeline |")
+  assert len(rows) == 4 + len(ms) + 3
+  cores = -(-input_stages.H200_STEP_IMG_PER_S // result["pipeline_img_per_s"])
+  assert result["cores_for_step"] == cores and rows[-1].endswith(f": {int(cores)}")

@@ -14,12 +14,15 @@ cl_jax.data.pipeline run them:
   batch      stacking the views of optim.batch_size images into batch arrays;
 then the same images through the pipeline itself with 0 grain workers (pipeline.make_iterator):
 its time per image over the stages' sum is grain's own share (its dataset, transforms and
-iterator), "transport" in the table. Printed as ms per image, share of the pipeline's time and the
-rate one core reaches; --json prints the dict.
+iterator), "transport" in the table. Printed as ms per image, share of the pipeline's time, the
+rate one core reaches and the cores that rate needs to feed a step of --step_img_per_s (default:
+the MoCo-v2 ResNet-50 step measured on one H200, results/bench/h200, commit ef9df6c); --json
+prints the dict.
 """
 
 import io
 import json
+import math
 import os
 import time
 
@@ -76,7 +79,15 @@ def stage_times(files: list[str], image_size: int, crop_scale, batch: int, seed:
   return spent
 
 
-def measure(config, source: folder_source.FolderSource, batches: int) -> dict:
+H200_STEP_IMG_PER_S = 3959.0  # results/bench/h200/step.json, commit ef9df6c
+
+
+def measure(
+    config,
+    source: folder_source.FolderSource,
+    batches: int,
+    step_img_per_s: float = H200_STEP_IMG_PER_S,
+) -> dict:
   """The stage table over `batches` batches of the folder `source` and the pipeline's own time
   per image over the same folder (0 workers; its images in its shuffled order)."""
   batch = config.optim.batch_size
@@ -94,6 +105,8 @@ def measure(config, source: folder_source.FolderSource, batches: int) -> dict:
       "pipeline_ms_per_image": round(total, 3),
       "pipeline_img_per_s": pipeline["img_per_s"],
       "stages_img_per_s": round(1000 / sum(v for k, v in per_image.items() if k in STAGES), 1),
+      "step_img_per_s": step_img_per_s,
+      "cores_for_step": math.ceil(step_img_per_s / pipeline["img_per_s"]),
   }
 
 
@@ -110,6 +123,11 @@ def table(result: dict) -> str:
   for stage, ms in result["ms_per_image"].items():
     lines.append(f"| {stage} | {ms:.2f} | {100 * ms / total:.0f}% |")
   lines.append(f"| pipeline | {total:.2f} | 100% |")
+  lines += [
+      "",
+      f"cores to feed a step of {result['step_img_per_s']:,.0f} img/s at this rate: "
+      f"{result['cores_for_step']}",
+  ]
   return "\n".join(lines)
 
 
@@ -118,6 +136,11 @@ def _define_flags():
   flags.DEFINE_string("jpeg_dir", None, "The generated JPEG folder (default: cached).")
   flags.DEFINE_integer("jpeg_images", 512, "Images of the generated folder.", lower_bound=1)
   flags.DEFINE_integer("batches", 4, "Batches of optim.batch_size timed.", lower_bound=1)
+  flags.DEFINE_float(
+      "step_img_per_s",
+      H200_STEP_IMG_PER_S,
+      "The step's rate to feed (default: MoCo-v2's ResNet-50 step on one H200, ef9df6c).",
+  )
   flags.DEFINE_bool("json", False, "Print the result as JSON.")
 
 
@@ -129,7 +152,7 @@ def main(argv):
     root = f.jpeg_dir or default_root(f.jpeg_images, 0)
     make_jpeg_folder(root, f.jpeg_images, 0)
     source = folder_source.FolderSource(folder_source.build_index(root))
-    result = measure(config, source, f.batches)
+    result = measure(config, source, f.batches, f.step_img_per_s)
     print(json.dumps(result, indent=1) if f.json else table(result))
 
 
