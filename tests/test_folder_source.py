@@ -151,18 +151,23 @@ def test_a_restart_over_an_unchanged_folder_reads_the_same_batches(tmp_path):
   assert not np.array_equal(batch(5)["view1"], first["view1"])
 
 
+def _folder_run_flags(root, cache, epochs: int, *extra: str) -> list[str]:
+  """tiny_run's flags on the folder `root` (index cached in `cache`) for `epochs`, no kNN."""
+  flags = [f for f in tiny_run.FLAGS if not f.startswith("--config.data.trifeature")]
+  return flags + [
+      "--config.data.name=folder",
+      f"--config.data.folder={root}",
+      f"--config.data.cache_dir={cache}",
+      f"--config.optim.epochs={epochs}",
+      "--config.eval.every=0",
+      *extra,
+  ]
+
+
 @pytest.mark.slow
 def test_a_run_pretrains_on_a_folder_of_jpegs_and_probes_its_labelled_split(tmp_path):
   root = make_labelled(tmp_path / "images", per_class=20, val=6)
-  flags = [f for f in tiny_run.FLAGS if not f.startswith("--config.data.trifeature")]
-  flags += [
-      "--config.data.name=folder",
-      f"--config.data.folder={root}",
-      f"--config.data.cache_dir={tmp_path / 'cache'}",
-      "--config.optim.epochs=1",
-      "--config.eval.every=0",
-      "--config.probe.batch_size=16",
-  ]
+  flags = _folder_run_flags(root, tmp_path / "cache", 1, "--config.probe.batch_size=16")
   proc = tiny_run.start(tmp_path / "run", flags)[0]
   out, err = proc.communicate(timeout=600)
   assert proc.returncode == 0, err[-3000:]
@@ -209,15 +214,7 @@ def test_a_folder_run_stopped_mid_epoch_resumes_on_the_same_batches(tmp_path):
   """80 images in batches of 32: 2 steps per epoch, 2 epochs; one run stops after step 1 (mid
   epoch 1) and resumes, another runs through: the same losses at every step."""
   root = make_labelled(tmp_path / "images", per_class=40, val=4)
-  flags = [f for f in tiny_run.FLAGS if not f.startswith("--config.data.trifeature")]
-  flags += [
-      "--config.data.name=folder",
-      f"--config.data.folder={root}",
-      f"--config.data.cache_dir={tmp_path / 'cache'}",
-      "--config.optim.epochs=2",
-      "--config.eval.every=0",
-      "--config.probe.after_pretrain=False",
-  ]
+  flags = _folder_run_flags(root, tmp_path / "cache", 2, "--config.probe.after_pretrain=False")
   losses = {}
   for name, chunks in (("through", [[]]), ("resumed", [["--stop_at_step=1"], []])):
     for extra in chunks:
@@ -235,15 +232,7 @@ def test_a_folder_run_stopped_mid_epoch_resumes_on_the_same_batches(tmp_path):
 @pytest.mark.slow
 def test_a_run_over_a_changed_folder_resumes_only_with_reindex(tmp_path):
   root = make_labelled(tmp_path / "images", per_class=40, val=4)
-  flags = [f for f in tiny_run.FLAGS if not f.startswith("--config.data.trifeature")]
-  flags += [
-      "--config.data.name=folder",
-      f"--config.data.folder={root}",
-      f"--config.data.cache_dir={tmp_path / 'cache'}",
-      "--config.optim.epochs=2",
-      "--config.eval.every=0",
-      "--config.probe.after_pretrain=False",
-  ]
+  flags = _folder_run_flags(root, tmp_path / "cache", 2, "--config.probe.after_pretrain=False")
   run = tmp_path / "run"
 
   def main(*extra):
