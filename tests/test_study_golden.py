@@ -71,11 +71,12 @@ def test_suppression_tables_match_the_old_runner(tmp_path):
       train=_fake_train(calls),
       log=lambda line: None,
   )
-  # Every run was handed to the stand-in once, in its own directory, with the tiny overrides.
+  # Every run was handed to the stand-in once, in its own directory, with the tiny overrides,
+  # seed-major (every arm of seed 0 before seed 1).
   assert calls == [
       (name, s, str(workdir / name / f"seed{s}"), F.TINY, ())
-      for _, name in GRID_ARMS
       for s in range(2)
+      for _, name in GRID_ARMS
   ]
   got_md = (results / "suppression_grid.md").read_bytes()
   assert _table(got_md) == _table((GOLDEN / "suppression.md").read_bytes())
@@ -108,7 +109,7 @@ def test_recipe_table_matches_the_old_runner(tmp_path):
       train=_fake_train(calls),
       log=lambda line: None,
   )
-  assert [(c[0], c[1]) for c in calls] == [(name, s) for name in RECIPE_ARMS for s in range(2)]
+  assert [(c[0], c[1]) for c in calls] == [(name, s) for s in range(2) for name in RECIPE_ARMS]
   # The golden table predates the commit and processor columns, which name this machine and
   # checkout (tests/test_study_recipe.py checks them): compare the columns before them.
   lines = (results / "recipe_check_runs.md").read_text().splitlines()

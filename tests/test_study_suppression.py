@@ -232,10 +232,11 @@ def test_plot_draws_the_means_and_writes_a_png_of_the_stated_size(tmp_path):
 @pytest.mark.slow
 def test_results_hold_the_standard_table_and_the_grid_figure(tmp_path):
   study.write_outputs(suppression.STUDY, _records(2), str(tmp_path))
-  assert (
-      "| arm | colour | shape | texture | mean | seeds |"
-      in (tmp_path / "suppression.md").read_text()
+  header = next(
+      ln for ln in (tmp_path / "suppression.md").read_text().splitlines() if ln.startswith("| arm")
   )
+  assert header.startswith("| arm | colour | shape | texture | mean |")
+  assert header.endswith("| seeds |")
   assert "| run | T | IFM | beta |" in (tmp_path / "suppression_grid.md").read_text()
   assert _png_pixels(tmp_path / "suppression_grid.png").shape == (480, 1200, 3)
   assert _png_pixels(tmp_path / "suppression.png").shape != (480, 1200, 3)  # the study's own
