@@ -1,6 +1,7 @@
 """Tests for cl_jax.models: GroupBatchNorm, ResNet backbones, heads and the encoder."""
 
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -9,6 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from cl_jax.models import batchnorm
 from cl_jax.models.batchnorm import GroupBatchNorm, group_normalise
 from cl_jax.models.encoder import build_encoder
 from cl_jax.models.heads import MLPHead, l2_normalize
@@ -338,6 +340,36 @@ def test_one_pass_statistics_of_bfloat16_inputs_with_a_large_mean(offset):
   )(x)
   np.testing.assert_allclose(mean, x64.mean(axis=1), rtol=1e-4)
   np.testing.assert_allclose(var, x64.var(axis=1), rtol=1e-4)
+
+
+def test_group_sums_are_plain_reductions_on_tpus_and_one_variadic_elsewhere():
+  """The statistics' and the backward's two sums (batchnorm._sums), lowered for each platform
+  (no TPU or GPU needed): two plain reductions on TPUs, whose compiler fuses them; one
+  two-operand reduction on GPUs and CPUs. Both forms give the same sums (run here on CPU)."""
+  x = jax.ShapeDtypeStruct((4, 6, 6, 8), jnp.float32)
+  c = jax.ShapeDtypeStruct((8,), jnp.float32)
+
+  def loss(x, scale, bias, shift):
+    y = group_normalise(x, None, scale, bias, shift, 2, 1e-5, jnp.dtype(jnp.float32), True)[0]
+    return jnp.sum(y**2)
+
+  step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  variadic = re.compile(r':2 = stablehlo\.reduce\(')
+  tpu = step.trace(x, c, c, c).lower(lowering_platforms=('tpu',)).as_text()
+  cuda = step.trace(x, c, c, c).lower(lowering_platforms=('cuda',)).as_text()
+  assert not variadic.search(tpu) and 'stablehlo.reduce' in tpu
+  assert len(variadic.findall(cuda)) == 2  # the forward's statistics and the backward's sums
+  rng = np.random.default_rng(3)
+  a, b = (jnp.asarray(rng.normal(size=(2, 3, 5, 5, 4)), jnp.float32) for _ in range(2))
+  axes = (1, 2, 3)
+  for got, want in zip(batchnorm._plain_sums(a, b, axes), batchnorm._variadic_sums(a, b, axes)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      batchnorm._plain_sums(a, b, axes)[1],
+      np.asarray(b, np.float64).sum(axis=axes, keepdims=True),
+      rtol=1e-5,
+      atol=1e-5,
+  )
 
 
 @pytest.mark.parametrize('groups', [1, 8])

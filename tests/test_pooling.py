@@ -43,3 +43,15 @@ def test_bfloat16_gradient_within_rounding():
   np.testing.assert_allclose(
       np.asarray(ours, np.float32), np.asarray(theirs, np.float32), rtol=1e-2, atol=1e-2
   )
+
+
+def test_gradient_is_select_and_scatter_on_tpus_and_the_summed_one_elsewhere():
+  """Lowered for each platform (no TPU or GPU needed): autodiff's select-and-scatter on TPUs,
+  which their compiler runs natively; the sum over window offsets (strided pads) on GPUs.
+  test_output_and_gradient_equal_select_and_scatter checks that the two gradients agree."""
+  x = jax.ShapeDtypeStruct((2, 8, 8, 3), jnp.float32)
+  grad = jax.jit(jax.grad(lambda x: jnp.sum(max_pool_3x3_s2(x) ** 2)))
+  tpu = grad.trace(x).lower(lowering_platforms=("tpu",)).as_text()
+  cuda = grad.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+  assert "select_and_scatter" in tpu and "stablehlo.pad" not in tpu
+  assert "select_and_scatter" not in cuda and cuda.count("stablehlo.pad") >= 9

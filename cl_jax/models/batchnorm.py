@@ -54,8 +54,26 @@ def _group_axes(grouped: jax.Array) -> tuple[int, ...]:
 
 def _sums(a, b, axes):
   """(sum(a), sum(b)) over axes (axis 1, the group's rows, and the spatial axes after it),
-  keepdims, for a and b (G, B/G, ..., C): first each row's sums over its spatial axes, as one
-  variadic reduction (XLA emits one kernel for both, reading their common inputs once, and
+  keepdims, for a and b (G, B/G, ..., C), each compiler's way of reading their common inputs
+  once (jax.lax.platform_dependent, resolved when the step is lowered for its platform): two
+  plain reductions on TPUs, whose compiler fuses sibling reductions into one pass (and keeps a
+  float32 copy of a and b for a variadic one), and elsewhere _variadic_sums."""
+  return jax.lax.platform_dependent(
+      a,
+      b,
+      tpu=functools.partial(_plain_sums, axes=axes),
+      default=functools.partial(_variadic_sums, axes=axes),
+  )
+
+
+def _plain_sums(a, b, axes):
+  """_sums as two reductions."""
+  return jnp.sum(a, axis=axes, keepdims=True), jnp.sum(b, axis=axes, keepdims=True)
+
+
+def _variadic_sums(a, b, axes):
+  """_sums as XLA's GPU compiler runs it in one pass: first each row's sums over its spatial
+  axes, as one variadic reduction (one kernel for both, reading their common inputs once, and
   neither writes nor reads again what both recompute, such as a ReLU's mask), then the rows'
   sums, one plain reduction of both (concatenated on the channel axis), which XLA's partitioner
   turns into partial sums and one all-reduce where the rows lie on several devices (for a

@@ -1,13 +1,15 @@
-"""The ImageNet stem's 3x3, stride-2 max-pool with a backward that XLA runs as one elementwise
-pass.
+"""The ImageNet stem's 3x3, stride-2 max-pool with a backward that each compiler runs well.
 
 Autodiff of a max-pool is XLA's select-and-scatter, which its GPU compiler rewrites into a
 reduce-window carrying float32 values and int32 indices and a scatter (about 3.2 GB per step
-for the MoCo-v2 ResNet-50 at 224 px, batch 256). The gradient here is the same function written
-as a sum over the 9 window offsets: each window's gradient goes to its first maximum in
+for the MoCo-v2 ResNet-50 at 224 px, batch 256). Off TPUs the gradient is the same function
+written as a sum over the 9 window offsets: each window's gradient goes to its first maximum in
 row-major order (select-and-scatter's choice with its `>=` select), placed back by strided
-padding; XLA fuses the whole sum into one kernel that reads x, the pooled y and y's gradient
-and writes x's gradient.
+padding; XLA's GPU compiler fuses the whole sum into one kernel that reads x, the pooled y and
+y's gradient and writes x's gradient. XLA's TPU compiler runs select-and-scatter natively but
+does not fuse that sum: it keeps a float32 copy of the padded input per offset (1.6 GB per chip
+at 128 images of 224 px), so on TPUs the max-pool takes autodiff's gradient
+(jax.lax.platform_dependent, resolved when the step is lowered for its platform).
 """
 
 import jax
@@ -26,11 +28,16 @@ def _offset(padded: jax.Array, di: int, dj: int, out_h: int, out_w: int) -> jax.
   return padded[:, di : di + _STRIDE * out_h : _STRIDE, dj : dj + _STRIDE * out_w : _STRIDE]
 
 
-@jax.custom_vjp
 def max_pool_3x3_s2(x: jax.Array) -> jax.Array:
   """(B, H, W, C) -> (B, ceil(H/2), ceil(W/2), C): the max over 3x3 windows at stride 2 with
   one row and column of padding on each side (flax's nn.max_pool(x, (3, 3), (2, 2),
-  ((1, 1), (1, 1)))), in x's dtype."""
+  ((1, 1), (1, 1)))), in x's dtype; its gradient autodiff's (select-and-scatter) on TPUs and
+  the summed one of _summed_gradient_pool elsewhere, equal for every input."""
+  return jax.lax.platform_dependent(x, tpu=_pool, default=_summed_gradient_pool)
+
+
+def _pool(x: jax.Array) -> jax.Array:
+  """The max-pool itself (max_pool_3x3_s2), differentiated by autodiff."""
   return jax.lax.reduce_window(
       x,
       -jnp.inf,
@@ -41,8 +48,14 @@ def max_pool_3x3_s2(x: jax.Array) -> jax.Array:
   )
 
 
+@jax.custom_vjp
+def _summed_gradient_pool(x: jax.Array) -> jax.Array:
+  """_pool with the gradient of _backward."""
+  return _pool(x)
+
+
 def _forward(x):
-  y = max_pool_3x3_s2(x)
+  y = _pool(x)
   return y, (x, y)
 
 
@@ -77,4 +90,4 @@ def _backward(residuals, g):
   return (dx[:, _PAD : _PAD + height, _PAD : _PAD + width].astype(g.dtype),)
 
 
-max_pool_3x3_s2.defvjp(_forward, _backward)
+_summed_gradient_pool.defvjp(_forward, _backward)
