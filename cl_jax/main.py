@@ -156,6 +156,7 @@ def main(argv):
     workdir = _WORKDIR.value or default_workdir(
         config_flags.get_config_filename(flags.FLAGS["config"])
     )
+    run_probe = config.probe.after_pretrain if _PROBE.value is None else _PROBE.value
     try:
       last, total = train.pretrain(
           config,
@@ -164,6 +165,7 @@ def main(argv):
           allow_config_change=_ALLOW_CHANGE.value,
           stop_signal=stop_signal,
           reindex=_REINDEX.value,
+          probe=run_probe and jax.process_count() == 1,  # the probe this command runs at the end
       )
     except stop_requests.Interrupted as e:
       print(_interrupted(e), file=sys.stderr, flush=True)
@@ -176,7 +178,6 @@ def main(argv):
           "again to continue. The probe runs when the run is finished."
       )
     return
-  run_probe = config.probe.after_pretrain if _PROBE.value is None else _PROBE.value
   if run_probe and jax.process_count() > 1:
     if lead:
       print(

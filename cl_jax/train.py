@@ -39,6 +39,7 @@ from cl_jax import batch_plan, config_check, memory_queue, optim
 from cl_jax import train_step as step_lib
 from cl_jax.analysis import collapse
 from cl_jax.data import pipeline, sources, texture_source
+from cl_jax.evaluators import features, linear_probe
 from cl_jax.evaluators.registry import Monitors
 from cl_jax.models.encoder import Encoder, encoder_for, head_layout
 from cl_jax.runtime import (
@@ -123,16 +124,42 @@ def check_workdir(workdir: str) -> None:
     raise UsageError(f"--workdir={workdir} lies under {parent}, a file; give a directory")
 
 
-def make_workdir(workdir: str) -> None:
-  """Create `workdir` (a local one) with its parents, or UsageError in one line."""
+def make_workdir(workdir: str) -> str | None:
+  """Create `workdir` (a local one) with its parents, or UsageError in one line; returns the
+  topmost directory it created (None where `workdir` existed or is remote)."""
   if "://" in workdir:
-    return
+    return None
+  top, path = None, os.path.abspath(workdir)
+  while not os.path.exists(path):
+    top, path = path, os.path.dirname(path)
   try:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:
     raise UsageError(
         f"--workdir={workdir} cannot be created ({e.strerror}); give a directory you can write to"
     ) from None
+  return top
+
+
+def _remove_made(workdir: str, top: str) -> None:
+  """Remove the empty directories make_workdir made, `workdir` up to `top`."""
+  path = os.path.abspath(workdir)
+  while path.startswith(top):
+    os.rmdir(path)
+    path = os.path.dirname(path)
+
+
+def _open_checked(config: ml_collections.ConfigDict, probe: bool) -> tuple:
+  """(the pretraining source, whether it carries texture images, the Monitors), each check
+  that needs the data passed: the source opens, texture negatives find their images, the
+  monitors their data and settings, and with `probe` the linear probe that the caller runs
+  after the last step its data and settings (UsageError otherwise)."""
+  source, texture = _pretrain_source(config)
+  monitors = Monitors(config)
+  if probe:
+    extractor = monitors.extractor or features.setup(config, jax.local_devices())
+    linear_probe.check_data(extractor, config.probe.protocol)
+  return source, texture, monitors
 
 
 def resume_changes(
@@ -200,6 +227,7 @@ def pretrain(
     allow_config_change: bool = False,
     stop_signal: int | None = None,
     reindex: bool = False,
+    probe: bool = False,
 ) -> tuple[int, int]:
   """Pretrain (or resume) in `workdir`; returns (last step taken, total steps).
 
@@ -212,6 +240,9 @@ def pretrain(
   with a checkpoint and raises Interrupted. A run over a folder of images (data.name folder)
   keeps its index's digest in the workdir (DATA_INDEX_FILE); resuming it over a folder whose
   index changed is a UsageError unless `reindex`, which resumes over the folder as it is now.
+  Every check that needs the data (_open_checked; with `probe`, of the linear probe that the
+  caller runs after the last step) runs before the workdir is locked; a refused run removes the
+  directories it made.
   """
   check_workdir(workdir)
   # The config is checked before the workdir is created or locked: a refused config leaves
@@ -220,7 +251,13 @@ def pretrain(
   config = batch_plan.resolve(config, mesh.devices.size)  # optim.batch_per_chip's batch and lr
   config_check.validate(config, num_devices=mesh.devices.size)
   wandb_tracker.check_available(config)
-  make_workdir(workdir)
+  made = make_workdir(workdir)
+  try:
+    opened = _open_checked(config, probe)
+  except BaseException:
+    if made:  # a refused run leaves no workdir behind
+      _remove_made(workdir, made)
+    raise
   taken_over = []
   with write_faults.guard("the writer lock", workdir):  # e.g. a read-only workdir
     with workdir_lock.hold(workdir, warn=taken_over.append):
@@ -229,6 +266,7 @@ def pretrain(
       ):
         return _pretrain(
             config,
+            opened,
             mesh,
             workdir,
             stop_at_step,
@@ -300,14 +338,23 @@ def _same_data(workdir: str, source, reindex: bool, lead: bool) -> None:
 
 
 def _pretrain(
-    config, mesh, workdir, stop_at_step, allow_config_change, stop_signal, lock_notes, reindex
+    config,
+    opened,
+    mesh,
+    workdir,
+    stop_at_step,
+    allow_config_change,
+    stop_signal,
+    lock_notes,
+    reindex,
 ):
-  """pretrain's body, run while holding the writer lock; `lock_notes` are the lock's
-  warnings, reported once the run's log is open."""
+  """pretrain's body, run while holding the writer lock; `opened` is (the pretraining source,
+  whether it carries texture images, the Monitors), as pretrain checked them; `lock_notes` are
+  the lock's warnings, reported once the run's log is open."""
   # ---- Config and data (the config resolved and checked by pretrain).
   changes = resume_changes(config, workdir, allow_config_change)
   lead = jax.process_index() == 0
-  source, texture = _pretrain_source(config)
+  source, texture, monitors = opened
   _same_data(workdir, source, reindex, lead)
   spe = steps_per_epoch(len(source), config.optim.batch_size)
   data = pretrain_data(config, source, jax.process_index(), jax.process_count(), texture)
@@ -355,7 +402,7 @@ def _pretrain(
       config.train.stall_timeout_s,
       functools.partial(_stalled, workdir, config.train.stall_timeout_s),
   )
-  loop = _Loop(config, workdir, mesh, train_steps, Monitors(config), manager, log, meta, watch)
+  loop = _Loop(config, workdir, mesh, train_steps, monitors, manager, log, meta, watch)
   done, stop = start, None
   # it.close() stops the input workers and frees their shared memory.
   closers = (progress.close, writer.close, manager.wait_until_finished, it.close)

@@ -70,7 +70,8 @@ def _accuracy(logits: dict[str, np.ndarray], y: dict) -> dict:
 def steps_per_epoch(num_images: int, batch_size: int) -> int:
   if num_images < batch_size:
     raise UsageError(
-        f"probe.batch_size = {batch_size} exceeds the probe training set " f"({num_images} images)"
+        f"probe.batch_size = {batch_size} exceeds the probe training set ({num_images} images); "
+        f"set it to at most {num_images} (--config.probe.batch_size={num_images})"
     )
   return num_images // batch_size
 

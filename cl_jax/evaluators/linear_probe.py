@@ -210,11 +210,22 @@ def describe(ctx, protocol: str, validation: bool, accuracy: dict) -> dict:
   }
 
 
+def check_data(ctx: Extractor, protocol: str, validation: bool = False) -> None:
+  """UsageError for a probe its data cannot run, before any feature is computed (and, for the
+  probe that ends a pretraining run, before its first step): the SGD batch of the fast and paper
+  protocols against the images it is fitted on (the training split, or its four fifths with
+  `validation`)."""
+  if protocol in ("fast", "paper"):
+    images = len(ctx.train_src)
+    steps_per_epoch(images - images // 5 if validation else images, ctx.config.probe.batch_size)
+
+
 def run(ctx) -> dict:
   """The evaluator on ctx (cl_jax.evaluators.registry.EvalContext); options: protocol (default
   the config's probe.protocol), validation (default false), baseline (default true). The trained
   classifier is saved beside the report."""
   protocol, validation = protocol_option(ctx)
+  check_data(ctx.extractor, protocol, validation)
   accuracy, classifier = probe_variables(ctx.extractor, ctx.variables, protocol, validation)
   report = describe(ctx, protocol, validation, accuracy)
   if ctx.options.get("baseline", True):
