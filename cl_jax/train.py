@@ -142,10 +142,14 @@ def make_workdir(workdir: str) -> str | None:
 
 
 def _remove_made(workdir: str, top: str) -> None:
-  """Remove the empty directories make_workdir made, `workdir` up to `top`."""
+  """Remove the empty directories make_workdir made, `workdir` up to `top` (one that is not
+  empty, or cannot be removed, is kept with those above it)."""
   path = os.path.abspath(workdir)
   while path.startswith(top):
-    os.rmdir(path)
+    try:
+      os.rmdir(path)
+    except OSError:
+      return
     path = os.path.dirname(path)
 
 
