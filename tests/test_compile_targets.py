@@ -1,7 +1,8 @@
 """The quick default (MoCo-v2 + patch negatives) and SimCLR compiled ahead of time for a TPU v5e
 slice (v5e:2x2) and two H100s (h100:2) in bfloat16, as on accelerators: they compile and fit,
 communicate only what data parallelism needs (no image gathered in float32), donate their
-state, and their FLOPs per image agree with the analytic count.
+state, and their FLOPs per image agree with the analytic count. A residual block's batch norms,
+compiled for an H100, move the bytes they need and no more.
 
 The compilers (requirements-compile.txt, about 1.2 GB) live in a folder of their own, by default
 .compilers at the repository's root (docs/benchmarks.md, "Compiled for TPUs and H100s"; another
@@ -132,3 +133,66 @@ def test_the_quick_config_compiles_for_the_target_and_needs_only_data_parallel_t
   assert not ev["census"]["float64"] and not ev["census"]["host"]
   ratio = result["flops_per_image"] / result["analytic_flops_per_image"]
   assert FLOPS_RATIO[0] <= ratio <= FLOPS_RATIO[1], ratio
+
+
+# One identity bottleneck block of ResNet-50's second stage (512 -> 128 -> 512 channels, 28 x 28,
+# batch 256, bfloat16), its forward and backward compiled for one H100; prints the bytes each of
+# its batch norms moves per element of its input, from the compiled kernels' operands and results.
+_BLOCK_SCRIPT = """
+import json, re
+import jax
+jax.config.update("jax_platforms", "cpu")  # the H100 is a compile-only target
+import jax.numpy as jnp
+from cl_jax.bench import compile as bench_compile, hlo_kernels, profile
+from cl_jax.models.resnet import ResidualBlock
+block = ResidualBlock(kind="bottleneck", planes=128, stride=1, bn_groups=1,
+                      zero_init_residual=True, dtype=jnp.bfloat16)
+x = jax.ShapeDtypeStruct((256, 28, 28, 512), jnp.bfloat16)
+small = jnp.zeros((2, 28, 28, 512), jnp.bfloat16)
+variables = jax.eval_shape(lambda: block.init(jax.random.key(0), small, True))
+def step(variables, x, g):
+  def loss(params):
+    y, _ = block.apply({**variables, "params": params}, x, True, mutable=["batch_stats"])
+    return jnp.sum(y.astype(jnp.float32) * g)
+  return jax.grad(loss)(variables["params"])
+sharding = jax.sharding.SingleDeviceSharding(bench_compile.target("h100:1").devices[0])
+spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+hlo = jax.jit(step).lower(*jax.tree.map(spec, (variables, x, x))).compile().as_text()
+instructions = profile.hlo_instructions(hlo)
+moved = {}
+for name in hlo_kernels.executed(hlo):
+  inst = instructions[name]
+  if hlo_kernels.kind_of(inst).startswith("BN"):
+    names = (inst["op_name"], *inst["fused_op_names"])
+    (bn,) = {m.group(1) for n in names for m in [re.search(r"/(bn\\d)/", n)] if m}
+    moved[bn] = moved.get(bn, 0) + inst["bytes"]
+masks = len(re.findall(r"-> \\(?pred\\[256,28,28", hlo))
+elements = {"bn1": 256 * 28 * 28 * 128, "bn2": 256 * 28 * 28 * 128, "bn3": 256 * 28 * 28 * 512}
+print(json.dumps({"per_element": {k: v / elements[k] for k, v in moved.items()}, "masks": masks}))
+"""
+
+
+def test_batch_norm_moves_the_bytes_it_needs_in_a_compiled_h100_block():
+  """A residual block's batch norms in one forward and its backward, compiled for an H100
+  (bfloat16, 2 bytes per element): the two followed by a ReLU move 16 bytes per element (the
+  statistics read x; the normalisation reads x and writes y; the backward's sums read dy and x,
+  its dx pass reads them again and writes dx) and store no ReLU mask; the last, with the
+  residual's add, 22 (its normalisation also reads the shortcut; its sums read y for the mask and
+  write the shortcut's gradient, which its dx pass reads instead of dy). 0.5% covers the
+  (C,)-sized statistics."""
+  path = os.pathsep.join(p for p in (_compilers(), os.environ.get("PYTHONPATH")) if p)
+  proc = subprocess.run(
+      [sys.executable, "-c", _BLOCK_SCRIPT],
+      cwd=conftest.ROOT,
+      env={**os.environ, "PYTHONPATH": path},
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  per_element = result["per_element"]
+  assert per_element["bn1"] == pytest.approx(16, rel=5e-3), per_element
+  assert per_element["bn2"] == pytest.approx(16, rel=5e-3), per_element
+  assert per_element["bn3"] == pytest.approx(22, rel=5e-3), per_element
+  assert result["masks"] == 0, result

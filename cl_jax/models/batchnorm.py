@@ -200,12 +200,14 @@ def _group_normalise_bwd(num_groups, epsilon, dtype, relu, residuals, cotangents
   dy = _grouped(dy, num_groups)
   dy_sums = dy
   if relu and y is None:
-    # The ReLU's mask, recomputed from x, as two comparisons, equal for every finite z. XLA
-    # computes a comparison that both passes share in the forward and stores it as a mask that
-    # both read (1 + 2 bytes per element); the dx pass's own one it computes there, reading x
-    # anyway. (The reduction's comparison XLA still moves into the forward: 1 + 1 bytes.)
+    # The ReLU's mask, recomputed from x in each pass (which reads x anyway), in two forms
+    # equal for every finite z, so that no pass reads a stored mask: given one comparison that
+    # both passes share, XLA computes it in the forward and stores a mask that both read (1 + 2
+    # bytes per element); given a comparison in the reduction's inputs, XLA's GPU compiler
+    # computes it in a kernel of its own or in the forward (1 + 1 bytes), which it does not do
+    # for the product with the step function sign(max(z, 0)) in {0, 1}.
     z = _affine(x, scale, bias, mean, rstd, num_groups)
-    dy_sums = jnp.where(z <= 0, 0.0, dy)
+    dy_sums = dy * jnp.sign(jnp.maximum(z, 0.0))
     dy = jnp.where(z > 0, dy, 0.0)
   xhat = (grouped - mean) * rstd
   s1, s2 = _sums(dy_sums, dy_sums * xhat, axes)
