@@ -121,10 +121,19 @@ def _check_dicr(c, method: str, symmetric: bool, size: int, epochs: int) -> None
 
 def _check_data(c, reads_data: bool) -> None:
   """The dataset, its location, the view size and the augmentations."""
-  from cl_jax.data import sources  # light: imports no TensorFlow
+  from cl_jax.data import fast_views, sources  # light: imports no TensorFlow
 
   name = choice(c, "data.name", sources.DATASET_NAMES)
   choice(c, "data.bad_images", ("stop", "skip"))
+  decoder = choice(c, "data.decoder", fast_views.DECODERS)
+  missing = fast_views.missing_packages() if reads_data and decoder == "fast" else []
+  if missing:
+    fail(
+        "data.decoder",
+        decoder,
+        f"it needs {' and '.join(missing)}, not installed here: {fast_views.INSTALL} "
+        "(PyTorch's CPU build is enough), or set data.decoder=pil",
+    )
   if reads_data and name == "folder" and not get(c, "data.folder"):
     fail("data.folder", "", "data.name folder reads your images: set data.folder to their folder")
   if reads_data and name not in ("trifeature", "folder") and not get(c, "data.data_dir"):

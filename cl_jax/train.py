@@ -73,7 +73,7 @@ def pretrain_data(
     config, source, process_index: int = 0, process_count: int = 1, texture: bool = False
 ):
   """pipeline.pretrain_dataset of `source` with `config`'s batch, image size, crop scale,
-  seed and views (step_lib.num_views): this process's rows of every global batch."""
+  seed, views (step_lib.num_views) and decoder: this process's rows of every global batch."""
   return pipeline.pretrain_dataset(
       source,
       batch_size=config.optim.batch_size,
@@ -84,6 +84,7 @@ def pretrain_data(
       process_count=process_count,
       num_views=step_lib.num_views(config),
       texture=texture,
+      decoder=config.data.decoder,
   )
 
 

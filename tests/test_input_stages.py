@@ -1,5 +1,6 @@
 """The per-stage table of one core's JPEG input (cl_jax.bench.input_stages) on a small folder:
-every stage timed, the stages within the pipeline's own time, the table's rows."""
+every stage timed on both decoding paths (the fast one where torch is installed), the stages
+within the pipeline's own time, the table's rows."""
 
 import os
 
@@ -8,7 +9,7 @@ import PIL.Image
 
 from cl_jax import config_defaults
 from cl_jax.bench import input_stages
-from cl_jax.data import folder_source
+from cl_jax.data import fast_views, folder_source
 
 
 def test_each_stage_is_timed_and_the_pipeline_holds_them(tmp_path):
@@ -22,13 +23,19 @@ def test_each_stage_is_timed_and_the_pipeline_holds_them(tmp_path):
   config.optim.batch_size = 8
   config.data.image_size = 16
   source = folder_source.FolderSource(folder_source.build_index(str(tmp_path)))
-  spent = input_stages.stage_times(source.files, 16, (0.2, 1.0), batch=8)
-  assert set(spent) == set(input_stages.STAGES) and all(t > 0 for t in spent.values())
-  result = input_stages.measure(config, source, batches=2)
+  # The fast path where torch is installed (CI: CL_JAX_REQUIRE_TORCH=1 requires it).
+  fast = os.environ.get("CL_JAX_REQUIRE_TORCH") == "1" or not fast_views.missing_packages()
+  decoders = ("pil", "fast") if fast else ("pil",)
+  for decoder in decoders:
+    spent = input_stages.stage_times(source.files, 16, (0.2, 1.0), batch=8, decoder=decoder)
+    assert set(spent) == set(input_stages.STAGES) and all(t > 0 for t in spent.values())
+  result = input_stages.measure(config, source, batches=2, decoder=decoders[-1])
+  assert result["decoder"] == decoders[-1]
   ms = result["ms_per_image"]
   assert list(ms) == [*input_stages.STAGES, "transport"] and ms["transport"] >= 0
   assert result["images"] == 16 and result["pipeline_img_per_s"] > 0
   rows = input_stages.table(result).splitlines()
+  assert rows[0].startswith(f"data.decoder={decoders[-1]}: one core, 16 images")
   assert rows[2] == "| stage | ms per image | share |" and rows[-3].startswith("| pipeline |")
   assert len(rows) == 4 + len(ms) + 3
   cores = -(-input_stages.H200_STEP_IMG_PER_S // result["pipeline_img_per_s"])

@@ -1,23 +1,28 @@
-"""Where one host core's time goes when it feeds the pretraining step from JPEG files.
+"""Where one host core's time goes when it feeds the pretraining step from JPEG files, on each
+decoding path.
 
 python -m cl_jax.bench.input_stages [--config=configs/NAME.py[:preset]] [--jpeg_dir=DIR]
-    [--jpeg_images=512] [--batches=4] [--json]
+    [--jpeg_images=512] [--batches=4] [--decoders=pil,fast] [--json]
 
 On the generated ImageNet-like JPEG folder of `--input=jpeg` (cl_jax.bench.jpeg_folder, cached)
 and the config's views (data.image_size, data.crop_scale, two views per image), one process times
 each stage of the CPU input path image by image, as cl_jax.data.folder_source and
-cl_jax.data.pipeline run them:
+cl_jax.data.pipeline run them, for each path of --decoders (data.decoder) in turn on the same
+images:
   read       the file's bytes (open and read);
-  decode     PIL's full-size decode to an (H, W, 3) uint8 array (convert to RGB included);
+  decode     the full-size decode to an (H, W, 3) uint8 array (PIL, convert to RGB included; or
+             libjpeg-turbo through simplejpeg, cl_jax.data.fast_views);
   crop       each view's random resized crop and flip parameters (geometric.sample_crop);
-  resize     each view's crop, antialiased bilinear resize and flip (geometric.apply_crop);
+  resize     each view's crop, antialiased bilinear resize and flip (geometric.apply_crop, or
+             fast_views.apply_crop);
   batch      stacking the views of optim.batch_size images into batch arrays;
 then the same images through the pipeline itself with 0 grain workers (pipeline.make_iterator):
 its time per image over the stages' sum is grain's own share (its dataset, transforms and
-iterator), "transport" in the table. Printed as ms per image, share of the pipeline's time, the
-rate one core reaches and the cores that rate needs to feed a step of --step_img_per_s (default:
-the MoCo-v2 ResNet-50 step measured on one H200, results/bench/h200, commit ef9df6c); --json
-prints the dict.
+iterator), "transport" in the table. Printed per path as ms per image, share of the pipeline's
+time, the rate one core reaches and the cores that rate needs to feed a step of --step_img_per_s
+(default: the MoCo-v2 ResNet-50 step measured on one H200, results/bench/h200, commit ef9df6c),
+then the fast path's pipeline rate over PIL's; --json prints the dict ({path: result,
+"fast_over_pil": ratio}).
 """
 
 import io
@@ -33,8 +38,9 @@ from absl import app, flags
 from cl_jax import config_defaults
 from cl_jax.bench import input as bench_input
 from cl_jax.bench.jpeg_folder import default_root, make_jpeg_folder
-from cl_jax.data import folder_source, geometric
+from cl_jax.data import fast_views, folder_source, geometric
 from cl_jax.runtime import cli
+from cl_jax.runtime.errors import UsageError
 
 STAGES = ("read", "decode", "crop", "resize", "batch")
 # Without --config: MoCo-v2's ImageNet-100 views (224 px, crop scale 0.2-1, batch 128).
@@ -46,9 +52,13 @@ DEFAULT_CONFIG = os.path.join(
 VIEWS = 2
 
 
-def stage_times(files: list[str], image_size: int, crop_scale, batch: int, seed: int = 0) -> dict:
+def stage_times(
+    files: list[str], image_size: int, crop_scale, batch: int, seed: int = 0, decoder: str = "pil"
+) -> dict:
   """{stage: seconds} over `files` (module docstring), one process, every view drawn as the
-  pipeline draws them (two per image)."""
+  pipeline draws them (two per image), decoded and resampled by `decoder`'s path (data.decoder:
+  "pil", or "fast": cl_jax.data.fast_views)."""
+  crop = fast_views.apply_crop if decoder == "fast" else geometric.apply_crop
   rng = np.random.default_rng(seed)
   spent = dict.fromkeys(STAGES, 0.0)
   views = []
@@ -57,15 +67,18 @@ def stage_times(files: list[str], image_size: int, crop_scale, batch: int, seed:
     with open(path, "rb") as f:
       data = f.read()
     t1 = time.perf_counter()
-    with PIL.Image.open(io.BytesIO(data)) as image:
-      pixels = np.asarray(image.convert("RGB"), np.uint8)
+    if decoder == "fast":
+      pixels = fast_views.decode_data(data, path)
+    else:
+      with PIL.Image.open(io.BytesIO(data)) as image:
+        pixels = np.asarray(image.convert("RGB"), np.uint8)
     t2 = time.perf_counter()
     params = [
         geometric.sample_crop(rng, pixels.shape[0], pixels.shape[1], scale=crop_scale)
         for _ in range(VIEWS)
     ]
     t3 = time.perf_counter()
-    views.append([geometric.apply_crop(pixels, p, image_size) for p in params])
+    views.append([crop(pixels, p, image_size) for p in params])
     t4 = time.perf_counter()
     spent["read"] += t1 - t0
     spent["decode"] += t2 - t1
@@ -87,18 +100,28 @@ def measure(
     source: folder_source.FolderSource,
     batches: int,
     step_img_per_s: float = H200_STEP_IMG_PER_S,
+    decoder: str = "pil",
 ) -> dict:
-  """The stage table over `batches` batches of the folder `source` and the pipeline's own time
-  per image over the same folder (0 workers; its images in its shuffled order)."""
+  """The stage table of `decoder`'s path over `batches` batches of the folder `source` and the
+  pipeline's own time per image over the same folder (0 workers; its images in its shuffled
+  order)."""
   batch = config.optim.batch_size
   images = batch * batches
   files = (source.files * (1 + images // len(source.files)))[:images]
-  spent = stage_times(files, config.data.image_size, tuple(config.data.crop_scale), batch)
+  # Untimed: the files into the page cache, the path's libraries loaded and warm.
+  stage_times(files, config.data.image_size, tuple(config.data.crop_scale), batch, 1, decoder)
+  spent = stage_times(
+      files, config.data.image_size, tuple(config.data.crop_scale), batch, decoder=decoder
+  )
+  config = config.copy_and_resolve_references()
+  config.data.decoder = decoder
+  source = folder_source.FolderSource(folder_source.build_index(source.folder), decoder=decoder)
   pipeline = bench_input.pipeline_rate(source, config, 0, batches)
   per_image = {k: 1000 * v / images for k, v in spent.items()}
   total = 1000 / pipeline["img_per_s"]
   per_image["transport"] = max(0.0, total - sum(per_image.values()))
   return {
+      "decoder": decoder,
       "images": images,
       "image_size": config.data.image_size,
       "ms_per_image": {k: round(v, 3) for k, v in per_image.items()},
@@ -114,8 +137,9 @@ def table(result: dict) -> str:
   """The stage table in markdown."""
   total = result["pipeline_ms_per_image"]
   lines = [
-      f"one core, {result['images']} images, {result['image_size']} px view pairs: "
-      f"{result['pipeline_img_per_s']} img/s through the pipeline (0 workers)",
+      f"data.decoder={result['decoder']}: one core, {result['images']} images, "
+      f"{result['image_size']} px view pairs: {result['pipeline_img_per_s']} img/s through the "
+      "pipeline (0 workers)",
       "",
       "| stage | ms per image | share |",
       "|---|---:|---:|",
@@ -141,6 +165,11 @@ def _define_flags():
       H200_STEP_IMG_PER_S,
       "The step's rate to feed (default: MoCo-v2's ResNet-50 step on one H200, ef9df6c).",
   )
+  flags.DEFINE_list(
+      "decoders",
+      list(fast_views.DECODERS),
+      "The paths timed one after the other on the same images (data.decoder values).",
+  )
   flags.DEFINE_bool("json", False, "Print the result as JSON.")
 
 
@@ -151,9 +180,25 @@ def main(argv):
     config = f.config or config_defaults.load_config_file(DEFAULT_CONFIG).get_config("imagenet100")
     root = f.jpeg_dir or default_root(f.jpeg_images, 0)
     make_jpeg_folder(root, f.jpeg_images, 0)
+    unknown = sorted(set(f.decoders) - set(fast_views.DECODERS))
+    if unknown:
+      raise UsageError(f"--decoders: {unknown} unknown; give some of {list(fast_views.DECODERS)}")
+    missing = fast_views.missing_packages() if "fast" in f.decoders else []
+    if missing:
+      raise UsageError(
+          f"--decoders=fast needs {' and '.join(missing)}: {fast_views.INSTALL}, or --decoders=pil"
+      )
     source = folder_source.FolderSource(folder_source.build_index(root))
-    result = measure(config, source, f.batches, f.step_img_per_s)
-    print(json.dumps(result, indent=1) if f.json else table(result))
+    results = {d: measure(config, source, f.batches, f.step_img_per_s, d) for d in f.decoders}
+    if {"pil", "fast"} <= set(results):
+      ratio = results["fast"]["pipeline_img_per_s"] / results["pil"]["pipeline_img_per_s"]
+      results["fast_over_pil"] = round(ratio, 2)
+    if f.json:
+      print(json.dumps(results, indent=1))
+      return
+    print("\n\n".join(table(results[d]) for d in f.decoders))
+    if "fast_over_pil" in results:
+      print(f"\nthrough the pipeline, fast / pil: {results['fast_over_pil']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import numpy as np
 import tqdm
 from absl import logging
 
-from cl_jax.data import image_folder
+from cl_jax.data import fast_views, image_folder
 from cl_jax.data.tfds_source import UNLABELLED, DatasetNotFoundError
 from cl_jax.runtime import metrics
 from cl_jax.runtime.errors import UsageError
@@ -160,8 +160,11 @@ class FolderSource:
   `labels` (N,) int64, `skipped` the (path, reason) of the unreadable images left out with
   bad_images "skip". Pickling carries the file list, not the images."""
 
-  def __init__(self, index: dict, bad_images: str = "stop", labelled: bool = False):
-    """Raises UsageError when `labelled` is asked of an index without classes."""
+  def __init__(
+      self, index: dict, bad_images: str = "stop", labelled: bool = False, decoder: str = "pil"
+  ):
+    """Raises UsageError when `labelled` is asked of an index without classes. `decoder`: "pil"
+    (image_folder.decode) or "fast" (fast_views.decode)."""
     folder = index["folder"]
     if labelled and index["classes"] is None:
       raise UsageError(
@@ -169,6 +172,7 @@ class FolderSource:
           f"{folder}/<class>/"
       )
     self.folder = folder
+    self.decoder = decoder
     self.digest, self.signature = index["digest"], index["signature"]
     self.class_names = index["classes"] or []
     self.files = [os.path.join(folder, f) for f in index["files"]]
@@ -192,7 +196,8 @@ class FolderSource:
     if not 0 <= i < len(self):
       raise IndexError(f"index {i} out of range for a source of {len(self)} images")
     try:
-      pixels = image_folder.read(self.files[i], "set --config.data.bad_images=skip")
+      decode = fast_views.decode if self.decoder == "fast" else image_folder.decode
+      pixels = image_folder.read(self.files[i], "set --config.data.bad_images=skip", decode)
     except image_folder.BadImageError:
       if os.path.exists(self.files[i]):
         raise
@@ -214,4 +219,4 @@ def open_source(data: ml_collections.ConfigDict, role: str) -> FolderSource:
     raise UsageError("data.name=folder needs data.folder, the folder of your images")
   folder = split_folder(data.folder, role)
   index = cached_index(data.cache_dir, folder)
-  return FolderSource(index, data.bad_images, labelled=role != "pretrain")
+  return FolderSource(index, data.bad_images, labelled=role != "pretrain", decoder=data.decoder)

@@ -17,6 +17,7 @@ LOAD_TRUNCATED_IMAGES stays off.
 import concurrent.futures
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -86,11 +87,11 @@ def unreadable(path: str) -> str | None:
   return None
 
 
-def read(path: str, how_to_skip: str) -> np.ndarray:
-  """`path` decoded (decode), or BadImageError naming the file, the reason and `how_to_skip`
-  (the flag that leaves unreadable images out)."""
+def read(path: str, how_to_skip: str, decoder: Callable[[str], np.ndarray] = decode) -> np.ndarray:
+  """`path` decoded by `decoder` (decode, or cl_jax.data.fast_views.decode), or BadImageError
+  naming the file, the reason and `how_to_skip` (the flag that leaves unreadable images out)."""
   try:
-    return decode(path)
+    return decoder(path)
   except DECODE_ERRORS as error:
     raise BadImageError(
         f"cannot read image {path}: {_reason(path, error)}. Remove or replace the file, or "

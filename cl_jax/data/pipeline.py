@@ -20,17 +20,21 @@ import signal
 import grain
 import numpy as np
 
-from cl_jax.data import geometric, texture_source
+from cl_jax.data import fast_views, geometric, texture_source
 from cl_jax.runtime import child_processes
 
 
-def _views(image_size: int, crop_scale: tuple[float, float], num_views: int, texture: bool):
+def _views(
+    image_size: int, crop_scale: tuple[float, float], num_views: int, texture: bool, decoder: str
+):
+  crop = fast_views.apply_crop if decoder == "fast" else geometric.apply_crop
+
   def transform(record: dict, rng: np.random.Generator) -> dict:
     image = record["image"]
     out = {}
     for v in range(1, num_views + 1):
       params = geometric.sample_crop(rng, image.shape[0], image.shape[1], scale=crop_scale)
-      out[f"view{v}"] = geometric.apply_crop(image, params, image_size)
+      out[f"view{v}"] = crop(image, params, image_size)
       out[f"box{v}"] = params.box
       out[f"flip{v}"] = np.bool_(params.flip)
       if texture and v <= 2:
@@ -66,6 +70,7 @@ def pretrain_dataset(
     process_count: int = 1,
     num_views: int = 2,
     texture: bool = False,
+    decoder: str = "pil",
 ) -> grain.MapDataset:
   """Infinite dataset of this process's rows of the global pretraining batches.
 
@@ -80,7 +85,8 @@ def pretrain_dataset(
   examples [n B + p b, n B + (p+1) b) of the global stream (B = batch_size,
   p = process_index). Records are reshuffled every epoch; the last incomplete
   batch of an epoch is not dropped but continues into the next epoch (the
-  stream is one infinite sequence).
+  stream is one infinite sequence). decoder "fast" resamples the views with
+  fast_views.apply_crop (the texture images' views stay geometric.apply_crop's).
   """
   if batch_size % process_count:
     raise ValueError(
@@ -91,7 +97,7 @@ def pretrain_dataset(
   ds = grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
   if num_views < 2:
     raise ValueError(f"num_views must be at least 2 (query and key), got {num_views}")
-  ds = ds.random_map(_views(image_size, crop_scale, num_views, texture))
+  ds = ds.random_map(_views(image_size, crop_scale, num_views, texture, decoder))
   # Chunks of b consecutive examples; global batch n is chunks [n P, (n+1) P).
   ds = ds.batch(batch_size // process_count, drop_remainder=True)
   return ds[process_index::process_count]

@@ -99,7 +99,12 @@ def startup(
       f"  steps     {steps_per_epoch} per epoch x {config.optim.epochs} epochs = {total}",
       f"  model     {model}; {num_params / 1e6:.2f} M parameters",
       f"  data      {config.data.name} {config.data.image_size} px: "
-      f"{split_sizes(config, pretrain_size)}",
+      f"{split_sizes(config, pretrain_size)}"
+      + (
+          "; fast decoder (libjpeg-turbo, PyTorch's resize)"
+          if config.data.decoder == "fast"
+          else ""
+      ),
   ]
   lines += [f"  changed   {change}" for change in changes]
   return "\n".join(lines)
