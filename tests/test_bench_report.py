@@ -204,7 +204,7 @@ def test_the_one_command_runs_every_part_on_cpu(tmp_path):
   jpeg = json.loads((out / "jpeg.json").read_text())
   workers = sorted({0, os.cpu_count() or 1})
   assert [(r["decode"], r["workers"]) for r in jpeg["loop"]] == [
-      (d, w) for d in jpeg_decode.DECODES for w in workers
+      (d, w) for d in jpeg_decode.decodings() for w in workers
   ]
   assert all(r["ratio"] > 0 for r in jpeg["loop"])
   assert jpeg["folder"]["images"] == 24

@@ -134,3 +134,24 @@ def test_the_config_check_names_a_missing_package(monkeypatch):
   config.data.decoder = "turbo"
   with pytest.raises(config_check.ConfigError, match="data.decoder"):
     config_check.validate(config)
+
+
+def test_the_jpeg_benchmark_times_the_fast_path(tmp_path):
+  """The loop benchmark's decodings include "fast" here (torch installed): its source decodes by
+  libjpeg-turbo and its pipeline resamples with data.decoder "fast"."""
+  from cl_jax import train
+  from cl_jax.bench import jpeg_decode, jpeg_folder
+
+  root = jpeg_folder.make_jpeg_folder(str(tmp_path / "jpegs"), 8, 0, workers=0)
+  config = config_defaults.load_config_file("configs/mocov2.py").get_config(None)
+  config.optim.batch_size, config.data.image_size = 4, 24
+  assert jpeg_decode.decodings()[-1] == "fast"
+  source = jpeg_decode.sources(root, config)["fast"]
+  np.testing.assert_array_equal(source[3]["image"], image_folder.decode(source.files[3]))
+  fast = jpeg_decode.decoder_config(config, "fast")
+  assert fast.data.decoder == "fast" and config.data.decoder == "pil"
+  batch = pipeline.pretrain_dataset(
+      source, batch_size=4, image_size=24, crop_scale=(0.2, 1.0), seed=0, decoder="fast"
+  )[0]
+  assert batch["view1"].shape == (4, 24, 24, 3) and batch["view1"].dtype == np.uint8
+  assert train.pretrain_data(fast, source)[0]["view1"].shape == (4, 24, 24, 3)

@@ -10,7 +10,8 @@ large as ImageNet's (50-150 KB) and about as costly to decode. Three decodings (
 `JpegSource`): exact (full size, as ImageFolderSource), reduced (libjpeg's DCT-domain 1/2, 1/4
 or 1/8, the largest that keeps every possible crop at least twice the view's side; the
 faithful default) and reduced-max (at least the view's side: the largest reduction that never
-upsamples). Printed:
+upsamples); and, where simplejpeg and torch are installed, fast (data.decoder="fast": full size by
+libjpeg-turbo, the views resampled by PyTorch, cl_jax.data.fast_views). Printed:
 
   decode    ms per image of PIL's decoding at full size and at 1/2, 1/4, 1/8; per reduced
             decoding its mean reduction and how far its views are from exact decoding's
@@ -43,7 +44,15 @@ import numpy as np
 
 from cl_jax import config_check, train
 from cl_jax import train_step as step_lib
-from cl_jax.bench.jpeg_decode import DECODES, FAITHFUL, decode_ms, reduces, sources, view_difference
+from cl_jax.bench.jpeg_decode import (
+    DECODES,
+    FAITHFUL,
+    decode_ms,
+    decoder_config,
+    reduces,
+    sources,
+    view_difference,
+)
 from cl_jax.bench.jpeg_folder import default_root, make_jpeg_folder
 from cl_jax.data import pipeline
 from cl_jax.runtime import parallel
@@ -180,7 +189,9 @@ def _decodings(config, root: str) -> tuple[dict, list[str], dict]:
   if len(files) < batch:
     raise ValueError(f"the folder's {len(files)} images are fewer than a batch of {batch}")
   # A reduced decoding that reduces no image of the folder is the exact one: not timed again.
-  same = [mode for mode, source in modes.items() if mode != "exact" and not reduces(source)]
+  same = [
+      mode for mode, source in modes.items() if source.view_size is not None and not reduces(source)
+  ]
   timed = {mode: source for mode, source in modes.items() if mode not in same}
   return modes, same, timed
 
@@ -216,7 +227,10 @@ def _pipeline_rows(config, timed: dict, workers: list[int] | None, images: int) 
   batches = max(3, math.ceil(images / config.optim.batch_size))
   counts = worker_counts(config) if workers is None else workers
   return [
-      {"decode": mode, **pipeline_rate(source, config, w, batches)}
+      {
+          "decode": mode,
+          **pipeline_rate(source, decoder_config(config, mode), w, batches),
+      }
       for mode, source in timed.items()
       for w in counts
   ]
@@ -259,7 +273,8 @@ def _loop_rows(
   rows = []
   for mode, source in timed.items():
     for w in sorted({0, cpus}) if workers is None else workers:
-      it = pipeline.make_iterator(train.pretrain_data(loop.config, source), w)
+      config = decoder_config(loop.config, mode)
+      it = pipeline.make_iterator(train.pretrain_data(config, source), w)
       try:
         row = {"decode": mode, "workers": w, **loop_rate(loop, it, steps, max(warmup, w + 1))}
       finally:

@@ -1,10 +1,12 @@
-"""The decodings of the input benchmark (cl_jax.bench.input): exact and DCT-domain reduced.
+"""The decodings of the input benchmark (cl_jax.bench.input): exact, DCT-domain reduced, fast.
 
 `JpegSource` decodes each JPEG of the folder at full size (exact, as ImageFolderSource) or at
 libjpeg's 1/2, 1/4 or 1/8 (`reduction`: the largest that keeps every possible crop at least
-margin x the view's side); DECODES names the three decodings. `view_difference` measures how
-far reduced decoding's views are from exact decoding's, and `decode_ms` the cost of decoding
-at each reduction.
+margin x the view's side); DECODES names the three decodings. Where simplejpeg and torch are
+installed, `sources` adds "fast": full size by libjpeg-turbo, the views resampled by PyTorch
+(data.decoder="fast", cl_jax.data.fast_views), timed with `decoder_config`. `view_difference`
+measures how far reduced decoding's views are from exact decoding's, and `decode_ms` the cost
+of decoding at each reduction.
 """
 
 import io
@@ -15,7 +17,7 @@ import numpy as np
 import PIL.Image
 
 from cl_jax.bench.jpeg_folder import class_names
-from cl_jax.data import geometric, image_folder
+from cl_jax.data import fast_views, geometric, image_folder
 
 # The aspect-ratio range of the pipeline's crops (geometric.sample_crop's default, which
 # pipeline.pretrain_dataset does not change).
@@ -83,8 +85,10 @@ class JpegSource(image_folder.ImageFolderSource):
       view_size: int | None = None,
       crop_scale: tuple[float, float] = (0.08, 1.0),
       margin: float = 2.0,
+      fast: bool = False,
   ):
     super().__init__(root, class_names)
+    self.fast = fast  # decode by fast_views.decode (full size)
     self.view_size = view_size
     self.crop_scale = tuple(crop_scale)
     self.margin = margin
@@ -98,6 +102,8 @@ class JpegSource(image_folder.ImageFolderSource):
   def __getitem__(self, i: int) -> dict:
     if not 0 <= i < len(self):
       raise IndexError(f"index {i} out of range for a source of {len(self)} images")
+    if self.fast:
+      return {"image": fast_views.decode(self.files[i]), "label": int(self.labels[i])}
     with PIL.Image.open(self.files[i]) as image:
       width, height = image.size  # the header's: nothing is decoded yet
       k = self.reduction(width, height)
@@ -110,14 +116,17 @@ class JpegSource(image_folder.ImageFolderSource):
 # Decoding modes: the margin of JpegSource's reduction (None: exact decoding). "reduced" is
 # the faithful default; "reduced-max" the largest reduction that never upsamples a view.
 DECODES = {"exact": None, "reduced": 2.0, "reduced-max": 1.0}
-FAITHFUL = ("exact", "reduced")
+# Decodings whose views stay close to exact decoding's ("fast": within one grey level but at
+# a view's border, cl_jax.data.fast_views).
+FAITHFUL = ("exact", "reduced", "fast")
 
 
 def sources(root: str, config) -> dict[str, JpegSource]:
-  """A JpegSource of the folder `root` for each of DECODES, for `config`'s views."""
+  """A JpegSource of the folder `root` for each of DECODES, for `config`'s views, and "fast"
+  where fast_views' packages are installed."""
   names = class_names()
   size, scale = config.data.image_size, tuple(config.data.crop_scale)
-  return {
+  out = {
       mode: (
           JpegSource(root, names)
           if margin is None
@@ -125,6 +134,22 @@ def sources(root: str, config) -> dict[str, JpegSource]:
       )
       for mode, margin in DECODES.items()
   }
+  if "fast" in decodings():
+    out["fast"] = JpegSource(root, names, fast=True)
+  return out
+
+
+def decodings() -> list[str]:
+  """The decodings `sources` gives here: DECODES, and "fast" where simplejpeg and torch are
+  installed."""
+  return list(DECODES) + ([] if fast_views.missing_packages() else ["fast"])
+
+
+def decoder_config(config, mode: str):
+  """`config` with the data.decoder of decoding `mode` ("fast" for "fast", else "pil")."""
+  config = config.copy_and_resolve_references()
+  config.data.decoder = "fast" if mode == "fast" else "pil"
+  return config
 
 
 def reduces(source: JpegSource) -> bool:
