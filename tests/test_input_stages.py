@@ -34,6 +34,11 @@ def test_each_stage_is_timed_and_the_pipeline_holds_them(tmp_path):
   ms = result["ms_per_image"]
   assert list(ms) == [*input_stages.STAGES, "transport"] and ms["transport"] >= 0
   assert result["images"] == 16 and result["pipeline_img_per_s"] > 0
+  # Crops of 16 px views from 40-56 px images: never under the view's side at area 0.2-1, by
+  # hand the shorter side of the smallest crop is about sqrt(0.2 * 40 * 52 * 3/4) = 18 px.
+  assert result["crops"]["upsampled"] == 0 and result["crops"]["crop_over_view"] > 1.1
+  # Views of 64 px from images of at most 56: every one upsampled.
+  assert input_stages.crop_statistics(source.files, 64, (0.2, 1.0))["upsampled"] == 1.0
   rows = input_stages.table(result).splitlines()
   assert rows[0].startswith(f"data.decoder={decoders[-1]}: one core, 16 images")
   assert rows[2] == "| stage | ms per image | share |" and rows[-3].startswith("| pipeline |")

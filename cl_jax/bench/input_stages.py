@@ -21,8 +21,10 @@ its time per image over the stages' sum is grain's own share (its dataset, trans
 iterator), "transport" in the table. Printed per path as ms per image, share of the pipeline's
 time, the rate one core reaches and the cores that rate needs to feed a step of --step_img_per_s
 (default: the MoCo-v2 ResNet-50 step measured on one H200, results/bench/h200, commit ef9df6c),
-then the fast path's pipeline rate over PIL's; --json prints the dict ({path: result,
-"fast_over_pil": ratio}).
+then the fast path's pipeline rate over PIL's, with the files' mean size and how the views'
+crops compare with the view size (crop_statistics: upsampled views), which a store at bounded
+resolution (cl_jax.data.bounded_folder, --jpeg_dir) changes; --json prints the dict ({path:
+result, "fast_over_pil": ratio}).
 """
 
 import io
@@ -92,6 +94,26 @@ def stage_times(
   return spent
 
 
+def crop_statistics(files: list[str], image_size: int, crop_scale, seed: int = 0) -> dict:
+  """How the views' crops compare with the view size on these files (two views per image, drawn
+  as the pipeline draws them from the image sizes in the files' headers): {"upsampled": the
+  fraction of views whose crop's shorter side is under image_size, "crop_over_view": the mean
+  of the crop's shorter side over image_size}."""
+  rng = np.random.default_rng(seed)
+  ratios = []
+  for path in files:
+    with PIL.Image.open(path) as image:
+      width, height = image.size
+    for _ in range(VIEWS):
+      y0, x0, y1, x1 = geometric.sample_crop(rng, height, width, scale=crop_scale).box
+      ratios.append(min(y1 - y0, x1 - x0) / image_size)
+  ratios = np.asarray(ratios)
+  return {
+      "upsampled": round(float(np.mean(ratios < 1)), 3),
+      "crop_over_view": round(float(np.mean(ratios)), 3),
+  }
+
+
 H200_STEP_IMG_PER_S = 3959.0  # results/bench/h200/step.json, commit ef9df6c
 
 
@@ -123,6 +145,8 @@ def measure(
   return {
       "decoder": decoder,
       "images": images,
+      "mean_kb": round(float(np.mean([os.path.getsize(f) for f in files])) / 1024, 1),
+      "crops": crop_statistics(files, config.data.image_size, tuple(config.data.crop_scale)),
       "image_size": config.data.image_size,
       "ms_per_image": {k: round(v, 3) for k, v in per_image.items()},
       "pipeline_ms_per_image": round(total, 3),
@@ -139,7 +163,9 @@ def table(result: dict) -> str:
   lines = [
       f"data.decoder={result['decoder']}: one core, {result['images']} images, "
       f"{result['image_size']} px view pairs: {result['pipeline_img_per_s']} img/s through the "
-      "pipeline (0 workers)",
+      f"pipeline (0 workers); files of {result['mean_kb']} KB on average; "
+      f"{100 * result['crops']['upsampled']:.0f}% of the views upsampled, crops "
+      f"{result['crops']['crop_over_view']:.2f} x the view's side on average",
       "",
       "| stage | ms per image | share |",
       "|---|---:|---:|",

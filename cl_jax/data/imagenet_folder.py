@@ -6,7 +6,9 @@ from the ILSVRC2012 archives or their extracted folders with nothing beyond requ
       --val=ILSVRC2012_img_val.tar --out=DIR [--classes=imagenet100|imagenet2012]
 
 writes DIR/train/<wnid>/<file>.JPEG and DIR/val/<wnid>/<file>.JPEG, the JPEG files as they are
-(not decoded or re-encoded). --classes=imagenet100 (the default) keeps the 100 WordNet ids of
+(not decoded or re-encoded; --max_side=N [--quality=90] stores images larger than N pixels on
+their longer side at N, as cl_jax.data.bounded_folder does, for faster decoding: the papers
+trained on the images as they are). --classes=imagenet100 (the default) keeps the 100 WordNet ids of
 cl_jax/data/imagenet100_classes.txt (CMC's subset, Tian et al. 2019); imagenet2012 keeps all.
 
 Sources:
@@ -34,7 +36,7 @@ from collections.abc import Callable, Iterator
 import tqdm
 from absl import app, flags
 
-from cl_jax.data import image_folder, tfds_source
+from cl_jax.data import bounded_folder, image_folder, tfds_source
 from cl_jax.runtime import cli
 from cl_jax.runtime.errors import UsageError
 
@@ -188,12 +190,20 @@ def prepare(
     classes: str = "imagenet100",
     val_labels: str | None = None,
     log: Callable[[str], None] = print,
+    max_side: int = 0,
+    quality: int = 90,
 ) -> dict:
   """Write OUT/train/<wnid>/ and OUT/val/<wnid>/ (module docstring); returns {"classes",
   "train_written", "val_written", "bytes"}: the classes kept, the training classes written by
-  this call (the others were complete) and whether it wrote the validation split."""
+  this call (the others were complete) and whether it wrote the validation split. max_side > 0
+  stores every image at that longer side at most (bounded_folder.bounded, JPEG `quality`)."""
   if classes not in CLASS_LISTS:
     raise UsageError(f"--classes must be one of {', '.join(CLASS_LISTS)}, got {classes!r}")
+  if max_side < 0 or not 1 <= quality <= 100:
+    raise UsageError(
+        f"--max_side must be 0 (as they are) or more and --quality in 1..100, got {max_side} "
+        f"and {quality}"
+    )
   found = train_classes(train)
   wanted = (
       set(tfds_source.read_class_list("imagenet100_classes.txt"))
@@ -222,6 +232,9 @@ def prepare(
     raise UsageError(
         f"{out} has {_gb(free)} free and the images need {_gb(need)}: give --out on a larger disk"
     )
+  bounded_folder.check_settings(out, max_side, quality)
+  if max_side:
+    log(f"images stored at a longer side of {max_side} px at most (JPEG quality {quality})")
   partial = os.path.join(out, PARTIAL)
   bar = tqdm.tqdm(todo, desc="training classes", unit=" classes", disable=not sys.stderr.isatty())
   for c in bar:
@@ -230,7 +243,7 @@ def prepare(
     os.makedirs(work)
     for name, data in c.files():
       with open(os.path.join(work, name), "wb") as f:
-        f.write(data)
+        f.write(bounded_folder.bounded(data, max_side, quality))
     os.makedirs(os.path.join(out, "train"), exist_ok=True)
     os.rename(work, os.path.join(out, "train", c.wnid))
   if not val_done:
@@ -243,7 +256,7 @@ def prepare(
       if name in keep:
         os.makedirs(os.path.join(work, wnid), exist_ok=True)
         with open(os.path.join(work, wnid, name), "wb") as f:
-          f.write(data)
+          f.write(bounded_folder.bounded(data, max_side, quality))
     os.rename(work, os.path.join(out, "val"))
   shutil.rmtree(partial, ignore_errors=True)
   log(f"wrote {out}/train and {out}/val: --config.data.name=folder --config.data.folder={out}")
@@ -262,7 +275,7 @@ def main(argv):
     for name in ("train", "val", "out"):
       if not getattr(f, name):
         raise UsageError(f"--{name} is required (python -m cl_jax.data.imagenet_folder --help)")
-    prepare(f.train, f.val, f.out, f.classes, f.val_labels)
+    prepare(f.train, f.val, f.out, f.classes, f.val_labels, max_side=f.max_side, quality=f.quality)
 
 
 if __name__ == "__main__":
@@ -273,4 +286,8 @@ if __name__ == "__main__":
   flags.DEFINE_string(
       "val_labels", None, "One wnid per validation image, in file-name order (default: TFDS's)."
   )
+  flags.DEFINE_integer(
+      "max_side", 0, "Store images at this longer side at most (0: as they are).", lower_bound=0
+  )
+  flags.DEFINE_integer("quality", 90, "JPEG quality of images resized by --max_side.")
   app.run(main, flags_parser=cli.parse_flags)
