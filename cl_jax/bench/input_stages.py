@@ -4,11 +4,11 @@ decoding path.
 python -m cl_jax.bench.input_stages [--config=configs/NAME.py[:preset]] [--jpeg_dir=DIR]
     [--jpeg_images=512] [--batches=4] [--decoders=pil,fast] [--json]
 
-On the generated ImageNet-like JPEG folder of `--input=jpeg` (cl_jax.bench.jpeg_folder, cached)
-and the config's views (data.image_size, data.crop_scale, two views per image), one process times
-each stage of the CPU input path image by image, as cl_jax.data.folder_source and
-cl_jax.data.pipeline run them, for each path of --decoders (data.decoder) in turn on the same
-images:
+On the generated ImageNet-like JPEG folder of `--input=jpeg` (cl_jax.bench.jpeg_folder, cached),
+or the folder --jpeg_dir, and the config's views (data.image_size, data.crop_scale, two views
+per image), one process times each stage of the CPU input path image by image, as
+cl_jax.data.folder_source and cl_jax.data.pipeline run them, for each path of --decoders
+(data.decoder) in turn on the same images:
   read       the file's bytes (open and read);
   decode     the full-size decode to an (H, W, 3) uint8 array (PIL, convert to RGB included; or
              libjpeg-turbo through simplejpeg, cl_jax.data.fast_views);
@@ -183,7 +183,12 @@ def table(result: dict) -> str:
 
 def _define_flags():
   cli.define_config_flag()
-  flags.DEFINE_string("jpeg_dir", None, "The generated JPEG folder (default: cached).")
+  flags.DEFINE_string(
+      "jpeg_dir",
+      None,
+      "A folder of JPEGs to time, e.g. a bounded_folder store (default: the generated "
+      "ImageNet-like folder of --jpeg_images images, cached).",
+  )
   flags.DEFINE_integer("jpeg_images", 512, "Images of the generated folder.", lower_bound=1)
   flags.DEFINE_integer("batches", 4, "Batches of optim.batch_size timed.", lower_bound=1)
   flags.DEFINE_float(
@@ -204,8 +209,11 @@ def main(argv):
   f = flags.FLAGS
   with cli.report():
     config = f.config or config_defaults.load_config_file(DEFAULT_CONFIG).get_config("imagenet100")
-    root = f.jpeg_dir or default_root(f.jpeg_images, 0)
-    make_jpeg_folder(root, f.jpeg_images, 0)
+    root = f.jpeg_dir
+    if not root:
+      root = make_jpeg_folder(default_root(f.jpeg_images, 0), f.jpeg_images, 0)
+    elif not os.path.isdir(root):
+      raise UsageError(f"--jpeg_dir={root} is not a folder")
     unknown = sorted(set(f.decoders) - set(fast_views.DECODERS))
     if unknown:
       raise UsageError(f"--decoders: {unknown} unknown; give some of {list(fast_views.DECODERS)}")
