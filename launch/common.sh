@@ -124,3 +124,23 @@ add_batch_per_chip() {
   done
   EXTRA_ARGS+=("--config.optim.batch_per_chip=$BATCH_PER_CHIP")
 }
+
+# For a GPU machine without network (gpu_report.sh, gpu_study.sh), run from the repository's
+# root: the wheels carried in .whl/ (launch/gpu_wheels.sh) installed into a folder of their own,
+# put on PYTHONPATH with the repository; then every MODULE must import with PYTHON, or one line
+# says what to do.
+use_carried_wheels() {  # PYTHON MODULE...
+  local python="$1" site imports
+  shift
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    site="${TMPDIR:-/tmp}/cl_jax_site"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$site" .whl/*.whl
+    export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  imports=$(IFS=,; echo "$*")
+  "$python" -c "import $imports" 2>/dev/null ||
+    die "cl_jax's packages do not import with $python; run launch/gpu_wheels.sh where there is a network and carry .whl/"
+}

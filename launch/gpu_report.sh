@@ -16,18 +16,9 @@ out="${1:?gpu_report.sh: error: give the folder for the report: launch/gpu_repor
 shift
 python="${PYTHON:-python3}"
 start=$(date +%s)
-if compgen -G ".whl/*.whl" >/dev/null; then
-  site="${TMPDIR:-/tmp}/cl_jax_site"
-  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$site" .whl/*.whl
-  export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-else
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
-"$python" -c "import cl_jax.bench.report, grain, ml_collections, dm_pix" 2>/dev/null || {
-  echo "gpu_report.sh: error: cl_jax's packages do not import with $python; run launch/gpu_wheels.sh where there is a network and carry .whl/" >&2
-  exit 2
-}
+# shellcheck source=common.sh source-path=SCRIPTDIR
+source launch/common.sh  # the repository root is the working directory
+use_carried_wheels "$python" cl_jax.bench.report grain ml_collections dm_pix
 work="$out/work"
 mkdir -p "$work"
 {

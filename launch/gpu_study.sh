@@ -21,18 +21,9 @@ out="${2:?gpu_study.sh: error: give the output folder: launch/gpu_study.sh STUDY
 shift 2
 python="${PYTHON:-python3}"
 start=$(date +%s)
-if compgen -G ".whl/*.whl" >/dev/null; then
-  site="${TMPDIR:-/tmp}/cl_jax_site"
-  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$site" .whl/*.whl
-  export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-else
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
-"$python" -c "import cl_jax.study, cl_jax.train, grain, ml_collections, dm_pix, tensorboardX" 2>/dev/null || {
-  echo "gpu_study.sh: error: cl_jax's packages do not import with $python; run launch/gpu_wheels.sh where there is a network and carry .whl/" >&2
-  exit 2
-}
+# shellcheck source=common.sh source-path=SCRIPTDIR
+source launch/common.sh  # the repository root is the working directory
+use_carried_wheels "$python" cl_jax.study cl_jax.train grain ml_collections dm_pix tensorboardX
 # The study reads and writes its records in OUT: the committed ones tell it what is done.
 mkdir -p "$out/results"
 cp -r results/studies/runs "$out/results/runs"

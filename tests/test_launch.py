@@ -22,7 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPU_SCRIPT = os.path.join(ROOT, "launch", "tpu_vm.sh")
 SLURM_SCRIPT = os.path.join(ROOT, "launch", "slurm_gpu.sh")
 COMMON_SCRIPT = os.path.join(ROOT, "launch", "common.sh")
-GPU_SCRIPTS = [os.path.join(ROOT, "launch", n) for n in ("gpu_report.sh", "gpu_wheels.sh")]
+GPU_SCRIPTS = [
+    os.path.join(ROOT, "launch", n) for n in ("gpu_report.sh", "gpu_study.sh", "gpu_wheels.sh")
+]
 CLUSTER_TOOLS = ("gcloud", "gsutil", "sbatch", "srun", "squeue", "scancel")
 HEREDOC_END = "CL_JAX_SBATCH_SCRIPT"
 TRICKY_ARG = "--config.note=it's a run"  # one argv entry: a space and a single quote
