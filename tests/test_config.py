@@ -125,6 +125,15 @@ def test_texture_angle_accepts_its_range_and_stored_configs_without_it_resume():
     run_config.check_resume(stored, new, step=8, workdir="w", allow_change=False)
 
 
+def test_a_stored_config_without_a_decoder_resumes_with_pils_and_refuses_the_fast_one():
+  stored, new = mocov2_patchns.get_config(None), mocov2_patchns.get_config(None)
+  del stored.data["decoder"]  # a config stored before the field existed
+  assert run_config.check_resume(stored, new, step=8, workdir="w", allow_change=False) == []
+  new.data.decoder = "fast"  # other views: a run of its own
+  with pytest.raises(run_config.ConfigChangeError, match=r"data.decoder: '<absent>' -> 'fast'"):
+    run_config.check_resume(stored, new, step=8, workdir="w", allow_change=True)
+
+
 def test_zero_health_thresholds_switch_the_warnings_off():
   c = mocov2_patchns.get_config(None)
   c.health.min_std_sqrt_d, c.health.min_rank = 0.0, 0.0

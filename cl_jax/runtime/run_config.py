@@ -70,6 +70,7 @@ INERT = {
     "optim.batch_per_chip": 0,
     "optim.lr_reference_batch": 0,
     "data.bad_images": "stop",
+    "data.decoder": "pil",
     "data.trifeature_max_angle": 45.0,
     "data.trifeature_texture_angle": 360.0,
     "optim.schedule": "cosine",
