@@ -3,9 +3,10 @@ called directly, views resampled by a vectorised antialiased bilinear resize.
 
 The default path (``data.decoder="pil"``) decodes with PIL and cuts each view with PIL's resize
 of a box of the image (cl_jax.data.image_folder.decode, cl_jax.data.geometric.apply_crop). On one
-core of a 2-core AMD EPYC, two 224 px views of an ImageNet-size JPEG cost about 1.3 ms to decode
-and 1 ms each to resample there (docs/benchmarks.md, "Where one core's time goes"). This path
-does the same work with two libraries that do it faster:
+core of a 2-core AMD EPYC (Zen 4), an ImageNet-size JPEG costs about 1.6 ms to decode and each
+of its two 224 px views 1.1 ms to resample there (docs/benchmarks.md, "JPEG end to end"). This
+path does the same work with two libraries that do it faster (2.1-2.3 times the images per core
+there):
 
 - decoding: ``simplejpeg`` (libjpeg-turbo's TurboJPEG API, accurate integer IDCT and smooth
   chroma upsampling, as PIL configures libjpeg-turbo): the same pixels as PIL's decode (a CMYK
@@ -16,15 +17,17 @@ does the same work with two libraries that do it faster:
   BILINEAR), vectorised over the channels of a channels-last image: about 4 times PIL's speed.
   It resizes the crop (as torchvision's ``resized_crop`` does), where PIL's resize of a box also
   reads the pixels just outside the box for the filter's support: the views agree within one
-  grey level except in a view's outermost one or two rows and columns, where they can differ by
-  more (tests/test_fast_views.py measures both on JPEGs of several sizes and subsamplings).
+  grey level (0.02 on average) but in a view's outermost 1 + ceil(upscale factor) rows and
+  columns, where they can differ by more, and at a rare interior pixel (fewer than one in a
+  million of ImageNet-size views) by 2, the two kernels' fixed-point roundings
+  (tests/test_fast_views.py measures both on JPEGs of several sizes and subsamplings).
 
 Not used, measured (docs/benchmarks.md): libjpeg-turbo's DCT-domain scaling (decoding at M/8 of
 the size where both views' crops allow) changed the views by 1.6 grey levels on average; its
 fast IDCT and fast chroma upsampling gain 4% and change them by 1.
 
-Both libraries are optional (INSTALL; PyTorch's CPU build is enough): the config check names
-what is missing in one line (missing_packages).
+simplejpeg is in requirements.txt; PyTorch is optional (INSTALL; its CPU build is enough): the
+config check names what is missing in one line (missing_packages).
 """
 
 import numpy as np
