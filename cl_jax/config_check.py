@@ -119,6 +119,28 @@ def _check_dicr(c, method: str, symmetric: bool, size: int, epochs: int) -> None
     integer(c, "dicr.icr_layers", 1)
 
 
+def _check_gpu_decoder(c, name: str, reads_data: bool) -> None:
+  """data.decoder=gpu (cl_jax.data.gpu_views): JPEG folders, no texture negatives, and where
+  the data is read, nvImageCodec and a GPU."""
+  from cl_jax.data import gpu_views
+
+  if name != "folder":
+    fail(
+        "data.decoder",
+        "gpu",
+        f"it decodes the JPEG files of data.name=folder, not {name}: set data.decoder=pil",
+    )
+  if get(c, "nonsemantic.enabled") and get(c, "nonsemantic.kind") == "texture":
+    fail(
+        "data.decoder",
+        "gpu",
+        "texture negatives crop texture images decoded on the host: set data.decoder=fast",
+    )
+  reason = gpu_views.unavailable() if reads_data else None
+  if reason:
+    fail("data.decoder", "gpu", f"{reason}; or set data.decoder=fast")
+
+
 def _check_data(c, reads_data: bool) -> None:
   """The dataset, its location, the view size and the augmentations."""
   from cl_jax.data import fast_views, sources  # light: imports no TensorFlow
@@ -134,6 +156,8 @@ def _check_data(c, reads_data: bool) -> None:
         f"it needs {' and '.join(missing)}, not installed here: {fast_views.INSTALL} "
         "(PyTorch's CPU build is enough), or set data.decoder=pil",
     )
+  if decoder == "gpu":
+    _check_gpu_decoder(c, name, reads_data)
   if reads_data and name == "folder" and not get(c, "data.folder"):
     fail("data.folder", "", "data.name folder reads your images: set data.folder to their folder")
   if reads_data and name not in ("trifeature", "folder") and not get(c, "data.data_dir"):

@@ -38,7 +38,7 @@ from etils import epath
 from cl_jax import batch_plan, config_check, memory_queue, optim
 from cl_jax import train_step as step_lib
 from cl_jax.analysis import collapse
-from cl_jax.data import pipeline, sources, texture_source
+from cl_jax.data import gpu_views, pipeline, sources, texture_source
 from cl_jax.evaluators import features, linear_probe
 from cl_jax.evaluators.registry import Monitors
 from cl_jax.models.encoder import Encoder, encoder_for, head_layout
@@ -86,6 +86,15 @@ def pretrain_data(
       texture=texture,
       decoder=config.data.decoder,
   )
+
+
+def input_to_devices(config, mesh):
+  """The function from this process's batch of pretrain_data to the train step's global batch:
+  parallel.global_batch, or with data.decoder gpu gpu_views.DeviceViews (the views decoded and
+  resampled on the devices)."""
+  if config.data.decoder == "gpu":
+    return gpu_views.DeviceViews(mesh, config.data.image_size, step_lib.num_views(config))
+  return functools.partial(parallel.global_batch, mesh=mesh)
 
 
 def steps_per_epoch(num_records: int, batch_size: int) -> int:
@@ -407,7 +416,18 @@ def _pretrain(
       config.train.stall_timeout_s,
       functools.partial(_stalled, workdir, config.train.stall_timeout_s),
   )
-  loop = _Loop(config, workdir, mesh, train_steps, monitors, manager, log, meta, watch)
+  loop = _Loop(
+      config,
+      workdir,
+      mesh,
+      input_to_devices(config, mesh),
+      train_steps,
+      monitors,
+      manager,
+      log,
+      meta,
+      watch,
+  )
   done, stop = start, None
   # it.close() stops the input workers and frees their shared memory.
   closers = (progress.close, writer.close, manager.wait_until_finished, it.close)
@@ -439,6 +459,7 @@ class _Loop(NamedTuple):
   config: ml_collections.ConfigDict
   workdir: str
   mesh: object
+  to_devices: object  # input_to_devices
   train_steps: dict
   monitors: Monitors
   manager: object
@@ -464,7 +485,7 @@ def _train(loop: _Loop, state, it, start: int, end: int, requested, thread_fault
     eval_due = loop.monitors.due(done, end)
     logged = done % config.train.log_every == 0 or done == end or eval_due
     first_call = logged not in compiled
-    batch = parallel.global_batch(next(it), loop.mesh)
+    batch = loop.to_devices(next(it))
     if first_call and step > start:  # it compiles: keep it out of img/s
       jax.block_until_ready(state.step)
       t_compile = time.perf_counter()

@@ -12,7 +12,7 @@ version="${1:-3.12}"
 [[ $version =~ ^3\.[0-9]+$ ]] || { echo "gpu_wheels.sh: error: give a Python version such as 3.12, got '$version'" >&2; exit 2; }
 # The pins of requirements.txt where it has them.
 pinned() { grep -E "^$1==" requirements.txt | cut -d' ' -f1; }
-packages=("$(pinned ml-collections)" "$(pinned grain)" "$(pinned dm-pix)" "$(pinned array-record)" "$(pinned tensorboardX)" "$(pinned simplejpeg)" "portpicker==1.6.0")
+packages=("$(pinned ml-collections)" "$(pinned grain)" "$(pinned dm-pix)" "$(pinned array-record)" "$(pinned tensorboardX)" "$(pinned simplejpeg)" "$(pinned nvidia-nvimgcodec-cu13)" "nvidia-nvjpeg==13.3.2.43" "portpicker==1.6.0")
 rm -rf .whl && mkdir .whl
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any; do

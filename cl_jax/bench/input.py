@@ -11,14 +11,17 @@ large as ImageNet's (50-150 KB) and about as costly to decode. Three decodings (
 or 1/8, the largest that keeps every possible crop at least twice the view's side; the
 faithful default) and reduced-max (at least the view's side: the largest reduction that never
 upsamples); and, where simplejpeg and torch are installed, fast (data.decoder="fast": full size by
-libjpeg-turbo, the views resampled by PyTorch, cl_jax.data.fast_views). Printed:
+libjpeg-turbo, the views resampled by PyTorch, cl_jax.data.fast_views); and where JAX runs on a
+GPU with nvImageCodec installed, gpu (data.decoder="gpu": the host reads the bytes and draws the
+crops, the GPU decodes the crops and resamples the views, cl_jax.data.gpu_views). Printed:
 
   decode    ms per image of PIL's decoding at full size and at 1/2, 1/4, 1/8; per reduced
             decoding its mean reduction and how far its views are from exact decoding's
             (`view_difference`, beside a one-pixel move of the crop for scale);
   pipeline  img/s of cl_jax.data.pipeline.pretrain_dataset alone (decode, the views' random
             resized crops and flips, batching) through pipeline.make_iterator with 0, 1, 2, 4,
-            ... grain workers (`worker_counts`), and per worker, for each decoding;
+            ... grain workers (`worker_counts`), and per worker, for each decoding (gpu: the
+            host's part); gpu's device side alone (`device_decode_rate`), per device;
   loop      img/s of train.pretrain's loop (pipeline -> parallel.global_batch -> the jitted
             lean train step; no checkpoints, metrics or logging) on the JPEG folder for each
             decoding with 0 and N (the CPU count) workers, and of the same loop on two batches
@@ -132,19 +135,22 @@ def make_loop(config, num_records: int, mesh) -> Loop:
   return Loop(config, mesh, step, state)
 
 
-def loop_rate(loop: Loop, batches, steps: int, warmup: int) -> dict:
-  """img/s of train.pretrain's loop, `state, metrics = step(state, parallel.global_batch(
-  next(batches), mesh))`, over `steps` steps after `warmup` (at least 1) untimed ones.
+def loop_rate(loop: Loop, batches, steps: int, warmup: int, to_devices=None) -> dict:
+  """img/s of train.pretrain's loop, `state, metrics = step(state, to_devices(next(batches)))`
+  (to_devices: train.input_to_devices; default parallel.global_batch), over `steps` steps after
+  `warmup` (at least 1) untimed ones.
 
   Returns a row: img_per_s, step_ms (wall time per step), loss (the last step's).
   """
+  if to_devices is None:
+    to_devices = lambda local: parallel.global_batch(local, loop.mesh)
   state = loop.state
   for _ in range(max(1, warmup)):
-    state, metrics = loop.step(state, parallel.global_batch(next(batches), loop.mesh))
+    state, metrics = loop.step(state, to_devices(next(batches)))
   jax.block_until_ready(metrics)
   start = time.perf_counter()
   for _ in range(steps):
-    state, metrics = loop.step(state, parallel.global_batch(next(batches), loop.mesh))
+    state, metrics = loop.step(state, to_devices(next(batches)))
   jax.block_until_ready((state, metrics))
   seconds = (time.perf_counter() - start) / steps
   loop.state = state
@@ -152,6 +158,27 @@ def loop_rate(loop: Loop, batches, steps: int, warmup: int) -> dict:
       "img_per_s": round(loop.config.optim.batch_size / seconds, 1),
       "step_ms": round(1e3 * seconds, 1),
       "loss": float(metrics["loss"]),
+  }
+
+
+def device_decode_rate(config, source, mesh, batches: int) -> dict:
+  """img/s of the gpu path's device side alone (gpu_views.DeviceViews: decoding the crops,
+  filling the canvas, resampling) on two batches of its pipeline held in memory, over `batches`
+  calls after one untimed call. Returns a row: img_per_s, img_per_s_per_device, ms_per_batch."""
+  config = decoder_config(config, "gpu")
+  held = _held_batches(config, source)
+  to_devices = train.input_to_devices(config, mesh)
+  jax.block_until_ready(to_devices(held[0]))
+  start = time.perf_counter()
+  for k in range(batches):
+    out = to_devices(held[k % 2])
+  jax.block_until_ready(out)
+  seconds = (time.perf_counter() - start) / batches
+  rate = config.optim.batch_size / seconds
+  return {
+      "img_per_s": round(rate, 1),
+      "img_per_s_per_device": round(rate / mesh.devices.size, 1),
+      "ms_per_batch": round(1e3 * seconds, 2),
   }
 
 
@@ -274,9 +301,11 @@ def _loop_rows(
   for mode, source in timed.items():
     for w in sorted({0, cpus}) if workers is None else workers:
       config = decoder_config(loop.config, mode)
+      to_devices = train.input_to_devices(config, loop.mesh)
       it = pipeline.make_iterator(train.pretrain_data(config, source), w)
       try:
-        row = {"decode": mode, "workers": w, **loop_rate(loop, it, steps, max(warmup, w + 1))}
+        rate = loop_rate(loop, it, steps, max(warmup, w + 1), to_devices)
+        row = {"decode": mode, "workers": w, **rate}
       finally:
         it.close()
       memory.append(loop_rate(loop, _cycle(held), steps, warmup))
@@ -319,7 +348,9 @@ def measure(
   compare_images files); view_difference (per reduced mode, view_difference over compare_images
   images); same_as_exact (the reduced modes that reduce no image of the folder, which are not
   timed); pipeline (a pipeline_rate row, with its decode, per timed mode and count of
-  pipeline_workers, default worker_counts; at least pipeline_images images timed); compile_s;
+  pipeline_workers, default worker_counts; at least pipeline_images images timed; for "gpu" the
+  host's part: reading the bytes and drawing the crops); device_decode (where "gpu" is timed:
+  device_decode_rate over `steps` batches); compile_s;
   global_batch; memory (loop_rate rows of the loop on two batches held in memory: one before the
   JPEG loops and one after each); loop (a loop_rate row per timed mode and count of loop_workers,
   default 0 and the CPU count, with its decode, memory_img_per_s (the mean img/s of the in-memory
@@ -331,6 +362,8 @@ def measure(
   out = _folder_measurements(root, modes, same, compare_images)
   out["pipeline"] = _pipeline_rows(config, timed, pipeline_workers, pipeline_images)
   mesh = parallel.make_mesh() if mesh is None else mesh
+  if "gpu" in timed:
+    out["device_decode"] = device_decode_rate(config, timed["gpu"], mesh, steps)
   loop = make_loop(config, len(modes["exact"].files), mesh)
   held = _held_batches(config, modes["exact"])
   out["compile_s"] = _compile_s(loop, held)
@@ -399,6 +432,12 @@ def table(out: dict) -> str:
     lines.append(
         f"{r['decode']:<12} {r['workers']:>7} {r['img_per_s']:>9.1f} "
         f"{r['img_per_s_per_worker']:>13.1f} {r['startup_s']:>11.2f}"
+    )
+  if "device_decode" in out:
+    d = out["device_decode"]
+    lines.append(
+        f"gpu decoding on the devices alone (crops decoded, resampled): {d['img_per_s']:.1f} "
+        f"img/s, {d['img_per_s_per_device']:.1f} per device, {d['ms_per_batch']:.2f} ms per batch"
     )
   runs = [r["img_per_s"] for r in out["memory"]]
   memory = _memory_rate(out)

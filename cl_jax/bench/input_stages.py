@@ -44,6 +44,7 @@ from cl_jax.data import fast_views, folder_source, geometric
 from cl_jax.runtime import cli
 from cl_jax.runtime.errors import UsageError
 
+HOST_DECODERS = ("pil", "fast")  # the data.decoder paths that decode on the host
 STAGES = ("read", "decode", "crop", "resize", "batch")
 # Without --config: MoCo-v2's ImageNet-100 views (224 px, crop scale 0.2-1, batch 128).
 DEFAULT_CONFIG = os.path.join(
@@ -198,8 +199,9 @@ def _define_flags():
   )
   flags.DEFINE_list(
       "decoders",
-      list(fast_views.DECODERS),
-      "The paths timed one after the other on the same images (data.decoder values).",
+      list(HOST_DECODERS),
+      "The host paths timed one after the other on the same images (data.decoder values; "
+      "gpu decodes on the device: python -m cl_jax.bench.step --input=jpeg times it).",
   )
   flags.DEFINE_bool("json", False, "Print the result as JSON.")
 
@@ -214,9 +216,9 @@ def main(argv):
       root = make_jpeg_folder(default_root(f.jpeg_images, 0), f.jpeg_images, 0)
     elif not os.path.isdir(root):
       raise UsageError(f"--jpeg_dir={root} is not a folder")
-    unknown = sorted(set(f.decoders) - set(fast_views.DECODERS))
+    unknown = sorted(set(f.decoders) - set(HOST_DECODERS))
     if unknown:
-      raise UsageError(f"--decoders: {unknown} unknown; give some of {list(fast_views.DECODERS)}")
+      raise UsageError(f"--decoders: {unknown} unknown; give some of {list(HOST_DECODERS)}")
     missing = fast_views.missing_packages() if "fast" in f.decoders else []
     if missing:
       raise UsageError(

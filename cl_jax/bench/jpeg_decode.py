@@ -1,10 +1,13 @@
-"""The decodings of the input benchmark (cl_jax.bench.input): exact, DCT-domain reduced, fast.
+"""The decodings of the input benchmark (cl_jax.bench.input): exact, DCT-domain reduced, fast,
+gpu.
 
 `JpegSource` decodes each JPEG of the folder at full size (exact, as ImageFolderSource) or at
 libjpeg's 1/2, 1/4 or 1/8 (`reduction`: the largest that keeps every possible crop at least
 margin x the view's side); DECODES names the three decodings. Where simplejpeg and torch are
 installed, `sources` adds "fast": full size by libjpeg-turbo, the views resampled by PyTorch
-(data.decoder="fast", cl_jax.data.fast_views), timed with `decoder_config`. `view_difference`
+(data.decoder="fast", cl_jax.data.fast_views), and where JAX runs on a GPU with nvImageCodec
+installed "gpu": the files' bytes read on the host, the crops decoded and resampled on the GPU
+(data.decoder="gpu", cl_jax.data.gpu_views); each timed with `decoder_config`. `view_difference`
 measures how far reduced decoding's views are from exact decoding's, and `decode_ms` the cost
 of decoding at each reduction.
 """
@@ -17,7 +20,7 @@ import numpy as np
 import PIL.Image
 
 from cl_jax.bench.jpeg_folder import class_names
-from cl_jax.data import fast_views, geometric, image_folder
+from cl_jax.data import fast_views, geometric, gpu_views, image_folder
 
 # The aspect-ratio range of the pipeline's crops (geometric.sample_crop's default, which
 # pipeline.pretrain_dataset does not change).
@@ -86,9 +89,11 @@ class JpegSource(image_folder.ImageFolderSource):
       crop_scale: tuple[float, float] = (0.08, 1.0),
       margin: float = 2.0,
       fast: bool = False,
+      gpu: bool = False,
   ):
     super().__init__(root, class_names)
     self.fast = fast  # decode by fast_views.decode (full size)
+    self.gpu = gpu  # no decoding: the bytes and the header's size (gpu_views.jpeg_record)
     self.view_size = view_size
     self.crop_scale = tuple(crop_scale)
     self.margin = margin
@@ -104,6 +109,9 @@ class JpegSource(image_folder.ImageFolderSource):
       raise IndexError(f"index {i} out of range for a source of {len(self)} images")
     if self.fast:
       return {"image": fast_views.decode(self.files[i]), "label": int(self.labels[i])}
+    if self.gpu:
+      with open(self.files[i], "rb") as f:
+        return {**gpu_views.jpeg_record(f.read(), self.files[i]), "label": int(self.labels[i])}
     with PIL.Image.open(self.files[i]) as image:
       width, height = image.size  # the header's: nothing is decoded yet
       k = self.reduction(width, height)
@@ -117,8 +125,9 @@ class JpegSource(image_folder.ImageFolderSource):
 # the faithful default; "reduced-max" the largest reduction that never upsamples a view.
 DECODES = {"exact": None, "reduced": 2.0, "reduced-max": 1.0}
 # Decodings whose views stay close to exact decoding's ("fast": within one grey level but at
-# a view's border, cl_jax.data.fast_views).
-FAITHFUL = ("exact", "reduced", "fast")
+# a view's border, cl_jax.data.fast_views; "gpu": the fast path's within one grey level, but for
+# the GPU decoder's rounding, cl_jax.data.gpu_views).
+FAITHFUL = ("exact", "reduced", "fast", "gpu")
 
 
 def sources(root: str, config) -> dict[str, JpegSource]:
@@ -136,19 +145,26 @@ def sources(root: str, config) -> dict[str, JpegSource]:
   }
   if "fast" in decodings():
     out["fast"] = JpegSource(root, names, fast=True)
+  if "gpu" in decodings():
+    out["gpu"] = JpegSource(root, names, gpu=True)
   return out
 
 
 def decodings() -> list[str]:
-  """The decodings `sources` gives here: DECODES, and "fast" where simplejpeg and torch are
-  installed."""
-  return list(DECODES) + ([] if fast_views.missing_packages() else ["fast"])
+  """The decodings `sources` gives here: DECODES, "fast" where simplejpeg and torch are
+  installed, "gpu" where gpu_views can run (nvImageCodec installed, JAX on a GPU)."""
+  return (
+      list(DECODES)
+      + ([] if fast_views.missing_packages() else ["fast"])
+      + ([] if gpu_views.unavailable() else ["gpu"])
+  )
 
 
 def decoder_config(config, mode: str):
-  """`config` with the data.decoder of decoding `mode` ("fast" for "fast", else "pil")."""
+  """`config` with the data.decoder of decoding `mode` ("fast" and "gpu" their own, else
+  "pil")."""
   config = config.copy_and_resolve_references()
-  config.data.decoder = "fast" if mode == "fast" else "pil"
+  config.data.decoder = mode if mode in ("fast", "gpu") else "pil"
   return config
 
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from cl_jax.data import geometric, image_folder
 
-DECODERS = ("pil", "fast")
+DECODERS = ("pil", "fast", "gpu")  # "gpu": cl_jax.data.gpu_views
 INSTALL = "pip install simplejpeg torch --extra-index-url https://download.pytorch.org/whl/cpu"
 _JPEG_MAGIC = b"\xff\xd8"
 

@@ -33,7 +33,7 @@ import numpy as np
 import tqdm
 from absl import logging
 
-from cl_jax.data import fast_views, image_folder
+from cl_jax.data import fast_views, gpu_views, image_folder
 from cl_jax.data.tfds_source import UNLABELLED, DatasetNotFoundError
 from cl_jax.runtime import metrics
 from cl_jax.runtime.errors import UsageError
@@ -164,7 +164,8 @@ class FolderSource:
       self, index: dict, bad_images: str = "stop", labelled: bool = False, decoder: str = "pil"
   ):
     """Raises UsageError when `labelled` is asked of an index without classes. `decoder`: "pil"
-    (image_folder.decode) or "fast" (fast_views.decode)."""
+    (image_folder.decode), "fast" (fast_views.decode) or "gpu" (records of the JPEG's bytes
+    and size, gpu_views.jpeg_record, for the pipeline's gpu path)."""
     folder = index["folder"]
     if labelled and index["classes"] is None:
       raise UsageError(
@@ -196,6 +197,9 @@ class FolderSource:
     if not 0 <= i < len(self):
       raise IndexError(f"index {i} out of range for a source of {len(self)} images")
     try:
+      if self.decoder == "gpu":
+        with open(self.files[i], "rb") as f:
+          return {**gpu_views.jpeg_record(f.read(), self.files[i]), "label": int(self.labels[i])}
       decode = fast_views.decode if self.decoder == "fast" else image_folder.decode
       pixels = image_folder.read(self.files[i], "set --config.data.bad_images=skip", decode)
     except image_folder.BadImageError:
@@ -219,4 +223,6 @@ def open_source(data: ml_collections.ConfigDict, role: str) -> FolderSource:
     raise UsageError("data.name=folder needs data.folder, the folder of your images")
   folder = split_folder(data.folder, role)
   index = cached_index(data.cache_dir, folder)
-  return FolderSource(index, data.bad_images, labelled=role != "pretrain", decoder=data.decoder)
+  # The probe's pipelines decode on the host: with decoder gpu, by libjpeg-turbo (PIL's pixels).
+  decoder = "fast" if data.decoder == "gpu" and role != "pretrain" else data.decoder
+  return FolderSource(index, data.bad_images, labelled=role != "pretrain", decoder=decoder)

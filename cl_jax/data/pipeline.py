@@ -20,7 +20,7 @@ import signal
 import grain
 import numpy as np
 
-from cl_jax.data import fast_views, geometric, texture_source
+from cl_jax.data import fast_views, geometric, gpu_views, texture_source
 from cl_jax.runtime import child_processes
 
 
@@ -86,7 +86,10 @@ def pretrain_dataset(
   p = process_index). Records are reshuffled every epoch; the last incomplete
   batch of an epoch is not dropped but continues into the next epoch (the
   stream is one infinite sequence). decoder "fast" resamples the views with
-  fast_views.apply_crop (the texture images' views stay geometric.apply_crop's).
+  fast_views.apply_crop (the texture images' views stay geometric.apply_crop's). decoder
+  "gpu" (a source of gpu_views.jpeg_record's) leaves the views to the device
+  (gpu_views.DeviceViews): an element holds jpeg (b, L) uint8 and jpeg_size (b,) int32, the
+  padded bytes (gpu_views.batch_records), in place of the views, with the same boxes and flips.
   """
   if batch_size % process_count:
     raise ValueError(
@@ -97,9 +100,18 @@ def pretrain_dataset(
   ds = grain.MapDataset.source(source).seed(seed).shuffle().repeat(None)
   if num_views < 2:
     raise ValueError(f"num_views must be at least 2 (query and key), got {num_views}")
-  ds = ds.random_map(_views(image_size, crop_scale, num_views, texture, decoder))
+  if decoder == "gpu":
+    if texture:
+      raise ValueError("decoder gpu cannot crop texture images (they are decoded on the host)")
+    ds = ds.random_map(
+        lambda record, rng: gpu_views.crop_record(record, rng, crop_scale, num_views)
+    )
+    batch_fn = gpu_views.batch_records
+  else:
+    ds = ds.random_map(_views(image_size, crop_scale, num_views, texture, decoder))
+    batch_fn = None
   # Chunks of b consecutive examples; global batch n is chunks [n P, (n+1) P).
-  ds = ds.batch(batch_size // process_count, drop_remainder=True)
+  ds = ds.batch(batch_size // process_count, drop_remainder=True, batch_fn=batch_fn)
   return ds[process_index::process_count]
 
 

@@ -7,6 +7,12 @@ from jax.sharding import Mesh
 
 from cl_jax.runtime.errors import UsageError
 
+# The data line's note on the decoding path (data.decoder; "pil" has none).
+_DECODERS = {
+    "fast": "; fast decoder (libjpeg-turbo, PyTorch's resize)",
+    "gpu": "; GPU decoder (nvImageCodec's crops, resized on the devices)",
+}
+
 
 def addons(config: ml_collections.ConfigDict) -> list[str]:
   """The add-ons a config switches on, each with its main settings."""
@@ -99,12 +105,7 @@ def startup(
       f"  steps     {steps_per_epoch} per epoch x {config.optim.epochs} epochs = {total}",
       f"  model     {model}; {num_params / 1e6:.2f} M parameters",
       f"  data      {config.data.name} {config.data.image_size} px: "
-      f"{split_sizes(config, pretrain_size)}"
-      + (
-          "; fast decoder (libjpeg-turbo, PyTorch's resize)"
-          if config.data.decoder == "fast"
-          else ""
-      ),
+      f"{split_sizes(config, pretrain_size)}" + _DECODERS.get(config.data.decoder, ""),
   ]
   lines += [f"  changed   {change}" for change in changes]
   return "\n".join(lines)
