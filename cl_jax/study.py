@@ -2,7 +2,11 @@
 
 python -m cl_jax.study --study=NAME[,NAME...]|claims [--seeds=5] [--workdir=runs/studies]
     [--results=results/studies] [--arms=ARM,...] [--set=FIELD=VALUE ...] [--report_only]
-    [--rerun_crossed] [--workers=N] [--deadline_s=S]
+    [--rerun_crossed] [--launcher=local] [--workers=N] [--deadline_s=S]
+python -m cl_jax.study --study=... --launcher=slurm [--slurm_partition=P] [--slurm_account=A]
+    [--slurm_qos=Q] [--slurm_time_min=60] [--slurm_cpus_per_task=1] [--slurm_gpus_per_task=0]
+    [--slurm_mem=16G] [--slurm_array_parallelism=256] [--dry_run]
+python -m cl_jax.study --study=... --status
 python -m cl_jax.study --list
 
 Run from anywhere (relative config paths resolve against the repository). Studies: the
@@ -26,10 +30,19 @@ members that ran elsewhere (under <results>/replaced/, their runs under <workdir
 trains them again on this machine: run it from a worktree of the records' commit, so that the
 new records pair with the old ones.
 
---workers=N trains N arm-seeds at once, as N processes (on a GPU, each with 1/N of its
-memory); --deadline_s=S starts no run that would end more than S seconds after the study began
-(by the longest run of its records on this machine): the rest wait for the next call, so that a
-fixed-length session on a device ends with whole records.
+Launchers (cl_jax.analysis.study_launch). --launcher=local (the default) trains here;
+--workers=N as N worker processes, each pinned to its share of this process's cores (and of the
+GPUs where there are N or more; else each with 1/N of their memory), each taking the next pending
+arm-seed that no other process holds (a lock per run directory, which a killed worker does not
+leave held); the outputs are rebuilt from the records at the end. --launcher=slurm submits the
+pending arm-seeds as one SLURM job array through submitit, one task per arm-seed, with the
+--slurm_* options (--dry_run prints the sbatch script and submits nothing); a task stopped by
+SLURM's warning signal or a preemption saves a checkpoint, is requeued and resumes. Run
+--report_only when the array has ended. --status lists each arm-seed as done, running, failed
+(with its error and its log's last line) or pending, from the records, the run directories and
+the scheduler. --deadline_s=S starts no run that would end more than S seconds after the study
+began (by the longest run of its records on this machine): the rest wait for the next call, so
+that a fixed-length session on a device ends with whole records.
 
 --set applies FIELD=VALUE (a Python literal, else a string) to every arm, e.g. a smaller model
 for a smoke test; such runs need their own --workdir and --results. --report_only rebuilds the
@@ -41,7 +54,6 @@ the end of its step with a checkpoint; the study then ends with that run's exit 
 """
 
 import ast
-import os
 import sys
 import time
 
@@ -49,7 +61,7 @@ from absl import app, flags, logging
 from etils import epath
 
 from cl_jax.analysis import study as study_lib
-from cl_jax.analysis import study_runs, study_summary
+from cl_jax.analysis import study_launch, study_runs, study_summary
 from cl_jax.runtime import cli, metrics
 from cl_jax.runtime.errors import UsageError
 
@@ -71,14 +83,35 @@ _RERUN_CROSSED = flags.DEFINE_bool(
 )
 
 
+_LAUNCHER = flags.DEFINE_enum(
+    "launcher", "local", study_launch.LAUNCHERS, "Where the runs train: here, or a SLURM array."
+)
 _WORKERS = flags.DEFINE_integer(
     "workers",
     1,
-    "Runs at once: N worker processes, each training every N-th pending arm-seed in seed-major "
-    "order (on a GPU they share it, each with 1/N of its memory).",
+    "--launcher=local: runs at once, as N worker processes pinned to shares of the cores (and "
+    "GPUs), each taking the next pending arm-seed that no other process holds.",
     lower_bound=1,
 )
-_PART = flags.DEFINE_string("part", None, "I/N: train as worker I of N (set by --workers).")
+_WORKER_CORES = flags.DEFINE_list(
+    "worker_cores", None, "The cores of one local worker (set by --workers)."
+)
+_STATUS = flags.DEFINE_bool("status", False, "List each arm-seed's state and stop.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "--launcher=slurm: print the sbatch script; submit nothing."
+)
+_SLURM_PARTITION = flags.DEFINE_string("slurm_partition", None, "SLURM partition.")
+_SLURM_ACCOUNT = flags.DEFINE_string("slurm_account", None, "SLURM account.")
+_SLURM_QOS = flags.DEFINE_string("slurm_qos", None, "SLURM quality of service.")
+_SLURM_TIME = flags.DEFINE_integer(
+    "slurm_time_min", 60, "Time limit of each task in minutes.", lower_bound=1
+)
+_SLURM_CPUS = flags.DEFINE_integer("slurm_cpus_per_task", 1, "CPUs per task.", lower_bound=1)
+_SLURM_GPUS = flags.DEFINE_integer("slurm_gpus_per_task", 0, "GPUs per task.", lower_bound=0)
+_SLURM_MEM = flags.DEFINE_string("slurm_mem", None, "Memory per task, e.g. 16G.")
+_SLURM_ARRAY = flags.DEFINE_integer(
+    "slurm_array_parallelism", 256, "Tasks of the array running at once.", lower_bound=1
+)
 _DEADLINE = flags.DEFINE_float(
     "deadline_s",
     None,
@@ -87,30 +120,59 @@ _DEADLINE = flags.DEFINE_float(
 )
 
 
-def parse_part(text: str | None) -> tuple[int, int]:
-  """(i, n) of --part=I/N (0 <= I < N); (0, 1) without it."""
-  if text is None:
-    return 0, 1
-  i, slash, n = text.partition("/")
-  if not (slash and i.isdigit() and n.isdigit() and int(i) < int(n)):
-    raise UsageError(f"--part={text}: give I/N with 0 <= I < N, e.g. --part=0/4")
-  return int(i), int(n)
-
-
 def run_workers(n: int) -> list[str]:
-  """This command's study as n worker processes (--part=i/n each, the other flags as given),
-  sharing a GPU's memory equally; returns one line per worker that failed (its runs' errors
-  are in its output above). A stop signal is passed on to every worker and ends the study."""
+  """This command's study as n local worker processes (study_launch.local_worker_commands, the
+  other flags as given); returns one line per worker that failed (its runs' errors are in its
+  output above). A stop signal is passed on to every worker and ends the study."""
   argv = [a for a in sys.argv[1:] if not a.startswith(("--workers", "--noworkers"))]
-  cmds = [[sys.executable, "-m", "cl_jax.study", *argv, f"--part={i}/{n}"] for i in range(n)]
-  env = dict(os.environ)
-  env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / n:.3f}")
+  cmds, envs = study_launch.local_worker_commands(argv, n)
   try:
-    codes = study_runs.run_children(cmds, env)
+    codes = study_runs.run_children(cmds, envs)
   except study_runs.StudyStopped as e:
     print(e, file=sys.stderr)
     sys.exit(e.code)
   return [f"worker {i} of {n} ended with status {c}" for i, c in enumerate(codes) if c]
+
+
+def slurm_options() -> study_launch.SlurmOptions:
+  return study_launch.SlurmOptions(
+      partition=_SLURM_PARTITION.value,
+      account=_SLURM_ACCOUNT.value,
+      qos=_SLURM_QOS.value,
+      time_min=_SLURM_TIME.value,
+      cpus_per_task=_SLURM_CPUS.value,
+      gpus_per_task=_SLURM_GPUS.value,
+      mem=_SLURM_MEM.value,
+      array_parallelism=_SLURM_ARRAY.value,
+  )
+
+
+def launch_slurm(studies: list, extra: tuple) -> None:
+  """--launcher=slurm: each study's pending arm-seeds (no record, no live claim) as one job
+  array, or with --dry_run its sbatch script."""
+  for s in studies:
+    study_lib.read_records(s, _SEEDS.value, _RESULTS.value, extra)  # refuse a changed arm first
+    items = [
+        (seed, a)
+        for seed, a in study_launch.arm_seeds(s, _SEEDS.value, _ARMS.value)
+        if not study_launch.recorded(_RESULTS.value, a.name, seed)
+        and not study_runs.is_claimed(study_lib.run_dir(_WORKDIR.value, a.name, seed))
+    ]
+    if not items:
+      print(f"{s.name}: no pending arm-seed")
+      continue
+    if _DRY_RUN.value:
+      print(f"{s.name}: {len(items)} tasks: {', '.join(f'{a.name} seed {n}' for n, a in items)}")
+      print(study_launch.sbatch_script(s.name, _WORKDIR.value, slurm_options(), len(items)))
+      continue
+    jobs = study_launch.submit_slurm(
+        s, items, _WORKDIR.value, _RESULTS.value, extra, slurm_options()
+    )
+    print(f"{s.name}: submitted {len(jobs)} tasks as SLURM array {jobs[0]['job_id'].split('_')[0]}")
+  print(
+      "follow them with --status; when they have ended, --report_only writes the tables "
+      f"(logs under {study_launch.slurm_folder(_WORKDIR.value, '<study>')})"
+  )
 
 
 def parse_set(items: list[str]) -> tuple[tuple[str, object], ...]:
@@ -163,11 +225,18 @@ def main(argv):
         print(f"{s.name}: {s.title}\n  arms: {', '.join(a.name for a in s.arms)}")
       return
     extra = parse_set(_SET.value)
-    studies, summaries = chosen(_STUDY.value), []
-    part, workers_failed = parse_part(_PART.value), []
-    if _WORKERS.value > 1 and not _REPORT_ONLY.value:
-      if _PART.value:
-        raise UsageError("give --workers or --part, not both")
+    studies, summaries, workers_failed = chosen(_STUDY.value), [], []
+    if _STATUS.value:
+      for s in studies:
+        rows = study_launch.status(s, _SEEDS.value, _WORKDIR.value, _RESULTS.value, _ARMS.value)
+        print(study_launch.status_table(s.name, rows))
+      return
+    if _LAUNCHER.value == "slurm" and not _REPORT_ONLY.value:
+      launch_slurm(studies, extra)
+      return
+    if _WORKER_CORES.value:
+      study_launch.pin([int(c) for c in _WORKER_CORES.value])
+    elif _WORKERS.value > 1 and not _REPORT_ONLY.value:
       workers_failed = run_workers(_WORKERS.value)  # then the tables, from their records
     if _REPORT_ONLY.value:
       found = [study_lib.read_records(s, _SEEDS.value, _RESULTS.value, extra) for s in studies]
@@ -192,7 +261,6 @@ def main(argv):
               extra,
               _ARMS.value,
               rerun_crossed=_RERUN_CROSSED.value,
-              part=part,
               deadline_s=_DEADLINE.value,
           )
         except study_runs.StudyStopped as e:

@@ -20,6 +20,7 @@ from cl_jax.analysis import (
     fingerprint,
     intervals,
     study,
+    study_launch,
     study_plot,
     study_records,
     study_runs,
@@ -813,6 +814,17 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path):
   assert summary["failed"] == ["arm base seed 0 failed: cl_jax.main ..."]
   assert sorted(c[:2] for c in calls) == [("base", 1), ("ns", 0), ("ns", 1)]
   assert summary["arms"]["base"]["seeds"] == [1] and summary["comparisons"][0]["seeds"] == [1]
+  # --status: the failed run with its error, the others done.
+  rows = study_launch.status(STUDY, 2, str(tmp_path / "runs"), str(tmp_path / "res"))
+  states = [(r["arm"], r["seed"], r["state"]) for r in rows]
+  assert states == [
+      ("base", 0, "failed"),
+      ("ns", 0, "done"),
+      ("base", 1, "done"),
+      ("ns", 1, "done"),
+  ]
+  assert rows[0]["detail"] == "arm base seed 0 failed: cl_jax.main ..."
+  assert "base seed 0: failed: arm base seed 0" in study_launch.status_table("pair", rows)
 
 
 # A stand-in for cl_jax.main: on SIGINT or SIGTERM it notes the signal and its process group (as
@@ -860,8 +872,8 @@ def test_a_child_without_a_signal_gives_its_status_and_a_stop_is_not_a_failed_ru
     )
 
 
-def test_a_deadline_leaves_runs_that_would_not_end_in_time_and_workers_split_the_rest(tmp_path):
-  work, results, calls = str(tmp_path / "runs"), str(tmp_path / "results"), []
+def test_a_deadline_leaves_runs_that_would_not_end_in_time_and_a_claimed_run_is_left(tmp_path):
+  work, results, calls, lines = str(tmp_path / "runs"), str(tmp_path / "results"), [], []
   run = lambda seeds, **kw: study.run(
       STUDY,
       seeds,
@@ -869,14 +881,18 @@ def test_a_deadline_leaves_runs_that_would_not_end_in_time_and_workers_split_the
       results,
       study_fakes.TINY,
       train=_fake_trainer(calls),
-      log=lambda s: None,
+      log=lines.append,
       here="AMD EPYC (avx512f avx2), jax 0.10.2",
       **kw,
   )
-  # Workers 0 and 1 of 2 take every other pending arm-seed in seed-major order.
-  assert run(1, part=(1, 2))["left"] == []
+  # Another process holds base seed 0's run directory: it is left to it, and taken once free.
+  with study_runs.claim(study_records.run_dir(work, "base", 0)) as mine:
+    assert mine and study_runs.is_claimed(study_records.run_dir(work, "base", 0))
+    assert run(1)["left"] == []
   assert [c[:2] for c in calls] == [("ns", 0)]
-  run(1, part=(0, 2))
+  assert any("base seed 0 is being trained by another process" in line for line in lines)
+  assert not study_runs.is_claimed(study_records.run_dir(work, "base", 0))
+  run(1)
   assert [c[:2] for c in calls] == [("ns", 0), ("base", 0)]
   # The fake runs took 10 s (seed 0) on this machine: with 5 s to go no run starts, with 60 s
   # every one does.

@@ -41,9 +41,16 @@ from cl_jax.analysis.study_records import (
     environment,
     record_path,
     refuse_changed,
+    run_dir,
     set_aside,
 )
-from cl_jax.analysis.study_runs import RunFailed, ensure_record, train_subprocess
+from cl_jax.analysis.study_runs import (
+    RunFailed,
+    claim,
+    ensure_record,
+    train_subprocess,
+    write_failure,
+)
 from cl_jax.analysis.study_summary import machine, markdown, metric_digits, summarise
 from cl_jax.runtime import metrics
 from cl_jax.runtime.errors import UsageError
@@ -247,20 +254,20 @@ def run(
     log: Callable[[str], None] = print,
     rerun_crossed: bool = False,
     here: str | None = None,
-    part: tuple[int, int] = (0, 1),
     deadline_s: float | None = None,
 ) -> dict:
-  """Records for every arm (or those in `only`) and seed 0 .. seeds - 1, trained where
-  missing, with the outputs rewritten after each new record. With `rerun_crossed`, the
-  records of crossed pairs that were computed on another machine than `here` (by default this
-  one: study_summary.machine of its environment and device) are set aside first
-  (study_records.set_aside) and trained again. A run that fails (RunFailed) is reported and
-  the others go on. `part` (i, n): train only the i-th of every n pending arm-seeds in
-  seed-major order (one of n workers, cl_jax.study --workers). `deadline_s`: start no run that
-  would end more than deadline_s seconds after this call began, by the longest wall time of
-  the study's records on this machine (a fixed-length device session); those are left for the
-  next call. Returns summarise()'s dict over every record of the study's arms, with "failed":
-  one line per failed run, and "left": one per arm-seed left for the next call."""
+  """Records for every arm (or those in `only`) and seed 0 .. seeds - 1, trained where missing, with
+  the outputs rewritten after each new record. With `rerun_crossed`, the records of crossed pairs
+  that were computed on another machine than `here` (by default this one: study_summary.machine of
+  its environment and device) are set aside first (study_records.set_aside) and trained again. A run
+  that fails (RunFailed) is reported and the others go on (its run directory keeps the error,
+  study_runs.write_failure). An arm-seed whose run directory another live process has claimed
+  (study_runs.claim: a worker of cl_jax.study --workers, a SLURM task, another session) is left to
+  it. `deadline_s`: start no run that would end more than deadline_s seconds after this call began,
+  by the longest wall time of the study's records on this machine (a fixed-length device session);
+  those are left for the next call. Returns summarise()'s dict over every record of the study's
+  arms, with "failed": one line per failed run, and "left": one per arm-seed left for the next
+  call."""
   names = [a.name for a in study.arms]
   unknown = [n for n in (only or ()) if n not in names]
   if unknown:
@@ -291,13 +298,8 @@ def run(
 
   items = [(s, a) for s in range(seeds) for a in chosen]
   pending = [item for item in items if not recorded(*item)]
-  # Worker i of n trains every n-th pending arm-seed; the first also reads (and completes the
-  # analyses of) those recorded before.
-  mine = set(pending[part[0] :: part[1]])
   for s, a in items:
     existed = (s, a) not in pending
-    if (s, a) not in mine and not (existed and part[0] == 0):
-      continue
     if not existed and deadline_s is not None:
       elapsed, longest = time.monotonic() - began, max(walls, default=0.0)
       if elapsed + longest > deadline_s:
@@ -307,12 +309,17 @@ def run(
             f"elapsed, runs take up to {longest:.0f} s here, deadline {deadline_s:.0f} s)"
         )
         continue
-    try:
-      record = ensure_record(a, s, workdir, results, extra, study.analyses, train, log)
-    except RunFailed as e:
-      failed.append(str(e))
-      log(f"{study.name}: {e}")
-      continue
+    with claim(run_dir(workdir, a.name, s)) as mine:
+      if not mine:
+        log(f"{study.name}: {a.name} seed {s} is being trained by another process: left to it")
+        continue
+      try:
+        record = ensure_record(a, s, workdir, results, extra, study.analyses, train, log)
+      except RunFailed as e:
+        failed.append(str(e))
+        log(f"{study.name}: {e}")
+        write_failure(run_dir(workdir, a.name, s), str(e))
+        continue
     if not existed:
       if record.get("wall_s"):
         walls.append(record["wall_s"])

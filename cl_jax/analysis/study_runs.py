@@ -1,17 +1,26 @@
 """Running a study's arm at a seed (cl_jax.analysis.study): cl_jax.main's pretraining and fast
 probe, then the arm's analyses, each in a process of its own, and the record that is read when it
 exists, else trained (or resumed, or only analysed) and written.
+
+Several processes may work on one study at once (cl_jax.study's local workers, a SLURM job
+array, two sessions): `claim` gives one of them a run directory at a time, by an OS lock that
+the kernel drops when its holder dies, however it ends; a run that fails leaves FAILED_FILE (its
+error and the last line of its log) beside its run, and every command's output is kept in
+LOG_FILE there as well as shown.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from etils import epath
@@ -36,6 +45,80 @@ if TYPE_CHECKING:
   from cl_jax.analysis.study import Arm
 
 NORMSTD_FLAGS = ("--images=256", "--crop_scale=0.08,1")
+LOCK_FILE = "study.lock"  # in a run directory: held while a process trains it (claim)
+FAILED_FILE = "failed.json"  # in a run directory: the last attempt's error (write_failure)
+LOG_FILE = "study.log"  # in a run directory: the output of its commands, appended
+# cl_jax.main's --stop_signal for the runs of this process (a SLURM task's warning signal).
+STOP_SIGNAL_ENV = "CL_JAX_STUDY_STOP_SIGNAL"
+# The claim's lock file descriptor, inherited by the commands a run starts, so that the claim
+# lasts as long as any of them (a trainer still saving after its parent was killed).
+_held_fds: list[int] = []
+
+
+@contextlib.contextmanager
+def claim(directory: epath.Path, wait_s: float = 0.0) -> Iterator[bool]:
+  """Yields whether this process holds the run directory's study lock (LOCK_FILE, flock), held
+  until the block ends (and by the commands it starts, whose descriptor it is); False when
+  another live process holds it after waiting up to wait_s seconds. A URL directory (gs://)
+  has no such lock: always True."""
+  if "://" in str(directory):
+    yield True
+    return
+  os.makedirs(str(directory), exist_ok=True)
+  fd = os.open(os.path.join(str(directory), LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    deadline = time.monotonic() + wait_s
+    while True:
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+      except BlockingIOError:
+        if time.monotonic() >= deadline:
+          yield False
+          return
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    _held_fds.append(fd)
+    try:
+      yield True
+    finally:
+      _held_fds.remove(fd)
+      fcntl.flock(fd, fcntl.LOCK_UN)
+  finally:
+    os.close(fd)
+
+
+def is_claimed(directory: epath.Path) -> bool:
+  """Whether a live process holds the run directory's study lock (claim)."""
+  path = os.path.join(str(directory), LOCK_FILE)
+  if "://" in str(directory) or not os.path.exists(path):
+    return False
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+  except BlockingIOError:
+    return True
+  finally:
+    os.close(fd)
+
+
+def last_line(path: str) -> str:
+  """The last non-empty line of the text file `path` ("" when there is none)."""
+  try:
+    with open(path, "rb") as f:
+      f.seek(max(0, os.path.getsize(path) - 8192))
+      lines = [x for x in f.read().decode("utf-8", "replace").splitlines() if x.strip()]
+  except OSError:
+    return ""
+  return lines[-1].strip() if lines else ""
+
+
+def write_failure(directory: epath.Path, error: str) -> None:
+  """FAILED_FILE in the run directory: the error and its log's last line."""
+  log = os.path.join(str(directory), LOG_FILE)
+  record = {"error": error, "log": log, "last_line": last_line(log), "time": time.time()}
+  metrics.write_atomically(epath.Path(directory) / FAILED_FILE, json.dumps(record, indent=1))
 
 
 class RunFailed(UsageError):
@@ -55,17 +138,42 @@ class StudyStopped(Exception):
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def run_child(cmd: list[str]) -> int:
-  """Run `cmd` and return its exit status (run_children with one command)."""
-  return run_children([cmd])[0]
+def run_child(cmd: list[str], log: str | None = None) -> int:
+  """Run `cmd` and return its exit status (run_children with one command); with `log`, its
+  output is appended to that file as well as shown."""
+  return run_children([cmd], logs=None if log is None else [log])[0]
 
 
-def run_children(cmds: list[list[str]], env: dict | None = None) -> list[int]:
-  """Run the commands `cmds` at once (with environment `env`, by default this process's) and
-  return their exit statuses. Each child has its own process group, so a terminal's Ctrl-C
-  reaches this process only; while they run, SIGINT and SIGTERM sent here are passed on to every
-  child (cl_jax.main then stops at the end of its step with a checkpoint) and the wait goes on
-  until all have ended. Raises StudyStopped after such a signal."""
+def _tee(stream, out, path: str) -> threading.Thread:
+  """A thread copying the pipe `stream` to the text stream `out` (this process's stdout or
+  stderr) and to the file `path`, line by line."""
+
+  def copy():
+    with open(path, "ab") as f:
+      for line in iter(stream.readline, b""):
+        out.buffer.write(line)
+        out.flush()
+        f.write(line)
+        f.flush()
+    stream.close()
+
+  thread = threading.Thread(target=copy, daemon=True)
+  thread.start()
+  return thread
+
+
+def run_children(
+    cmds: list[list[str]],
+    env: dict | list[dict] | None = None,
+    logs: list[str | None] | None = None,
+) -> list[int]:
+  """Run the commands `cmds` at once (with environment `env`, by default this process's; a list: one
+  per command) and return their exit statuses. Each child has its own process group, so a terminal's
+  Ctrl-C reaches this process only; while they run, SIGINT and SIGTERM sent here are passed on to
+  every child (cl_jax.main then stops at the end of its step with a checkpoint) and the wait goes on
+  until all have ended. Raises StudyStopped after such a signal. logs[i], where given: a file that
+  command i's output (stdout and stderr) is appended to, as well as shown. The children inherit
+  the run directory's claim (claim)."""
   received, pending, children = [], [], []  # pending: came before the children started
 
   def forward(signum, frame):
@@ -79,12 +187,27 @@ def run_children(cmds: list[list[str]], env: dict | None = None) -> list[int]:
 
   previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
   try:
-    children.extend(subprocess.Popen(cmd, process_group=0, env=env) for cmd in cmds)
+    tees = []
+    envs = env if isinstance(env, list) else [env] * len(cmds)
+    for cmd, log, child_env in zip(cmds, logs or [None] * len(cmds), envs):
+      child = subprocess.Popen(
+          cmd,
+          process_group=0,
+          env=child_env,
+          pass_fds=tuple(_held_fds),
+          stdout=None if log is None else subprocess.PIPE,
+          stderr=None if log is None else subprocess.PIPE,
+      )
+      children.append(child)
+      if log is not None:
+        tees += [_tee(child.stdout, sys.stdout, log), _tee(child.stderr, sys.stderr, log)]
     while pending:
       signum = pending.pop(0)
       for child in children:
         child.send_signal(signum)
     codes = [child.wait() for child in children]
+    for thread in tees:
+      thread.join()
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
@@ -134,6 +257,8 @@ def train_subprocess(
   run's time counts only the part after the resume."""
   where = os.path.abspath(str(directory)) if "://" not in str(directory) else str(directory)
   main = [sys.executable, "-m", "cl_jax.main", *main_flags(arm_, seed, extra)]
+  if os.environ.get(STOP_SIGNAL_ENV):  # a scheduler's warning signal (study_launch's tasks)
+    main.append(f"--stop_signal={os.environ[STOP_SIGNAL_ENV]}")
   step = total_steps(arm_config(arm_, seed, extra))
   commands = [] if probe_report(epath.Path(where), step) else [main + [f"--workdir={where}"]]
   if (
@@ -146,9 +271,10 @@ def train_subprocess(
   if not (epath.Path(where) / fingerprint.FILE).exists():
     commands.append([sys.executable, "-m", "cl_jax.analysis.fingerprint", f"--workdir={where}"])
   wall_s = None
+  log = None if "://" in where else os.path.join(where, LOG_FILE)
   for cmd in commands:
     start = time.perf_counter()
-    if run_child(cmd) != 0:
+    if run_child(cmd, log) != 0:
       raise RunFailed(f"arm {arm_.name} seed {seed} failed: {' '.join(cmd[1:])}")
     if cmd[:3] == main[:3]:
       wall_s = time.perf_counter() - start
@@ -199,4 +325,5 @@ def ensure_record(
     record.update(wall_s=previous["wall_s"], environment=previous["environment"])
   path.parent.mkdir(parents=True, exist_ok=True)
   metrics.write_atomically(path, json.dumps(record, indent=1))
+  (directory / FAILED_FILE).unlink(missing_ok=True)  # an earlier attempt's
   return record
