@@ -14,7 +14,9 @@ float32, the add-on alone at its defaults), not the run's own settings, so arms 
 setting (patch negatives at alpha 1 and alpha 3) share the component's fingerprint, and a comparison
 checks every component its records have in common (cl_jax.analysis.study_summary). The values are
 float32 and exact: the same code on the same processor's arithmetic gives the same bits (README
-"Reproducibility": another processor may not).
+"Reproducibility": another processor may not). The command computes them on one core: XLA's CPU
+kernels split their sums over as many threads as the process has cores, which changes the last
+bits, and a study's runs have as many cores as their launcher gives them (cl_jax.study --workers).
 
 The source digest is a SHA-256 over the tracked files of cl_jax/ and configs/ (paths and
 contents), which names a code version whether or not it is committed; the study runner stores
@@ -169,6 +171,8 @@ def main(argv):
   from absl import flags
 
   workdir = flags.FLAGS.workdir
+  # One core, before JAX's CPU backend starts its threads (module docstring).
+  os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
   with cli.report():
     if not workdir or not os.path.exists(os.path.join(workdir, "config.json")):
       raise UsageError(f"--workdir={workdir} holds no run (no config.json)")
