@@ -15,11 +15,14 @@ import time
 import pytest
 
 from cl_jax.analysis import study_launch, study_records, study_runs
+from cl_jax.studies import STUDIES
 from tests import slurm_cluster, tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [f"--set={f[len('--config.') :]}" for f in tiny_run.FLAGS if f.startswith("--config.")]
-TINY += ["--set=optim.epochs=2", "--set=eval.every=0"]  # 16 steps
+# 64 steps: long enough (about 6 s on a Zen 4 core) to be signalled mid-run.
+TINY += ["--set=optim.epochs=8", "--set=eval.every=0"]
+STEPS = 64
 ARMS = ("mocov2_nojitter", "mocov2_patchns_nojitter")  # ge_nojitter's
 
 
@@ -124,11 +127,13 @@ def cluster(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_study_on_slurm_gives_the_local_workers_records(tmp_path, cluster):
+def test_a_study_on_slurm_gives_the_local_workers_records(tmp_path, cluster, monkeypatch):
   """Local, 2 pinned workers: the 4 records. SLURM, one array of 4 tasks of 1 core each: one
   arm-seed fails (its run directory was started under other code) and shows as failed with its
-  error in --status; one task gets SLURM's warning signal mid-run, saves, is requeued and
-  resumes; the other three records equal the local ones (probe metrics and code fingerprints)."""
+  error in --status; one task, shown running, gets SLURM's warning signal mid-run, saves, is
+  requeued and resumes; the other three records equal the local ones (probe metrics and code
+  fingerprints). The failed run's directory emptied, a second array of its one task completes
+  the study: the local workers' 4 records and report."""
   local = _study(f"--workdir={tmp_path}/lw", f"--results={tmp_path}/lr", "--workers=2")
   assert local.returncode == 0, local.stderr[-3000:]
   want = _records(tmp_path / "lr")
@@ -145,14 +150,15 @@ def test_a_study_on_slurm_gives_the_local_workers_records(tmp_path, cluster):
   jobs = json.loads((work / "slurm" / "ge_nojitter" / "jobs.json").read_text())
   signalled = next(j["job_id"] for j in jobs if (j["arm"], j["seed"]) == (ARMS[0], 0))
   metrics_file = study_records.run_dir(str(work), ARMS[0], 0) / "metrics.jsonl"
+  steps = lambda: len(metrics_file.read_text().splitlines()) if metrics_file.exists() else 0
   deadline = time.monotonic() + 900
-  while time.monotonic() < deadline:  # the task is mid-run: a few steps logged
-    if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 3:
-      break
-    time.sleep(0.5)
-  else:
-    pytest.fail("the task never logged 3 steps\n" + cluster.logs())
+  while steps() < 2 and time.monotonic() < deadline:  # the task trains
+    time.sleep(0.1)
+  monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])  # for squeue
+  rows = study_launch.status(STUDIES["ge_nojitter"], 2, str(work), str(results))
+  assert rows[0]["state"] == "running" and rows[0]["job_id"] == signalled, rows
   cluster.run("scancel", f"--signal={study_launch.STOP_SIGNAL}", signalled)
+  assert 0 < steps() < STEPS, f"the signal came at step {steps()} of {STEPS}, not mid-run"
   while time.monotonic() < deadline:
     if not cluster.run("squeue", "-h", "-r").stdout.strip():
       break
@@ -176,3 +182,17 @@ def test_a_study_on_slurm_gives_the_local_workers_records(tmp_path, cluster):
       status.stdout.count(": done") == 3
       and "3 done, 0 running, 1 failed, 0 pending" in status.stdout
   )
+  # The failed run's directory emptied, the same command submits only it; then the report.
+  for path in broken.iterdir():
+    path.unlink()
+  again = _study(f"--workdir={work}", f"--results={results}", "--launcher=slurm", env=cluster.env)
+  assert "submitted 1 tasks as SLURM array" in again.stdout, again.stdout + again.stderr[-2000:]
+  deadline = time.monotonic() + 600
+  while cluster.run("squeue", "-h", "-r").stdout.strip() and time.monotonic() < deadline:
+    time.sleep(2)
+  assert _records(results) == want
+  report = _study(f"--workdir={work}", f"--results={results}", "--report_only", env=cluster.env)
+  assert report.returncode == 0, report.stderr[-2000:]
+  assert (results / "ge_nojitter.md").read_text() == (
+      tmp_path / "lr" / "ge_nojitter.md"
+  ).read_text()
