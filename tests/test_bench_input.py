@@ -221,6 +221,13 @@ def test_measure_times_pipeline_and_loops_and_prints_the_ratio(folder):
   text = bench_input.table(out)
   assert "ratio = JPEG loop img/s / in-memory loop img/s" in text
   assert "fastest faithful:" in text
+  # Per decoding: img/s of one decoding process (0 workers here), and the cores that feed the loop.
+  memory_rate = float(np.median(memory))
+  for row in bench_input.feeding(out):
+    per_core = next(r["img_per_s"] for r in out["pipeline"] if r["decode"] == row["decode"])
+    assert row["img_per_s_per_core"] == per_core
+    assert row["cores_to_feed"] == round(memory_rate / per_core, 2)
+    assert f"{row['decode']:<12} {per_core:>20.1f}" in text
 
 
 def test_steady_rate_leaves_out_the_batches_held_ready():

@@ -27,7 +27,9 @@ crops, the GPU decodes the crops and resamples the views, cl_jax.data.gpu_views)
             decoding with 0 and N (the CPU count) workers, and of the same loop on two batches
             of the pipeline held in memory, which runs before the first JPEG loop and after
             each; ratio = JPEG loop img/s / the mean of the in-memory runs beside it (1: the
-            pipeline keeps up with the step); and a verdict on the fastest faithful decoding.
+            pipeline keeps up with the step); per decoding, the img/s of one decoding process
+            (per host core), the host cores that would feed the in-memory loop, and for gpu
+            the img/s per device (`feeding`); and a verdict on the fastest faithful decoding.
 
 Worker start-up and compilation are kept out of every rate: the timing starts after warmup
 batches (or steps) taken from the started iterator.
@@ -379,6 +381,28 @@ def _memory_rate(out: dict) -> float:
   return float(np.median([r["img_per_s"] for r in out["memory"]]))
 
 
+def feeding(out: dict) -> list[dict]:
+  """Per decoding, what feeding the in-memory loop takes: rows {"decode", "img_per_s_per_core"
+  (the pipeline's rate with one decoding process, 0 or 1 workers, the better; for gpu the
+  host's part), "cores_to_feed"
+  (the in-memory loop's img/s over it), and for gpu "img_per_s_per_device" (the device side
+  alone)}."""
+  memory = _memory_rate(out)
+  rows = []
+  for mode in dict.fromkeys(r["decode"] for r in out["pipeline"]):
+    one = [r for r in out["pipeline"] if r["decode"] == mode and r["workers"] <= 1]
+    per_core = max(r["img_per_s"] for r in one)
+    row = {
+        "decode": mode,
+        "img_per_s_per_core": per_core,
+        "cores_to_feed": round(memory / per_core, 2),
+    }
+    if mode == "gpu" and "device_decode" in out:
+      row["img_per_s_per_device"] = out["device_decode"]["img_per_s_per_device"]
+    rows.append(row)
+  return rows
+
+
 def verdict(out: dict) -> str:
   """The fastest loop of a faithful decoding (exact or reduced) and, where it falls short of
   the in-memory loop, by how much and what would close the gap."""
@@ -465,8 +489,17 @@ def table(out: dict) -> str:
     )
   lines += [
       "ratio = JPEG loop img/s / in-memory loop img/s (the mean of the runs beside it)",
-      verdict(out),
+      "",
+      f"feeding the in-memory loop's {memory:.1f} img/s",
+      f"{'decode':<12} {'img/s per host core':>20} {'host cores':>11} {'img/s per device':>17}",
   ]
+  for r in feeding(out):
+    device = f"{r['img_per_s_per_device']:.1f}" if "img_per_s_per_device" in r else ""
+    lines.append(
+        f"{r['decode']:<12} {r['img_per_s_per_core']:>20.1f} {r['cores_to_feed']:>11.2f} "
+        f"{device:>17}"
+    )
+  lines.append(verdict(out))
   return "\n".join(lines)
 
 

@@ -166,6 +166,16 @@ def jpeg_section(result: dict) -> list[str]:
         f"| {r['decode']} | {r['workers']} | {r['img_per_s']:.1f} | "
         f"{r['img_per_s_per_worker']:.1f} |"
     )
+  lines += [
+      "",
+      "| feeding the in-memory loop | img/s per host core | host cores | img/s per device |",
+      "|---|---:|---:|---:|",
+  ]
+  for r in bench_input.feeding(result):
+    device = f"{r['img_per_s_per_device']:.1f}" if "img_per_s_per_device" in r else ""
+    lines.append(
+        f"| {r['decode']} | {r['img_per_s_per_core']:.1f} | {r['cores_to_feed']:.2f} | {device} |"
+    )
   return lines + ["", bench_input.verdict(result), ""]
 
 
