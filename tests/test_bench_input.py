@@ -215,6 +215,11 @@ def test_measure_times_pipeline_and_loops_and_prints_the_ratio(folder):
     assert np.isfinite(r["loss"]) and r["memory_img_per_s"] == beside
     assert r["ratio"] == round(r["img_per_s"] / ((memory[i] + memory[i + 1]) / 2), 3)
   assert set(out["view_difference"]) == {"reduced", "reduced-max"}
+  assert set(out["decoder_difference"]) == {"fast"} & set(jpeg_decode.decodings())
+  # The fast path's views: PIL's within a grey level but at their border (tests/test_fast_views.py),
+  # which is a large share of these small views' pixels.
+  for v in out["decoder_difference"].values():
+    assert 0 < v["mean_abs"] < 1 and 0 < v["above_1"] < 0.25
   assert out["same_as_exact"] == []
   assert out["folder"]["images"] == 30
   json.dumps(out)  # the --json output

@@ -163,6 +163,20 @@ def loop_rate(loop: Loop, batches, steps: int, warmup: int, to_devices=None) -> 
   }
 
 
+def decoder_difference(config, exact, source, mode: str, mesh) -> dict:
+  """How far the views of decoding `mode` ("fast" or "gpu", read from `source`) are from the
+  default path's (PIL, from `exact`) on the pipeline's first batch, the same crops drawn from
+  the same seed: mean_abs (grey levels) and above_1 (the fraction of pixels more than one grey
+  level apart)."""
+  batches = {}
+  for name, src, cfg in (("pil", exact, config), (mode, source, decoder_config(config, mode))):
+    local = train.pretrain_data(cfg, src)[0]
+    batch = train.input_to_devices(cfg, mesh)(local)
+    batches[name] = np.concatenate([np.asarray(batch["view1"]), np.asarray(batch["view2"])])
+  diff = np.abs(batches[mode].astype(np.int32) - batches["pil"].astype(np.int32))
+  return {"mean_abs": round(float(diff.mean()), 3), "above_1": round(float((diff > 1).mean()), 5)}
+
+
 def device_decode_rate(config, source, mesh, batches: int) -> dict:
   """img/s of the gpu path's device side alone (gpu_views.DeviceViews: decoding the crops,
   filling the canvas, resampling) on two batches of its pipeline held in memory, over `batches`
@@ -351,7 +365,8 @@ def measure(
   images); same_as_exact (the reduced modes that reduce no image of the folder, which are not
   timed); pipeline (a pipeline_rate row, with its decode, per timed mode and count of
   pipeline_workers, default worker_counts; at least pipeline_images images timed; for "gpu" the
-  host's part: reading the bytes and drawing the crops); device_decode (where "gpu" is timed:
+  host's part: reading the bytes and drawing the crops); decoder_difference (per timed "fast"
+  and "gpu": decoder_difference); device_decode (where "gpu" is timed:
   device_decode_rate over `steps` batches); compile_s;
   global_batch; memory (loop_rate rows of the loop on two batches held in memory: one before the
   JPEG loops and one after each); loop (a loop_rate row per timed mode and count of loop_workers,
@@ -364,6 +379,11 @@ def measure(
   out = _folder_measurements(root, modes, same, compare_images)
   out["pipeline"] = _pipeline_rows(config, timed, pipeline_workers, pipeline_images)
   mesh = parallel.make_mesh() if mesh is None else mesh
+  out["decoder_difference"] = {
+      mode: decoder_difference(config, modes["exact"], source, mode, mesh)
+      for mode, source in timed.items()
+      if mode in ("fast", "gpu")
+  }
   if "gpu" in timed:
     out["device_decode"] = device_decode_rate(config, timed["gpu"], mesh, steps)
   loop = make_loop(config, len(modes["exact"].files), mesh)
@@ -447,6 +467,11 @@ def table(out: dict) -> str:
     )
   for mode in out["same_as_exact"]:
     lines.append(f"{mode}: reduces no image at this view size and crop scale, the same as exact")
+  for mode, v in out.get("decoder_difference", {}).items():
+    lines.append(
+        f"{mode}: views differ from the default (PIL) path's by {v['mean_abs']:.3f} grey levels "
+        f"(mean absolute, the same crops), by more than 1 in {100 * v['above_1']:.2f}% of pixels"
+    )
   lines += [
       "",
       "input pipeline alone",
