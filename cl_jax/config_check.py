@@ -11,13 +11,13 @@ from cl_jax.addons import dicr
 from cl_jax.data import photometric
 from cl_jax.evaluators import MONITORS
 from cl_jax.models import resnet
+from cl_jax.objectives import METHODS
+from cl_jax.objectives.forward import SHUFFLE_BN_MODES
 from cl_jax.runtime.config_fields import ConfigError as ConfigError  # callers catch it here
 from cl_jax.runtime.config_fields import boolean, choice, fail, get, integer, interval, number
 from cl_jax.runtime.errors import UsageError
 
-METHODS = ("moco", "simclr", "byol", "simsiam")
 BN_MODES = ("sync", "local", "shuffle", "shuffle_stats")
-SHUFFLE_BN_MODES = ("shuffle", "shuffle_stats")  # MoCo's key encoder only
 NS_KINDS = ("patch", "texture")
 LOOC_AUGMENTATIONS = ("colour", "rotation", "texture")
 PROBE_FEATURES = ("backbone", "heads")
@@ -203,13 +203,13 @@ def _check_model(c) -> None:
   boolean(c, "model.head_bn")
   boolean(c, "model.head_out_bn")
   predictor = integer(c, "model.predictor_hidden_dim", 0)
-  if method in ("byol", "simsiam") and predictor == 0:
+  if METHODS[method].predictor and predictor == 0:
     fail(
         "model.predictor_hidden_dim",
         predictor,
         f"method {method!r} needs a predictor: " "set the width of its hidden layer (> 0)",
     )
-  if method in ("moco", "simclr") and predictor:
+  if not METHODS[method].predictor and predictor:
     fail("model.predictor_hidden_dim", predictor, f"method {method!r} has no predictor; " "set 0")
   choice(c, "model.dtype", DTYPES)
   choice(c, "model.grad_reduce_dtype", DTYPES)
@@ -493,7 +493,7 @@ def validate(
   num_devices: devices on the `data` mesh axis. reads_data=False skips the
   dataset location check (for jobs that never open the dataset, the benchmark).
   """
-  choice(c, "method", METHODS)
+  choice(c, "method", tuple(METHODS))
   integer(c, "seed", 0, 2**31 - 1)
   _check_data(c, reads_data)
   _check_model(c)

@@ -35,7 +35,7 @@ import ml_collections
 import optax
 from etils import epath
 
-from cl_jax import batch_plan, config_check, memory_queue, optim
+from cl_jax import batch_plan, config_check, memory_queue, objectives, optim
 from cl_jax import train_step as step_lib
 from cl_jax.analysis import collapse
 from cl_jax.data import gpu_views, pipeline, sources, texture_source
@@ -216,18 +216,18 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh) -> Built:
   schedule = optim.lr_schedule(config.optim, spe)
   tx = optim.make_optimizer(config.optim, schedule)
   encoder = encoder_for(config, mesh)
-  moco = config.method == "moco"
+  method = objectives.method_of(config)
   init = functools.partial(
       init_state,
       config.seed,
       encoder,
       tx,
       image_size=config.data.image_size,
-      queue_size=config.moco.queue_size if moco else 0,
+      queue_size=config.moco.queue_size if method.queue else 0,
       embed_dim=config.model.head_out_dim,
       queue_shards=mesh.shape[parallel.DATA_AXIS],
       keys_per_step=step_lib.keys_per_step(config),
-      target=config.method in ("moco", "byol"),
+      target=method.target,
       queue_heads=head_layout(config)["heads"] if config.looc.enabled else None,
   )
   make_state = jax.jit(init, out_shardings=parallel.state_sharding(jax.eval_shape(init), mesh))

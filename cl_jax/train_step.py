@@ -23,11 +23,11 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
+from cl_jax import objectives
 from cl_jax.addons import dicr
 from cl_jax.addons import from_config as addons_lib
 from cl_jax.addons.from_config import AddOns
 from cl_jax.data import photometric
-from cl_jax.objectives import byol, looc, moco, simclr, simsiam
 from cl_jax.objectives.forward import Views
 from cl_jax.objectives.moco import keys_per_step
 from cl_jax.runtime import parallel
@@ -69,19 +69,9 @@ def layer_grad_norms(grads) -> dict[str, jax.Array]:
 def make_objective(
     config: ml_collections.ConfigDict, encoder, mesh: Mesh, addons: AddOns, steps_per_epoch: int
 ):
-  """The objective of config.method with its add-ons: objective(state, Views) -> (loss,
-  grads, state updates, stats). LooC's extra heads and views make a MoCo step of their own."""
-  if config.method == "moco":
-    if addons.looc_views is not None:
-      return looc.make_objective(config, encoder, mesh)
-    return moco.make_objective(config, encoder, mesh, addons)
-  if config.method == "simclr":
-    return simclr.make_objective(config, encoder, addons)
-  if config.method == "byol":
-    return byol.make_objective(config, encoder, addons, steps_per_epoch)
-  if config.method == "simsiam":
-    return simsiam.make_objective(encoder, addons)
-  raise ValueError(f"method must be one of moco, simclr, byol, simsiam; got {config.method!r}")
+  """The objective of the config's method (objectives.method_of) with its add-ons:
+  objective(state, Views) -> (loss, grads, state updates, stats)."""
+  return objectives.method_of(config).build(config, encoder, mesh, addons, steps_per_epoch)
 
 
 def num_views(config: ml_collections.ConfigDict) -> int:

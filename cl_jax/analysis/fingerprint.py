@@ -96,8 +96,10 @@ def components(config: ml_collections.ConfigDict) -> list[str]:
   3x3/2 max-pool and its hand-written backward, cl_jax.models.pooling) is one more,
   "+imagenet_stem"; a bfloat16 network (model.dtype, whose views are also held in bfloat16
   between the augmentation's passes, cl_jax.data.photometric) is one more, "+bfloat16"."""
+  from cl_jax.objectives import METHODS
+
   method = config.method
-  base = "moco_symmetric" if method == "moco" and config.moco.symmetric else method
+  base = METHODS[method].component(config)
   out = [base]
   if method == "moco" and config.model.bn_mode == "shuffle_stats":
     out.append(f"{base}+shuffle_stats")

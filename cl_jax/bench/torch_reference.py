@@ -62,6 +62,7 @@ from cl_jax import config_check
 from cl_jax import train_step as step_lib
 from cl_jax.data import photometric
 from cl_jax.models.resnet import base_width
+from cl_jax.objectives import forward
 from cl_jax.runtime import cli
 
 try:
@@ -354,7 +355,7 @@ def make_step(model: MoCo, config, compile: bool):
   device = model.queue.device
   amp = autocast_dtype(config, device)
   pairs = 2 if config.moco.symmetric else 1
-  shuffle = config.model.bn_mode in config_check.SHUFFLE_BN_MODES
+  shuffle = config.model.bn_mode in forward.SHUFFLE_BN_MODES
 
   def step(view1, view2, perms=None, params=None):
     if perms is None:

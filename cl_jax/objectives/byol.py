@@ -16,6 +16,7 @@ from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import byol
 from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
 
@@ -73,3 +74,13 @@ def make_objective(
     return loss, grads, updates, {**stats, "tau": tau}
 
   return objective
+
+
+METHOD = Method(
+    "byol",
+    lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(
+        config, encoder, addons, steps_per_epoch
+    ),
+    target=True,
+    predictor=True,
+)

@@ -12,8 +12,10 @@ from jax.sharding import Mesh
 
 from cl_jax.addons import dicr
 from cl_jax.addons.nonsemantic import NonSemantic
-from cl_jax.config_check import SHUFFLE_BN_MODES
 from cl_jax.runtime import parallel
+
+# model.bn_mode values that shuffle-BN a momentum encoder's keys (MoCo's; shuffle_keys).
+SHUFFLE_BN_MODES = ("shuffle", "shuffle_stats")
 
 
 class Views(NamedTuple):
@@ -74,7 +76,7 @@ def _unit_embedding(out: dict) -> jax.Array:
 
 def shuffle_mode(config) -> str | None:
   """The key encoder's shuffle-BN of a run config: its model.bn_mode when that is one of
-  config_check.SHUFFLE_BN_MODES ("shuffle": permute the images; "shuffle_stats": permute the
+  SHUFFLE_BN_MODES ("shuffle": permute the images; "shuffle_stats": permute the
   statistics), else None."""
   mode = config.model.bn_mode
   return mode if mode in SHUFFLE_BN_MODES else None

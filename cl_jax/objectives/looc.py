@@ -18,6 +18,7 @@ from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import looc
 from cl_jax.objectives import forward, moco
 from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
 
@@ -63,3 +64,14 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh):
     return loss, grads, moco.updates(state, batch_stats, target_params, target_bs, own, mesh), stats
 
   return objective
+
+
+# Configured as MoCo with looc.enabled (cl_jax.objectives.method_of); its fingerprint is MoCo's
+# base step with the "+looc" component.
+METHOD = Method(
+    "looc",
+    lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(config, encoder, mesh),
+    queue=True,
+    target=True,
+    base_component=moco.METHOD.base_component,
+)

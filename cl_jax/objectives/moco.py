@@ -20,6 +20,7 @@ from cl_jax.losses import moco
 from cl_jax.losses.contrast import contrast_stats
 from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
 
@@ -151,3 +152,14 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, addon
     return loss, grads, updates(state, batch_stats, target_params, target_bs, new_keys, mesh), stats
 
   return objective
+
+
+METHOD = Method(
+    "moco",
+    lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(
+        config, encoder, mesh, addons
+    ),
+    queue=True,
+    target=True,
+    base_component=lambda config: "moco_symmetric" if config.moco.symmetric else "moco",
+)

@@ -17,6 +17,7 @@ from cl_jax.losses import simclr
 from cl_jax.losses.contrast import contrast_stats
 from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
 
@@ -109,3 +110,9 @@ def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
     return forward.online_step(loss_fn, state.params)
 
   return objective
+
+
+METHOD = Method(
+    "simclr",
+    lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(config, encoder, addons),
+)

@@ -6,6 +6,7 @@ from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import simsiam
 from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
 
@@ -34,3 +35,10 @@ def make_objective(encoder, addons: AddOns):
     return forward.online_step(loss_fn, state.params)
 
   return objective
+
+
+METHOD = Method(
+    "simsiam",
+    lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(encoder, addons),
+    predictor=True,
+)
