@@ -288,14 +288,14 @@ def fill_canvas(images: list, shape: tuple, device) -> jax.Array:
   `device`: host images put there through a NumPy canvas; device images (nvImageCodec's GPU
   output) copied on the GPU into a new device array before any computation reads it (CUDA's
   cudaMemcpy2D on the decoder's default stream, waited for)."""
-  first = images[0].__array_interface__ if hasattr(images[0], "__array_interface__") else None
-  if first is not None:
+  nvimgcodec = _nvimgcodec()
+  if images[0].buffer_kind == nvimgcodec.ImageBufferKind.STRIDED_HOST:
     canvas = np.zeros(shape, np.uint8)
     for row, image in enumerate(images):
       pixels = np.asarray(image)
       canvas[row, : pixels.shape[0], : pixels.shape[1]] = pixels
     return jax.device_put(canvas, device)
-  canvas = jax.device_put(jnp.zeros(shape, jnp.uint8), device)
+  canvas = jnp.zeros(shape, jnp.uint8, device=device)
   canvas.block_until_ready()
   cudart = _cudart()
   cudart.cudaSetDevice(device.local_hardware_id)
