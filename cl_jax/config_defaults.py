@@ -238,7 +238,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.knn_k = 200
   c.eval.knn_temperature = 0.1
 
-  # Collapse warnings while training (cl_jax/analysis/collapse.py).
+  # Collapse warnings while training (cl_jax/objectives/health.py).
   c.health = ml_collections.ConfigDict()
   # Warn below these (README, "Health signals"): embedding std x sqrt(d) is about 1 when
   # the embeddings spread over the sphere, 0 when collapsed; a random network starts near

@@ -10,7 +10,7 @@ checkpoint, where a diverged state (non-finite, or a parameter norm beyond
 is saved, so the last checkpoint is always one to resume from. Between logging
 steps a lean variant of the step runs, without the statistics nobody reads
 (score statistics, health signals, gradient norms). At each logging
-step the embeddings' health signals (cl_jax.analysis.collapse) are checked against the
+step the embeddings' health signals (cl_jax.objectives.health) are checked against the
 `health` thresholds: a collapse is reported on the console and in
 workdir/warnings.log, and logged as the scalar health/collapsed. A stop request
 (the first Ctrl-C, SIGTERM, or a chosen extra signal such as SIGUSR1) stops the
@@ -37,11 +37,11 @@ from etils import epath
 
 from cl_jax import batch_plan, config_check, memory_queue, objectives, optim
 from cl_jax import train_step as step_lib
-from cl_jax.analysis import collapse
 from cl_jax.data import gpu_views, pipeline, sources, texture_source
 from cl_jax.evaluators import features, linear_probe
 from cl_jax.evaluators.registry import Monitors
 from cl_jax.models.encoder import Encoder, encoder_for, head_layout
+from cl_jax.objectives import health
 from cl_jax.runtime import (
     checkpoint,
     metrics,
@@ -552,7 +552,7 @@ class _Logger:
 
   def __call__(self, step: int, scalars: dict[str, float]) -> None:
     h = self.config.health
-    warning = collapse.collapse_warning(scalars, h.min_std_sqrt_d, h.min_rank)
+    warning = health.collapse_warning(scalars, h.min_std_sqrt_d, h.min_rank)
     scalars["health/collapsed"] = float(warning is not None)
     with write_faults.guard("the metrics log", self.writer.path):
       self.writer.write(step, scalars)

@@ -34,7 +34,6 @@ from cl_jax.runtime import parallel
 from cl_jax.state import TrainState
 
 __all__ = [
-    "photometric_spec",
     "keys_per_step",
     "layer_grad_norms",
     "make_objective",
@@ -42,15 +41,6 @@ __all__ = [
     "jit_train_step",
     "jit_on_mesh",
 ]
-
-
-def photometric_spec(config: ml_collections.ConfigDict) -> photometric.PhotometricSpec:
-  """The PhotometricSpec of a run: each field of the config's `aug` block is the spec's field of
-  that name (sequences as tuples), and the views are held in the network's dtype
-  (config.model.dtype), which its first layer rounds them to anyway; the spec's other fields keep
-  their defaults."""
-  fields = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in config.aug.items()}
-  return photometric.PhotometricSpec(**fields, dtype=config.model.dtype)
 
 
 def layer_grad_norms(grads) -> dict[str, jax.Array]:
@@ -158,14 +148,14 @@ def make_train_step(
   of the host batch are ignored. metrics: loss, lr, the method's statistics (score
   statistics of the contrastive methods, cl_jax.losses.contrast.contrast_stats;
   pos_mean and BYOL's tau for the others), the
-  embeddings' health signals (cl_jax.analysis.collapse.embedding_health, health/*) and the
+  embeddings' health signals (cl_jax.objectives.health.embedding_health, health/*) and the
   per-layer gradient norms of layer_grad_norms, float32 scalars. With statistics=False the
   metrics are loss and lr alone and XLA drops the computations of the others (the step the
   training loop runs between logging steps; the state it returns is the same). The
   augmentation and the optimizer update run under the named scopes "augment" and "optimizer",
   which profiles show (cl_jax.bench.profile).
   """
-  spec = photometric_spec(config)
+  spec = photometric.config_spec(config)
   addons = addons_lib.from_config(config, steps_per_epoch)
   objective = make_objective(config, encoder, mesh, addons, steps_per_epoch)
   groups = addons.looc_views or ()

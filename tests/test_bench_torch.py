@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 from cl_jax import train  # noqa: E402
 from cl_jax import train_step as step_lib  # noqa: E402
 from cl_jax.bench import torch_reference as bench_torch  # noqa: E402
+from cl_jax.data import photometric  # noqa: E402
 from cl_jax.models import torchvision_export as export_torchvision  # noqa: E402
 from cl_jax.runtime import parallel  # noqa: E402
 from configs import mocov2  # noqa: E402
@@ -103,7 +104,7 @@ def test_one_step_matches_the_jax_step(symmetric, augment):
   params = None
   if augment:  # the JAX step 0's draws (cl_jax.train_step.view_params)
     rng = jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0)
-    drawn = jax.device_get(step_lib.view_params(rng, B, step_lib.photometric_spec(c)))
+    drawn = jax.device_get(step_lib.view_params(rng, B, photometric.config_spec(c)))
     params = [{k: torch.from_numpy(np.array(v)) for k, v in p.items()} for p in drawn]
     assert all(p["jitter"].any() and p["grayscale"].any() for p in params)
   loss = torch_step(

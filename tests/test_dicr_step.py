@@ -100,7 +100,7 @@ def test_simclr_step_adds_lambda_times_the_numpy_dicr_loss():
   encoder, before, _, metrics = _step(config)
   rng = jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0)
   r_aug1, r_aug2 = jax.random.split(rng, 5)[:2]
-  spec = step_lib.photometric_spec(config)
+  spec = photometric.config_spec(config)
   batch = _batch()
   augment = jax.jit(photometric.augment_batch, static_argnums=2)
   forward = jax.jit(

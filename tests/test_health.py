@@ -1,4 +1,4 @@
-"""Embedding health statistics (cl_jax.analysis.collapse) against NumPy float64 re-derivations, the
+"""Embedding health statistics (cl_jax.objectives.health) against NumPy float64 re-derivations, the
 collapse warning, and the statistics of a train step.
 
 References, on u_i = z_i / ||z_i||:
@@ -18,8 +18,8 @@ import pytest
 
 from cl_jax import config_defaults, train
 from cl_jax import train_step as step_lib
-from cl_jax.analysis import collapse as health
 from cl_jax.data import photometric
+from cl_jax.objectives import health
 from cl_jax.runtime import parallel, run_log
 from cl_jax.runtime.progress import Progress
 from configs import mocov2, simsiam
@@ -209,7 +209,7 @@ def _step_and_query_embeddings(config):
   r_aug1, r_aug2, *_ = jax.random.split(
       jax.random.fold_in(jax.random.wrap_key_data(before.rng), 0), 5
   )
-  spec = step_lib.photometric_spec(config)
+  spec = photometric.config_spec(config)
   augment = jax.jit(photometric.augment_batch, static_argnums=2)
   views = [augment(r, batch[v], spec)[0] for r, v in ((r_aug1, "view1"), (r_aug2, "view2"))]
   project = jax.jit(

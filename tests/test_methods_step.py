@@ -73,7 +73,7 @@ def _views(config, state, batch):
   """The step's augmented views and rngs, re-derived from the state's seed (step 0)."""
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), 0)
   r_aug1, r_aug2, r_key, r_ns, r_ft = jax.random.split(rng, 5)
-  spec = step_lib.photometric_spec(config)
+  spec = photometric.config_spec(config)
   augment = jax.jit(photometric.augment_batch, static_argnums=2)
   v1 = augment(r_aug1, batch["view1"], spec)[0]
   v2 = augment(r_aug2, batch["view2"], spec)[0]

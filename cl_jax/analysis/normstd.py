@@ -25,13 +25,12 @@ from etils import epath
 from matplotlib.figure import Figure
 
 from cl_jax.analysis import dispersion, one_vs_rest
-from cl_jax.data import sources
+from cl_jax.data import photometric, sources
 from cl_jax.models.encoder import encoder_for
 from cl_jax.runtime import checkpoint, cli, run_config, write_faults
 from cl_jax.runtime.errors import UsageError
 from cl_jax.runtime.metrics import write_atomically
 from cl_jax.state import init_variables
-from cl_jax.train_step import photometric_spec
 from cl_jax.viz.png import save
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with a checkpoint.")
@@ -67,7 +66,7 @@ def analyse(
      name: {"normstd": {aug: {layer: float}}, "normdist_iou": {layer: [bins floats, None if
      empty]}, "sigma_all": {layer: float}}}.
   """
-  spec = photometric_spec(config)
+  spec = photometric.config_spec(config)
   encoder = encoder_for(config)
   forward = jax.jit(functools.partial(one_vs_rest.representations, encoder))
   rng, key = np.random.default_rng(seed), jax.random.key(seed)

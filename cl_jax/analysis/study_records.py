@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from cl_jax.analysis import collapse
+from cl_jax.objectives import health
 from cl_jax.runtime import cli, metrics, run_config
 from cl_jax.runtime.errors import UsageError
 
@@ -200,7 +200,7 @@ def collect(
       "code": code,
       "metrics": values,
       "collapse_flagged_steps": [
-          r["step"] for r in rows if collapse.collapse_warning(r, h.min_std_sqrt_d, h.min_rank)
+          r["step"] for r in rows if health.collapse_warning(r, h.min_std_sqrt_d, h.min_rank)
       ],
       "config": plain_config(config),
   }

@@ -29,7 +29,6 @@ import optax
 from absl import app, flags
 
 from cl_jax import optim
-from cl_jax import train_step as step_lib
 from cl_jax.bench import synthetic_step
 from cl_jax.data import photometric
 from cl_jax.models.encoder import encoder_for
@@ -59,7 +58,7 @@ def supervised_step(config: ml_collections.ConfigDict):
   model = Classifier(encoder_for(config).backbone, CLASSES)
   batch, size = config.optim.batch_size, config.data.image_size
   tx = optim.make_optimizer(config.optim, optim.lr_schedule(config.optim, 1))
-  spec = step_lib.photometric_spec(config)
+  spec = photometric.config_spec(config)
   # Drawn with the rbg PRNG and compiled whole, as state.init_variables does: threefry op by op
   # compiles one sampler per parameter shape.
   key = jax.random.key(config.seed, impl="rbg")

@@ -59,7 +59,6 @@ import numpy as np
 from absl import app, flags
 
 from cl_jax import config_check
-from cl_jax import train_step as step_lib
 from cl_jax.data import photometric
 from cl_jax.models.resnet import base_width
 from cl_jax.objectives import forward
@@ -261,7 +260,7 @@ class MoCo(nn.Module):
     self.encoder_k = copy.deepcopy(self.encoder_q).requires_grad_(False)
     queue = torch.randn(config.moco.queue_size, config.model.head_out_dim)
     self.register_buffer("queue", F.normalize(queue, dim=1))
-    spec = step_lib.photometric_spec(config)
+    spec = photometric.config_spec(config)
     self.blur_radius = photometric.blur_radius(config.data.image_size, config.data.image_size, spec)
     self.register_buffer("mean", torch.tensor(spec.mean).reshape(1, 3, 1, 1))
     self.register_buffer("std", torch.tensor(spec.std).reshape(1, 3, 1, 1))
@@ -381,7 +380,7 @@ def _synchronize(device: torch.device) -> None:
 def view_params(config, batch: int, device: torch.device) -> list[dict]:
   """Two views' photometric parameters (sample_photometric of the config's aug block, keys 1
   and 2 of seed 0) as tensors on `device`."""
-  spec = step_lib.photometric_spec(config)
+  spec = photometric.config_spec(config)
   return [
       {
           k: torch.from_numpy(np.array(v)).to(device)

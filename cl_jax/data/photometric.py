@@ -167,6 +167,15 @@ class PhotometricSpec:
       )
 
 
+def config_spec(config) -> PhotometricSpec:
+  """The PhotometricSpec of a run's config: each field of its `aug` block is the spec's field of
+  that name (sequences as tuples), and the views are held in the network's dtype
+  (config.model.dtype), which its first layer rounds them to anyway; the spec's other fields keep
+  their defaults."""
+  fields = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in config.aug.items()}
+  return PhotometricSpec(**fields, dtype=config.model.dtype)
+
+
 def blur_radius(height: int, width: int, spec: PhotometricSpec) -> int:
   """Gaussian kernel radius r (kernel 2r + 1 taps) = int(fraction * min(H, W)) // 2."""
   return int(spec.blur_kernel_fraction * min(height, width)) // 2

@@ -12,10 +12,10 @@ import jax
 import ml_collections
 
 from cl_jax.addons.from_config import AddOns
-from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import byol
 from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.health import embedding_health
 from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
@@ -30,7 +30,7 @@ def make_objective(
   With DICR the loss adds lambda L_DICR of the two views. Updates: batch_stats,
   target_params, target_batch_stats. Stats: pos_mean (mean cosine of the two directions'
   pairs, after any extrapolation), tau, ns_mean with NS negatives, and
-  cl_jax.analysis.collapse.embedding_health of the online projections z1, z2 (not the
+  cl_jax.objectives.health.embedding_health of the online projections z1, z2 (not the
   predictions), before any extrapolation.
   """
   ns, ft = addons.nonsemantic, addons.ft

@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
-from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import looc
 from cl_jax.objectives import forward, moco
 from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.health import embedding_health
 from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
@@ -31,7 +31,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh):
   """objective(state, views) -> (loss, grads, state updates, stats) of one LooC step.
 
   The views are x.v1 (query) and the keys x.v2 (k_0) followed by x.extra
-  (k_1..k_n). stats: looc_loss's, and cl_jax.analysis.collapse.embedding_health of head 0's
+  (k_1..k_n). stats: looc_loss's, and cl_jax.objectives.health.embedding_health of head 0's
   queries and k_0 keys.
   """
   shuffle = forward.shuffle_mode(config)

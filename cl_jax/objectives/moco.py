@@ -15,11 +15,11 @@ from jax.sharding import Mesh
 
 from cl_jax import memory_queue as queue_lib
 from cl_jax.addons.from_config import AddOns
-from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import moco
 from cl_jax.losses.contrast import contrast_stats
 from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.health import embedding_health
 from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
@@ -94,7 +94,7 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, addon
 
   The updates are the new batch_stats, target_params, target_batch_stats and
   queue; stats are pair_loss's (the mean over the pairs when symmetric) and
-  cl_jax.analysis.collapse.embedding_health of the first pair's queries and keys,
+  cl_jax.objectives.health.embedding_health of the first pair's queries and keys,
   before any feature transformation. With DICR (symmetric MoCo only) the loss
   adds lambda L_DICR of the two views' online outputs.
   """

@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import ml_collections
 
 from cl_jax.addons.from_config import AddOns
-from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import simclr
 from cl_jax.losses.contrast import contrast_stats
 from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.health import embedding_health
 from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
@@ -70,7 +70,7 @@ def batch_loss(
 def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
   """objective(state, views) -> (loss, grads, {"batch_stats"}, stats) of one SimCLR step.
 
-  stats: batch_loss's and cl_jax.analysis.collapse.embedding_health of the two views'
+  stats: batch_loss's and cl_jax.objectives.health.embedding_health of the two views'
   projections z1, z2, before any feature transformation. With DICR the loss adds lambda
   L_DICR of the two views.
 

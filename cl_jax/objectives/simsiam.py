@@ -2,10 +2,10 @@
 App. E.2): L = D(p1, sg(z2))/2 + D(p2, sg(z1))/2, one network, no target, no negatives."""
 
 from cl_jax.addons.from_config import AddOns
-from cl_jax.analysis.collapse import embedding_health
 from cl_jax.losses import simsiam
 from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
+from cl_jax.objectives.health import embedding_health
 from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
@@ -14,7 +14,7 @@ def make_objective(encoder, addons: AddOns):
   """objective(state, views) -> (loss, grads, {"batch_stats"}, stats) of one step.
 
   With DICR the loss adds lambda L_DICR of the two views. stats: pos_mean and
-  cl_jax.analysis.collapse.embedding_health of the projections z1, z2 (not the
+  cl_jax.objectives.health.embedding_health of the projections z1, z2 (not the
   predictions), before any extrapolation.
   """
   ft, extrapolate = addons.ft, addons.extrapolates_pairs()

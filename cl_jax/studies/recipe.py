@@ -2,7 +2,7 @@
 
 Besides the study's standard tables it writes recipe_check_runs.md: one row per config and seed
 with colour, shape and texture top-1 (random init -> trained), the final loss, the final
-embedding std x sqrt(d) (cl_jax.analysis.collapse; about 1 healthy, 0 collapsed), the logged
+embedding std x sqrt(d) (cl_jax.objectives.health; about 1 healthy, 0 collapsed), the logged
 steps that show a collapse under the default health thresholds ("end" when the run ends
 collapsed), the wall time of cl_jax.main (start-up, compilation, training and the probe), and
 the commit and processor that made the record. The same table over the records the claims

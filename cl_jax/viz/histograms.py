@@ -26,7 +26,6 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from cl_jax import train
-from cl_jax import train_step as step_lib
 from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric, sources
 from cl_jax.runtime import checkpoint, parallel, run_config, workdir_lock
@@ -149,7 +148,7 @@ def collect(
   encoder, make_state = built.encoder, built.make_state
   state, _ = checkpoint.restore(manager, jax.eval_shape(make_state), step)
   data = train.pretrain_data(config, source)
-  similarities = _similarity_fn(encoder, step_lib.photometric_spec(config), config.nonsemantic)
+  similarities = _similarity_fn(encoder, photometric.config_spec(config), config.nonsemantic)
   edges = np.linspace(-1.0, 1.0, num_bins + 1)
   tallies: dict[str, Tally | None] = dict.fromkeys(KINDS)
   rng = jax.random.key(config.seed)
