@@ -8,6 +8,7 @@ import math
 import ml_collections
 
 from cl_jax.addons import dicr
+from cl_jax.addons.nonsemantic import ALPHA_MODES
 from cl_jax.data import photometric
 from cl_jax.evaluators import MONITORS
 from cl_jax.models import resnet
@@ -21,7 +22,6 @@ BN_MODES = ("sync", "local", "shuffle", "shuffle_stats")
 NS_KINDS = ("patch", "texture")
 LOOC_AUGMENTATIONS = ("colour", "rotation", "texture")
 PROBE_FEATURES = ("backbone", "heads")
-ALPHA_MODES = ("in", "out")
 FT_NEGATIVE = ("none", "interpolate", "extrapolate", "hard")
 FT_COEFFICIENTS = ("scalar", "dimension", "sample_dimension")
 OPTIMIZERS = ("sgd", "lars")
