@@ -25,6 +25,7 @@ from cl_jax.analysis import (
     study_records,
     study_runs,
     study_summary,
+    study_types,
 )
 from cl_jax.analysis.intervals import NOT_RESOLVED, OPPOSITE, REFUSED, REPRODUCED
 from cl_jax.runtime.errors import UsageError
@@ -176,14 +177,14 @@ def test_secondary_parts_never_decide_the_headline():
       "base": {s: _record({"shape": v, "colour": 90.0 + s}) for s, v in enumerate((40, 42, 41))},
       "ns": {s: _record({"shape": v, "colour": 80.0 + s}) for s, v in enumerate((45, 46, 47))},
   }
-  claim = study.Study(
+  claim = study_types.Study(
       name="pair",
       title="pair",
       arms=(BASE, NS),
       metrics=("shape", "colour"),
       comparisons=(
-          study.Comparison("shape", "shape", ("ns", "base"), expect="increase", quote="q"),
-          study.Comparison(
+          study_types.Comparison("shape", "shape", ("ns", "base"), expect="increase", quote="q"),
+          study_types.Comparison(
               "colour", "colour", ("ns", "base"), expect="increase", quote="r", primary=False
           ),
       ),
@@ -322,15 +323,15 @@ def test_health_and_leaving_one_seed_out():
 
 
 # A two-arm study on the tiny fake runs: MoCo-v2 without and with patch negatives.
-BASE = study.arm("base", "configs/mocov2.py")
-NS = study.arm("ns", "configs/mocov2_patchns.py")
-STUDY = study.Study(
+BASE = study_types.arm("base", "configs/mocov2.py")
+NS = study_types.arm("ns", "configs/mocov2_patchns.py")
+STUDY = study_types.Study(
     name="pair",
     title="pair",
     arms=(BASE, NS),
     metrics=("shape", "pos_mean"),
     comparisons=(
-        study.Comparison(
+        study_types.Comparison(
             "shape: ns - base", "shape", ("ns", "base"), expect="increase", quote="It rises."
         ),
     ),
@@ -415,10 +416,10 @@ def test_an_interrupted_run_is_resumed_in_its_own_directory(tmp_path):
 def test_a_changed_arm_is_refused_before_anything_is_trained(tmp_path):
   work, results, calls = str(tmp_path / "runs"), str(tmp_path / "results"), []
   study.run(STUDY, 1, work, results, study_fakes.TINY, train=_fake_trainer(calls), log=print)
-  changed = study.Study(
+  changed = study_types.Study(
       name="pair",
       title="pair",
-      arms=(study.arm("base", "configs/mocov2.py", {"moco.temperature": 0.1}), NS),
+      arms=(study_types.arm("base", "configs/mocov2.py", {"moco.temperature": 0.1}), NS),
   )
   calls.clear()
   with pytest.raises(UsageError, match=r"moco.temperature: 0.2 there, 0.1 in the arm"):
@@ -429,7 +430,7 @@ def test_a_changed_arm_is_refused_before_anything_is_trained(tmp_path):
   with pytest.raises(UsageError, match=r"runs/base/seed0 holds arm base seed 0 with another"):
     study_runs.ensure_record(changed.arms[0], 0, work, results, study_fakes.TINY, train=None)
   with pytest.raises(UsageError, match="unknown config field moco.temperatur"):
-    study_records.arm_config(study.arm("x", "configs/mocov2.py", {"moco.temperatur": 0.1}), 0)
+    study_records.arm_config(study_types.arm("x", "configs/mocov2.py", {"moco.temperatur": 0.1}), 0)
   with pytest.raises(UsageError, match="has no arm nope"):
     study.run(STUDY, 1, work, results, study_fakes.TINY, only=["nope"], train=None)
 
@@ -462,14 +463,14 @@ def test_slope_of_paired_gains_and_comparisons_without_records():
   records = {}
   for name, values in {"a1": (1, 2), "a2": (3, 5), "b1": (0, 0), "b2": (1, 1)}.items():
     records[name] = {s: _record({"m": float(v)}) for s, v in enumerate(values)}
-  c = study.Comparison(
+  c = study_types.Comparison(
       "gain vs x", "m", ("a1", "a2"), (1.0, 2.0), "increase", ("b1", "b2"), quote="q"
   )
   out = study_summary.compare(c, records)
   # Gains: seed 0: 1, 2 -> slope 1; seed 1: 2, 4 -> slope 2.
   assert out["seeds"] == [0, 1] and out["interval"]["mean"] == pytest.approx(1.5)
-  gains = study.Study(
-      "g", "g", tuple(study.arm(n, "configs/mocov2.py") for n in records), comparisons=(c,)
+  gains = study_types.Study(
+      "g", "g", tuple(study_types.arm(n, "configs/mocov2.py") for n in records), comparisons=(c,)
   )
   ax = study_plot.plot(gains, study_summary.summarise(gains, records), records).axes[0]
   dots = sorted(
@@ -478,29 +479,34 @@ def test_slope_of_paired_gains_and_comparisons_without_records():
   assert dots == [1.0, 2.0, 2.0, 4.0]  # each seed's gain over its baseline arm
   # Two seeds at two x: the pooled regression has no residual degrees of freedom left.
   assert study_summary.compare(c, records)["sensitivity"]["analysis"] == "pooled"
-  empty = study.Study(
+  empty = study_types.Study(
       "e",
       "e",
-      (study.arm("a1", "configs/mocov2.py"),),
-      comparisons=(study.Comparison("d", "m", ("a1", "a1"), expect="decrease", quote="q"),),
+      (study_types.arm("a1", "configs/mocov2.py"),),
+      comparisons=(study_types.Comparison("d", "m", ("a1", "a1"), expect="decrease", quote="q"),),
   )
   lone = study_summary.summarise(empty, {})["comparisons"][0]
   assert lone["interval"] is None and lone["verdict"] == NOT_RESOLVED
   with pytest.raises(ValueError, match="unknown arms"):
-    study.Study("s", "s", (BASE,), comparisons=(study.Comparison("d", "m", ("base", "ns")),))
+    study_types.Study(
+        "s", "s", (BASE,), comparisons=(study_types.Comparison("d", "m", ("base", "ns")),)
+    )
 
 
 def test_a_decisive_comparison_needs_its_quote_and_a_kept_one_its_margin():
   pair = ("ns", "base")
   with pytest.raises(ValueError, match="needs the paper's sentence"):
-    study.Study(
-        "s", "s", STUDY.arms, comparisons=(study.Comparison("d", "m", pair, expect="increase"),)
+    study_types.Study(
+        "s",
+        "s",
+        STUDY.arms,
+        comparisons=(study_types.Comparison("d", "m", pair, expect="increase"),),
     )
-  kept = study.Comparison("k", "m", pair, expect="no_decrease", quote="It is kept.")
+  kept = study_types.Comparison("k", "m", pair, expect="no_decrease", quote="It is kept.")
   with pytest.raises(ValueError, match="needs a margin > 0 and its reason"):
-    study.Study("s", "s", STUDY.arms, comparisons=(kept,))
+    study_types.Study("s", "s", STUDY.arms, comparisons=(kept,))
   with pytest.raises(ValueError, match="sweep_analysis"):
-    study.Study("s", "s", STUDY.arms, sweep_analysis="best")
+    study_types.Study("s", "s", STUDY.arms, sweep_analysis="best")
 
 
 def test_records_of_different_code_are_refused_and_the_claim_with_them():
@@ -552,18 +558,18 @@ def test_processors_differ_in_fingerprints_not_in_code():
 def test_holm_decides_a_claim_of_three_comparisons():
   """Three paired differences over 5 seeds, each decisive: the raw p-values, Holm's adjusted
   ones and the verdicts against the hand-applied procedure."""
-  arms = tuple(study.arm(n, "configs/mocov2.py") for n in ("b", "x", "y", "z"))
+  arms = tuple(study_types.arm(n, "configs/mocov2.py") for n in ("b", "x", "y", "z"))
   diffs = {"x": (1.0, 1.2, 0.9, 1.1, 1.0), "y": (0.5, -0.1, 0.7, 0.2, 0.4), "z": (-1, 2, 0, 1, -1)}
   records = {"b": {s: _record({"m": 0.0}) for s in range(5)}}
   for n, d in diffs.items():
     records[n] = {s: _record({"m": v}) for s, v in enumerate(d)}
-  claim = study.Study(
+  claim = study_types.Study(
       "h",
       "h",
       arms,
       metrics=("m",),
       comparisons=tuple(
-          study.Comparison(n, "m", (n, "b"), expect="increase", quote="q") for n in diffs
+          study_types.Comparison(n, "m", (n, "b"), expect="increase", quote="q") for n in diffs
       ),
   )
   got = study_summary.summarise(claim, records)["comparisons"]
@@ -595,7 +601,7 @@ def test_five_seeds_are_needed_for_a_verdict():
       "ns": {s: _record({"shape": 40.0 + g}) for s, g in enumerate(gains)},
   }
   five = dataclasses.replace(STUDY, min_seeds=5)
-  assert study.Study("d", "d", STUDY.arms).min_seeds == 5  # the default is the rule
+  assert study_types.Study("d", "d", STUDY.arms).min_seeds == 5  # the default is the rule
   c = study_summary.summarise(five, records)["comparisons"][0]
   assert c["verdict"] == REPRODUCED and not c["too_few_seeds"]
   assert c["p_holm"] == pytest.approx(scipy.stats.ttest_1samp(gains, 0.0).pvalue)
@@ -636,7 +642,7 @@ def test_claims_name_every_part_and_one_name_is_one_arm_everywhere():
   for a in seen.values():
     config = study_records.arm_config(a, 0)
     config_check.validate(config, num_devices=1)
-    base = study_records.arm_config(study.Arm(a.name, a.config), 0)
+    base = study_records.arm_config(study_types.Arm(a.name, a.config), 0)
     differ = {
         k for k, _, _ in study_records.config_differences(study_records.plain_config(base), config)
     }
@@ -741,12 +747,12 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
       "base": {s: _record({"shape": v}) for s, v in enumerate((40.0, 42.0, 41.0))},
       "ns": {s: _record({"shape": v}) for s, v in enumerate((45.0, 46.0, 47.0))},
   }
-  claim = study.Study(
+  claim = study_types.Study(
       name="pair",
       title="pair",
       arms=(BASE, NS),
       metrics=("shape",),
-      comparisons=STUDY.comparisons + (study.Comparison("colour", "colour", ("ns", "base")),),
+      comparisons=STUDY.comparisons + (study_types.Comparison("colour", "colour", ("ns", "base")),),
       paper="Someone 2021",
       where="Table 9",
       claim="negatives raise shape.",
@@ -787,7 +793,7 @@ def test_claims_table_rows_hold_the_decisive_parts_and_the_runs_done():
       claim,
       comparisons=claim.comparisons
       + (
-          study.Comparison(
+          study_types.Comparison(
               "c", "colour", ("ns", "base"), expect="increase", quote="q", primary=False
           ),
       ),

@@ -11,18 +11,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np
 from etils import epath
 
+from cl_jax.analysis.study_types import Arm
 from cl_jax.objectives import health
 from cl_jax.runtime import cli, metrics, run_config
 from cl_jax.runtime.errors import UsageError
-
-if TYPE_CHECKING:
-  from cl_jax.analysis.study import Arm
 
 PROBE_LABELS = ("colour", "shape", "texture", "rotation")
 # Score statistics averaged over the rows logged in the run's last epoch.

@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from etils import epath
 
@@ -38,11 +37,9 @@ from cl_jax.analysis.study_records import (
     run_dir,
     total_steps,
 )
+from cl_jax.analysis.study_types import Arm
 from cl_jax.runtime import metrics, run_config
 from cl_jax.runtime.errors import UsageError
-
-if TYPE_CHECKING:
-  from cl_jax.analysis.study import Arm
 
 NORMSTD_FLAGS = ("--images=256", "--crop_scale=0.08,1")
 LOCK_FILE = "study.lock"  # in a run directory: held while a process trains it (claim)
@@ -250,7 +247,7 @@ def train_subprocess(
     arm_: Arm, seed: int, extra, directory: epath.Path, analyses=()
 ) -> float | None:
   """Pretrain and probe (or resume) with cl_jax.main unless the final probe report exists,
-  then the `analyses` (study.ANALYSES) not yet done and the code fingerprint
+  then the `analyses` (study_types.ANALYSES) not yet done and the code fingerprint
   (cl_jax.analysis.fingerprint), each in a process of its own (run_child); a command that fails
   raises RunFailed naming it, a stop signal StudyStopped. Returns cl_jax.main's
   wall time (None if it did not run): start-up, compilation, training and the probe; a resumed

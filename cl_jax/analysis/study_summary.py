@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cl_jax.analysis import intervals
 from cl_jax.analysis.study_records import PROBE_LABELS
-
-if TYPE_CHECKING:
-  from cl_jax.analysis.study import Comparison, Study
+from cl_jax.analysis.study_types import Comparison, Study
 
 
 def _by_seed(records: dict, arm_name: str, metric: str) -> dict[int, float]:

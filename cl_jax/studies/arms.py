@@ -5,7 +5,7 @@ same arm share its runs and records (cl_jax.analysis.study). Every variant diffe
 quick config only in the fields it names.
 """
 
-from cl_jax.analysis.study import Arm, arm
+from cl_jax.analysis.study_types import Arm, arm
 
 # The quick default of each config file (configs/<name>.py, README "The quick recipe").
 QUICK_CONFIGS = (

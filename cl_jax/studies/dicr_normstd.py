@@ -3,7 +3,7 @@ the contents of crops (higher crop NormStd) and keeps its invariance to the sema
 operations (colour jitter, grayscale, flip), and it improves the linear readout of SimCLR and
 symmetric MoCo."""
 
-from cl_jax.analysis.study import Comparison, Study, arm
+from cl_jax.analysis.study_types import Comparison, Study, arm
 from cl_jax.studies.arms import MOCOV2, QUICK, SIMCLR, variant
 
 MOCO_SYM = variant(MOCOV2, "mocov2_symmetric", moco__symmetric=True)

@@ -1,7 +1,7 @@
 """Ge et al. 2021, Sec. 3.1 and 4.1, Fig. 6a-b: the weight alpha of the patch negatives trades
 texture for shape, and alpha 2 improves the in-domain accuracy."""
 
-from cl_jax.analysis.study import Comparison, Study
+from cl_jax.analysis.study_types import Comparison, Study
 from cl_jax.studies.arms import MOCOV2, MOCOV2_NS, mocov2_ns
 
 ALPHAS = (0.0, 1.0, 2.0, 3.0, 5.0)  # 0: plain MoCo-v2, no negatives (the paper's baseline)

@@ -1,7 +1,7 @@
 """Ge et al. 2021, Sec. 3.3 and Table 3: without colour jitter, patch negatives raise MoCo-v2's
 accuracy (they keep it off the colour shortcut)."""
 
-from cl_jax.analysis.study import Comparison, Study
+from cl_jax.analysis.study_types import Comparison, Study
 from cl_jax.studies import ge_alpha
 from cl_jax.studies.arms import MOCOV2, MOCOV2_NS, variant
 

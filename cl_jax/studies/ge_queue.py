@@ -3,7 +3,7 @@ the smaller queue costs them less than it costs the baseline."""
 
 import math
 
-from cl_jax.analysis.study import Comparison, Study
+from cl_jax.analysis.study_types import Comparison, Study
 from cl_jax.studies import ge_alpha
 from cl_jax.studies.arms import MOCOV2, MOCOV2_NS, variant
 

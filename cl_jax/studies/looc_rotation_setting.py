@@ -23,7 +23,7 @@ Outcome: both at 64 px read rotation at 34.6% [33.2, 35.9] over 3 seeds (random 
 and the claim is reported as not testable at this scale (README, "What the papers claim").
 """
 
-from cl_jax.analysis.study import Study
+from cl_jax.analysis.study_types import Study
 from cl_jax.studies.arms import MOCOV2, variant
 
 SETTINGS = {

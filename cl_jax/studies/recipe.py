@@ -11,7 +11,7 @@ wrote is results/studies/quick_runs.md (cl_jax.study --study=claims).
 
 from collections.abc import Sequence
 
-from cl_jax.analysis.study import Study
+from cl_jax.analysis.study_types import Study
 from cl_jax.studies.arms import QUICK
 
 LABELS = ("colour", "shape", "texture")

@@ -3,7 +3,7 @@ colour against shape and texture on Trifeature."""
 
 import math
 
-from cl_jax.analysis.study import Comparison, Study
+from cl_jax.analysis.study_types import Comparison, Study
 from cl_jax.studies import robinson_ifm
 from cl_jax.studies.arms import simclr
 

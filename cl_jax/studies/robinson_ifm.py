@@ -1,7 +1,7 @@
 """Robinson et al. 2021, Sec. 4.1 and Fig. 6: implicit feature modification raises the readout
 of colour, shape and texture together, at every temperature, for SimCLR on Trifeature."""
 
-from cl_jax.analysis.study import Comparison, Study
+from cl_jax.analysis.study_types import Comparison, Study
 from cl_jax.studies.arms import simclr
 
 TEMPERATURES = (0.05, 0.2, 0.5)

@@ -14,7 +14,7 @@ Holm correction, over other arms:
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from cl_jax.analysis.study import Arm, Comparison, Study
+from cl_jax.analysis.study_types import Arm, Comparison, Study
 from cl_jax.studies import dicr_normstd, ge_alpha, robinson_difficulty, robinson_ifm
 from cl_jax.studies.arms import SIMCLR, variant
 

@@ -13,7 +13,7 @@ import io
 
 import numpy as np
 
-from cl_jax.analysis.study import Study
+from cl_jax.analysis.study_types import Study
 from cl_jax.studies.arms import simclr
 from cl_jax.viz import suppression_plot
 

@@ -2,7 +2,7 @@
 helps and interpolation hurts, negative interpolation helps, both together help more than either
 alone; the combined transformation lowers the positive scores and raises the negative scores."""
 
-from cl_jax.analysis.study import Comparison, Study
+from cl_jax.analysis.study_types import Comparison, Study
 from cl_jax.studies.arms import MOCOV2, variant
 
 _FT = {"ft__enabled": True}
