@@ -15,6 +15,7 @@ import pytest
 from cl_jax import config_check, config_defaults
 from cl_jax.bench.jpeg_folder import natural_image
 from cl_jax.data import fast_views, folder_source, geometric, image_folder, pipeline
+from tests import jpeg_samples
 
 if os.environ.get("CL_JAX_REQUIRE_TORCH") == "1":
   import torch  # noqa: F401
@@ -26,20 +27,7 @@ SIZES = ((97, 130), (300, 451), (520, 388))  # (height, width)
 
 def _write_jpegs(folder) -> list[str]:
   """Each size as 4:4:4, 4:2:2 and 4:2:0, baseline and progressive, greyscale and CMYK."""
-  paths = []
-  for height, width in SIZES:
-    pixels = natural_image(np.random.default_rng([height, width]), height, width)
-    image = PIL.Image.fromarray(pixels)
-    for subsampling in (0, 1, 2):
-      for progressive in (False, True):
-        path = os.path.join(folder, f"{height}_{subsampling}_{int(progressive)}.jpg")
-        image.save(path, quality=90, subsampling=subsampling, progressive=progressive)
-        paths.append(path)
-    for mode in ("L", "CMYK"):
-      path = os.path.join(folder, f"{height}_{mode}.jpg")
-      image.convert(mode).save(path, quality=90)
-      paths.append(path)
-  return paths
+  return jpeg_samples.write_jpegs(folder, SIZES)
 
 
 def test_the_decode_gives_pils_pixels(tmp_path):

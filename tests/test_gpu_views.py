@@ -17,6 +17,7 @@ from cl_jax import config_check, config_defaults
 from cl_jax.bench.jpeg_folder import natural_image
 from cl_jax.data import fast_views, folder_source, geometric, gpu_views, image_folder, pipeline
 from cl_jax.runtime import parallel
+from tests import jpeg_samples
 
 if os.environ.get("CL_JAX_REQUIRE_TORCH") == "1":
   import torch  # noqa: F401
@@ -28,21 +29,7 @@ SIZES = ((97, 130), (300, 451), (64, 48))  # (height, width)
 
 def _write_jpegs(folder) -> list[str]:
   """Each size as 4:4:4 and 4:2:0, baseline and progressive, greyscale and CMYK."""
-  paths = []
-  for height, width in SIZES:
-    image = PIL.Image.fromarray(
-        natural_image(np.random.default_rng([height, width]), height, width)
-    )
-    for subsampling in (0, 2):
-      for progressive in (False, True):
-        path = os.path.join(folder, f"{height}_{subsampling}_{int(progressive)}.jpg")
-        image.save(path, quality=90, subsampling=subsampling, progressive=progressive)
-        paths.append(path)
-    for mode in ("L", "CMYK"):
-      path = os.path.join(folder, f"{height}_{mode}.jpg")
-      image.convert(mode).save(path, quality=90)
-      paths.append(path)
-  return paths
+  return jpeg_samples.write_jpegs(folder, SIZES, (0, 2))
 
 
 def _folder(tmp_path) -> str:
