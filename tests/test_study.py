@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -371,8 +372,10 @@ def test_records_are_read_not_retrained_and_more_seeds_are_added(tmp_path):
   assert diff["seeds"] == [0, 1] and diff["interval"]["mean"] == pytest.approx(4.5)  # 5, 4
 
   calls.clear()
+  shutil.rmtree(work)  # records are read without their run directories (committed records)
   run(2)
   assert calls == []  # every record exists
+  assert not os.path.exists(work)  # and no run directory is made for them
   summary = run(3)
   assert sorted(c[:2] for c in calls) == [("base", 2), ("ns", 2)]
   diffs = [SHAPE["ns"][s] * 100 - SHAPE["base"][s] * 100 for s in range(3)]

@@ -26,6 +26,7 @@ tables in cl_jax.analysis.study_summary. The studies themselves live in cl_jax.s
 command is cl_jax.study.
 """
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -189,7 +190,10 @@ def run(
             f"elapsed, runs take up to {longest:.0f} s here, deadline {deadline_s:.0f} s)"
         )
         continue
-    with claim(run_dir(workdir, a.name, s)) as mine:
+    # A recorded arm-seed is read (its run directory need not exist): only a pending one is
+    # claimed.
+    held = contextlib.nullcontext(True) if existed else claim(run_dir(workdir, a.name, s))
+    with held as mine:
       if not mine:
         log(f"{study.name}: {a.name} seed {s} is being trained by another process: left to it")
         continue
