@@ -17,6 +17,8 @@ MOVED = {
     "cl_jax.bench_augment": "python -m cl_jax.bench.augment",
     "cl_jax.bench_torch": "python -m cl_jax.bench.torch_reference",
     "configs.default": "from cl_jax import config_defaults",
+    "cl_jax.bench_report": "python -m cl_jax.bench.report",
+    "cl_jax.memory_queue": "from cl_jax.losses import memory_queue",
 }
 
 

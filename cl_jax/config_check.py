@@ -7,10 +7,9 @@ import math
 
 import ml_collections
 
-from cl_jax.addons import dicr
-from cl_jax.addons.nonsemantic import ALPHA_MODES
+from cl_jax import addons, objectives
 from cl_jax.data import photometric
-from cl_jax.evaluators import MONITORS
+from cl_jax.evaluators import MONITORS, linear_probe
 from cl_jax.models import resnet
 from cl_jax.objectives import METHODS
 from cl_jax.objectives.forward import SHUFFLE_BN_MODES
@@ -19,13 +18,8 @@ from cl_jax.runtime.config_fields import boolean, choice, fail, get, integer, in
 from cl_jax.runtime.errors import UsageError
 
 BN_MODES = ("sync", "local", "shuffle", "shuffle_stats")
-NS_KINDS = ("patch", "texture")
-LOOC_AUGMENTATIONS = ("colour", "rotation", "texture")
 PROBE_FEATURES = ("backbone", "heads")
-FT_NEGATIVE = ("none", "interpolate", "extrapolate", "hard")
-FT_COEFFICIENTS = ("scalar", "dimension", "sample_dimension")
 OPTIMIZERS = ("sgd", "lars")
-PROBE_PROTOCOLS = ("fast", "logreg", "paper")
 DTYPES = ("float32", "bfloat16")
 # Named learning-rate recipes for MoCo-v2 on ImageNet-100 (lr, global batch).
 LR_RECIPES = {
@@ -33,90 +27,6 @@ LR_RECIPES = {
     "ifm_0.8_b512": (0.8, 512),  # Robinson et al. 2021 IN-100 runs
     "custom": None,
 }
-
-
-def _check_queue(c, queue: int, keys_per_step: int) -> None:
-  """The MoCo queue holds whole steps of keys (cl_jax.memory_queue's layout)."""
-  if queue % keys_per_step:
-    fail(
-        "moco.queue_size",
-        queue,
-        f"must be divisible by the keys enqueued per step "
-        f"({keys_per_step} = global batch"
-        f"{' x 2 views (symmetric)' if keys_per_step > get(c, 'optim.batch_size') else ''})",
-    )
-  if queue < keys_per_step:
-    fail("moco.queue_size", queue, f"must be at least the keys per step ({keys_per_step})")
-  if (
-      get(c, "ft.enabled")
-      and get(c, "ft.negative") in ("interpolate", "extrapolate")
-      and queue < 2 * keys_per_step
-  ):
-    fail(
-        "moco.queue_size",
-        queue,
-        f"negative transforms pair keys of different steps: the "
-        f"queue must hold at least 2 steps of keys ({2 * keys_per_step})",
-    )
-
-
-def _check_looc(c, method: str, symmetric: bool) -> None:
-  """LooC (Xiao et al. 2021) is built on MoCo's asymmetric step, alone."""
-  if method != "moco":
-    fail(
-        "looc.enabled", True, f"LooC is built on MoCo's key encoder and queue; method is {method!r}"
-    )
-  if symmetric:
-    fail("moco.symmetric", True, "LooC contrasts one query view with its key views; set False")
-  for addon in ("nonsemantic", "ft", "ifm"):
-    if get(c, f"{addon}.enabled"):
-      fail("looc.enabled", True, f"LooC does not combine with {addon}; switch off {addon}.enabled")
-  augs = get(c, "looc.augmentations")
-  if (
-      not isinstance(augs, (tuple, list))
-      or len(set(augs)) != len(augs)
-      or not set(augs) <= set(LOOC_AUGMENTATIONS)
-  ):
-    fail(
-        "looc.augmentations",
-        augs,
-        f"must be distinct names out of {', '.join(LOOC_AUGMENTATIONS)} (may be empty: one head)",
-    )
-  switches = {
-      "colour": ("aug.jitter_prob", "aug.grayscale_prob"),
-      "rotation": ("aug.rotation_prob",),
-      "texture": ("aug.texture_prob",),
-  }
-  for aug in augs:
-    if not any(get(c, p) > 0 for p in switches[aug]):
-      fail(
-          "looc.augmentations",
-          augs,
-          f"{aug!r} has a head but is never applied: set {' or '.join(switches[aug])} > 0",
-      )
-  boolean(c, "looc.conv5_heads")
-
-
-def _check_dicr(c, method: str, symmetric: bool, size: int, epochs: int) -> None:
-  """DICR (2025 submission, Sec. 3.2) regularises the online feature maps of both views."""
-  if get(c, "looc.enabled"):
-    fail("dicr.enabled", True, "DICR does not combine with LooC; switch off looc.enabled")
-  if method == "moco" and not symmetric:
-    fail(
-        "moco.symmetric",
-        False,
-        "DICR needs both views through the query encoder, as in the paper's symmetric MoCo "
-        "(its footnote 6); set moco.symmetric = True",
-    )
-  variant = choice(c, "dicr.variant", dicr.VARIANTS)
-  number(c, "dicr.weight", 0.0, None, lo_open=True)
-  integer(c, "dicr.warmup_epochs", 0, epochs)
-  number(c, "dicr.temperature", 0.0, None, lo_open=True)
-  number(c, "dicr.epsilon_area", 0.0, float(size * size))
-  if variant == "dirr":
-    number(c, "dicr.dirr_similarity", -1.0, 1.0)
-  if variant == "icr":
-    integer(c, "dicr.icr_layers", 1)
 
 
 def _check_gpu_decoder(c, name: str, reads_data: bool) -> None:
@@ -184,9 +94,8 @@ def _check_data(c, reads_data: bool) -> None:
   interval(c, "aug.blur_sigma", 1e-3, 100.0)
 
 
-def _check_model(c) -> None:
-  """The network (backbone, heads, predictor, BN) and the MoCo, SimCLR and BYOL blocks."""
-  method = get(c, "method")
+def _check_model(c, method) -> None:
+  """The network (backbone, heads, predictor, BN) for the entry `method` that trains it."""
   choice(c, "model.depth", resnet.DEPTHS)
   choice(c, "model.stem", ("imagenet", "cifar"))
   width = number(c, "model.width_multiplier", 0.0, 16.0, lo_open=True)
@@ -203,147 +112,19 @@ def _check_model(c) -> None:
   boolean(c, "model.head_bn")
   boolean(c, "model.head_out_bn")
   predictor = integer(c, "model.predictor_hidden_dim", 0)
-  if METHODS[method].predictor and predictor == 0:
+  if method.predictor and predictor == 0:
     fail(
         "model.predictor_hidden_dim",
         predictor,
-        f"method {method!r} needs a predictor: " "set the width of its hidden layer (> 0)",
+        f"method {method.name!r} needs a predictor: set the width of its hidden layer (> 0)",
     )
-  if not METHODS[method].predictor and predictor:
-    fail("model.predictor_hidden_dim", predictor, f"method {method!r} has no predictor; " "set 0")
+  if not method.predictor and predictor:
+    fail("model.predictor_hidden_dim", predictor, f"method {method.name!r} has no predictor; set 0")
   choice(c, "model.dtype", DTYPES)
   choice(c, "model.grad_reduce_dtype", DTYPES)
   choice(c, "model.bn_mode", BN_MODES)
   choice(c, "model.shuffle_bn_above_8_chips", ("",) + SHUFFLE_BN_MODES)
   integer(c, "model.bn_groups", 1)
-  integer(c, "moco.queue_size", 1)
-  number(c, "moco.temperature", 0.0, None, lo_open=True)
-  number(c, "moco.momentum", 0.0, 1.0)
-  boolean(c, "moco.symmetric")
-  number(c, "simclr.temperature", 0.0, None, lo_open=True)
-  number(c, "byol.base_momentum", 0.0, 1.0)
-
-
-def _check_nonsemantic(c, method: str, reads_data: bool) -> None:
-  """Non-semantic negatives (Ge et al. 2021): patch or texture images.
-
-  reads_data=False skips the texture dataset's location, as for the dataset's.
-  """
-  if method == "simsiam":
-    fail(
-        "nonsemantic.enabled",
-        True,
-        "non-semantic negatives are defined for MoCo, SimCLR "
-        "(Ge et al. 2021, Eq. 1) and BYOL (Eq. 2), not for SimSiam",
-    )
-  kind = choice(c, "nonsemantic.kind", NS_KINDS)
-  num_ns = integer(c, "nonsemantic.num_ns", 1, 64)
-  if kind == "texture" and num_ns != 1:
-    fail("nonsemantic.num_ns", num_ns, "texture negatives are one image per view; set 1")
-  if reads_data and kind == "texture" and not get(c, "data.texture_dir"):
-    fail(
-        "data.texture_dir",
-        "",
-        "texture negatives read the texture version of every image: make it with "
-        "python -m cl_jax.data.make_texture and set data.texture_dir to its --out",
-    )
-  number(c, "nonsemantic.alpha", 0.0, None, lo_open=True)
-  choice(c, "nonsemantic.alpha_mode", ALPHA_MODES)
-  d_min = integer(c, "nonsemantic.patch_min", 1)
-  d_max = integer(c, "nonsemantic.patch_max", 1)
-  size = get(c, "data.image_size")
-  if d_max > size:
-    fail(
-        "nonsemantic.patch_max",
-        d_max,
-        f"the patch size must not exceed the view " f"size data.image_size = {size}",
-    )
-  if d_min > d_max:
-    fail("nonsemantic.patch_min", d_min, f"must be <= nonsemantic.patch_max = {d_max}")
-
-
-def _check_ft(c, method: str) -> None:
-  """Feature transformations: positive extrapolation, transformed negatives, their union."""
-  if boolean(c, "ft.positive_interpolation") and not boolean(c, "ft.positive_extrapolation"):
-    fail(
-        "ft.positive_interpolation",
-        True,
-        "interpolation replaces the extrapolation coefficient: set ft.positive_extrapolation "
-        "= True too",
-    )
-  boolean(c, "ft.positive_extrapolation")
-  number(c, "ft.alpha_ex", 0.0, None, lo_open=True)
-  negative = choice(c, "ft.negative", FT_NEGATIVE)
-  for p in ("alpha_in", "hard_a", "hard_b"):
-    number(c, f"ft.{p}", 0.0, None, lo_open=True)
-  if method in ("byol", "simsiam") and negative != "none":
-    fail(
-        "ft.negative",
-        negative,
-        f"method {method!r} has no negatives: only positive "
-        "extrapolation applies (App. E.2); set ft.negative = 'none'",
-    )
-  if method == "simclr" and negative == "hard":
-    fail(
-        "ft.negative",
-        negative,
-        "hard negatives (App. G.2) are built against the MoCo "
-        "queue; for SimCLR use 'interpolate' or 'extrapolate'",
-    )
-  union = boolean(c, "ft.union")
-  choice(c, "ft.coefficients", FT_COEFFICIENTS)
-  boolean(c, "ft.renormalize")
-  integer(c, "ft.start_epoch", 0, integer(c, "optim.epochs", 1) - 1)
-  if union and negative == "none":
-    fail(
-        "ft.union",
-        union,
-        "the union needs transformed negatives: set ft.negative to "
-        "'interpolate' or 'extrapolate'",
-    )
-
-
-def _check_addons(c, reads_data: bool) -> None:
-  """The add-on blocks that are enabled, in order: hcl, nonsemantic, ft, ifm, dicr, looc."""
-  method, symmetric = get(c, "method"), get(c, "moco.symmetric")
-  if boolean(c, "hcl.enabled"):
-    if method != "simclr":
-      fail(
-          "hcl.enabled",
-          True,
-          f"hard-negative sampling is implemented for SimCLR's "
-          f"in-batch negatives; method is {method!r}",
-      )
-    number(c, "hcl.beta", 0.0, None)
-    number(c, "hcl.tau_plus", 0.0, 1.0)
-    if get(c, "hcl.tau_plus") >= 1.0:
-      fail("hcl.tau_plus", get(c, "hcl.tau_plus"), "the class prior must be < 1")
-    others = [f"{a}.enabled" for a in ("nonsemantic", "ifm", "ft") if get(c, f"{a}.enabled")]
-    if others:
-      fail(
-          "hcl.enabled",
-          True,
-          f"hard-negative sampling is a comparator of its own; "
-          f"switch off {' and '.join(others)} to use it",
-      )
-  if boolean(c, "nonsemantic.enabled"):
-    _check_nonsemantic(c, method, reads_data)
-  if boolean(c, "ft.enabled"):
-    _check_ft(c, method)
-  if boolean(c, "ifm.enabled"):
-    if method in ("byol", "simsiam"):
-      fail(
-          "ifm.enabled",
-          True,
-          f"IFM perturbs the logits of an InfoNCE loss; method "
-          f"{method!r} has none (use moco or simclr)",
-      )
-    number(c, "ifm.epsilon", 0.0, 2.0, lo_open=True)
-    number(c, "ifm.alpha", 0.0, None)
-  if boolean(c, "dicr.enabled"):
-    _check_dicr(c, method, symmetric, get(c, "data.image_size"), integer(c, "optim.epochs", 1))
-  if boolean(c, "looc.enabled"):
-    _check_looc(c, method, symmetric)
 
 
 def _check_optim(c) -> None:
@@ -398,9 +179,9 @@ def _check_optim(c) -> None:
     )
 
 
-def _check_batch_split(c, num_devices: int) -> None:
-  """How the global batch splits over devices and BN groups, and the MoCo queue it fills."""
-  method, batch = get(c, "method"), get(c, "optim.batch_size")
+def _check_batch_split(c, method, num_devices: int) -> None:
+  """How the global batch splits over devices and BN groups (and shuffle-BN's groups)."""
+  batch = get(c, "optim.batch_size")
   bn_mode, groups = get(c, "model.bn_mode"), get(c, "model.bn_groups")
   if batch % num_devices:
     fail("optim.batch_size", batch, f"must be divisible by the number of devices ({num_devices})")
@@ -426,15 +207,12 @@ def _check_batch_split(c, num_devices: int) -> None:
         f"must be a multiple or a divisor of the number of "
         f"devices ({num_devices}), so that groups map onto devices",
     )
-  if method != "moco":
-    if bn_mode in SHUFFLE_BN_MODES:
-      fail(
-          "model.bn_mode",
-          bn_mode,
-          f"shuffle-BN belongs to MoCo's key encoder; method " f"{method!r} uses 'sync' or 'local'",
-      )
-  else:
-    _check_queue(c, get(c, "moco.queue_size"), batch * (2 if get(c, "moco.symmetric") else 1))
+  if not method.shuffle_bn and bn_mode in SHUFFLE_BN_MODES:
+    fail(
+        "model.bn_mode",
+        bn_mode,
+        f"shuffle-BN belongs to MoCo's key encoder; method {method.name!r} uses 'sync' or 'local'",
+    )
 
 
 def _check_train_eval(c) -> None:
@@ -467,7 +245,7 @@ def _check_train_eval(c) -> None:
         "head features exist with LooC's extra heads or conv5 heads (looc.enabled, with "
         "looc.augmentations or looc.conv5_heads)",
     )
-  choice(c, "probe.protocol", PROBE_PROTOCOLS)
+  choice(c, "probe.protocol", linear_probe.PROTOCOLS)
   integer(c, "probe.batch_size", 1)
   probe_epochs = integer(c, "probe.epochs", 1)
   number(c, "probe.lr", 0.0, None, lo_open=True)
@@ -496,9 +274,15 @@ def validate(
   choice(c, "method", tuple(METHODS))
   integer(c, "seed", 0, 2**31 - 1)
   _check_data(c, reads_data)
-  _check_model(c)
-  _check_addons(c, reads_data)
+  for entry in objectives.ENTRIES:  # every method's block, the run's or not
+    if entry.check is not None:
+      entry.check(c)
+  method = objectives.method_of(c)
+  _check_model(c, method)
+  addons.check(c, method, objectives.ENTRIES, reads_data)
   _check_optim(c)
-  _check_batch_split(c, num_devices)
+  _check_batch_split(c, method, num_devices)
+  if method.rules is not None:
+    method.rules(c)
   _check_train_eval(c)
   boolean(c, "log.wandb")

@@ -7,29 +7,12 @@ presets (`PRESETS`, written over it by `with_preset`) are tables of overrides:
 the others the fields that the papers' settings fix.
 
 Config files (the repository's `configs/NAME.py`) are loaded by their path, not imported as
-a package: `load_config_file` reads one, and a config built on another (DICR on its base
-methods) reads its sibling with `sibling_config`.
+a package (cl_jax.runtime.config_files).
 """
-
-import importlib.util
-import os
-import types
 
 import ml_collections
 
-
-def load_config_file(path: str, module_name: str = "cl_jax_config_file") -> types.ModuleType:
-  """The Python config file at `path`, executed as a module named `module_name`."""
-  spec = importlib.util.spec_from_file_location(module_name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def sibling_config(config_file: str, name: str) -> types.ModuleType:
-  """The config file NAME.py in the folder of `config_file` (a config's __file__)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(config_file)), f"{name}.py")
-  return load_config_file(path, f"cl_jax_config_{name}")
+from cl_jax import addons, objectives
 
 
 def scale_lr_with_batch(optim: ml_collections.ConfigDict, base_lr: float) -> None:
@@ -44,7 +27,7 @@ def scale_lr_with_batch(optim: ml_collections.ConfigDict, base_lr: float) -> Non
 def base_config() -> ml_collections.ConfigDict:
   """MoCo-v2 fields at the size of the quick 32 px Trifeature run (the papers' views and head)."""
   c = ml_collections.ConfigDict()
-  c.method = "moco"  # moco | simclr | byol | simsiam
+  c.method = "moco"  # a method of cl_jax.objectives.METHODS: moco | simclr | byol | simsiam
   c.preset = "trifeature"
   c.seed = 0
 
@@ -107,68 +90,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.shuffle_bn_above_8_chips = ""
   c.model.bn_groups = 4  # virtual batch-norm groups over the global batch
 
-  c.moco = ml_collections.ConfigDict()
-  c.moco.queue_size = 2048
-  c.moco.temperature = 0.2
-  c.moco.momentum = 0.99
-  c.moco.symmetric = False
-
-  c.simclr = ml_collections.ConfigDict()
-  c.simclr.temperature = 0.5
-
-  c.byol = ml_collections.ConfigDict()
-  c.byol.base_momentum = 0.99  # tau_base of the cosine target-momentum schedule
-
-  c.hcl = ml_collections.ConfigDict()  # hard-negative sampling (Robinson et al. ICLR 2021), SimCLR
-  c.hcl.enabled = False
-  c.hcl.beta = 1.0  # hardness concentration: weights exp(beta * s / T)
-  c.hcl.tau_plus = 0.1  # class prior of the debiasing correction (0: none)
-
-  c.nonsemantic = ml_collections.ConfigDict()
-  c.nonsemantic.enabled = False
-  c.nonsemantic.kind = "patch"  # patch (Sec. 2.3) | texture (Sec. 2.2, needs data.texture_dir)
-  c.nonsemantic.num_ns = 1
-  c.nonsemantic.alpha = 2.0
-  c.nonsemantic.alpha_mode = "in"  # in: alpha * q.t / T (L_in); out: + log(alpha) (L_out)
-  c.nonsemantic.patch_min = 3
-  c.nonsemantic.patch_max = 10
-
-  c.ft = ml_collections.ConfigDict()  # feature transformation (Zhu et al. 2021)
-  c.ft.enabled = False
-  c.ft.positive_extrapolation = (
-      True  # q' = l q + (1-l) k, k' = l k + (1-l) q, l = 1 + Beta(a_ex, a_ex)
-  )
-  c.ft.alpha_ex = 2.0
-  # With positive_extrapolation: l = Beta(a_ex, a_ex) in (0, 1) instead, interpolated (easier)
-  # positives, the arm that Zhu et al. Table 3 compares extrapolation with.
-  c.ft.positive_interpolation = False
-  c.ft.negative = (
-      "interpolate"  # none | interpolate (mu ~ Beta(a_in, a_in)) | extrapolate (1 + Beta) | hard
-  )
-  c.ft.alpha_in = 1.6
-  c.ft.hard_a = 5.0  # negative "hard": l q + (1-l) n with l ~ Beta(hard_a, hard_b) (App. G.2)
-  c.ft.hard_b = 2.0
-  c.ft.union = False  # negatives: original queue + transformed queue (2K)
-  # Mixing coefficients: "scalar" (one per step, the paper's main runs), "dimension" (one
-  # (d,) vector per step) or "sample_dimension" (one (d,) vector per positive pair and per
-  # negative, the dimension-level mixing of Sec. 4.3 as the authors' code draws it).
-  c.ft.coefficients = "scalar"
-  c.ft.renormalize = False  # project transformed features back to unit length
-  c.ft.start_epoch = 0  # no transformation before this epoch
-
-  c.looc = ml_collections.ConfigDict()  # leave-one-out contrastive learning (Xiao et al. 2021)
-  c.looc.enabled = False
-  # Atomic augmentations with their own head and key view: colour, rotation, texture. Each must
-  # be switched on in the aug block (colour: jitter or grayscale; aug.rotation_prob;
-  # aug.texture_prob).
-  c.looc.augmentations = ("rotation",)
-  c.looc.conv5_heads = False  # LooC++: a conv5 stage in each head
-
-  c.ifm = ml_collections.ConfigDict()  # implicit feature modification (Robinson et al. 2021)
-  c.ifm.enabled = False
-  c.ifm.epsilon = 0.1  # similarity shift of the positive (-) and negatives (+)
-  c.ifm.alpha = 1.0  # loss = (L + alpha L_eps) / 2
-
   c.optim = ml_collections.ConfigDict()
   c.optim.optimizer = "sgd"  # sgd (momentum, coupled weight decay) | lars
   c.optim.lr_recipe = "custom"  # see cl_jax/config_check.py LR_RECIPES
@@ -192,22 +113,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.schedule = "cosine"  # cosine | step (x0.1 at each of optim.decay_epochs)
   c.optim.decay_epochs = ()
 
-  # Direct intra-image contrastive regularisation (DICR, 2025 submission, Sec. 3.2): L = L_SSL +
-  # lambda L_DICR over the regions of the two views' overlap. Off by default; weight and
-  # temperature are the paper's final lambda and tau for each method (MoCo's here, the method
-  # configs set theirs). Needs both views through the online network: SimCLR, BYOL, SimSiam,
-  # or MoCo with moco.symmetric.
-  c.dicr = ml_collections.ConfigDict()
-  c.dicr.enabled = False
-  c.dicr.variant = "dicr"  # dicr | dirr (constant positive similarity) | icr (projected regions)
-  c.dicr.weight = 10.0  # final lambda of Eq. 8
-  # lambda = weight x min(epoch / warmup_epochs, 1), raised once per epoch from 0 (0: constant);
-  # by default it reaches the final weight in the run's last epoch.
-  c.dicr.warmup_epochs = c.optim.get_ref("epochs") - 1
-  c.dicr.temperature = 0.02  # tau of Eq. 5
-  c.dicr.epsilon_area = 4.0  # Eq. 7's null-region threshold in view pixels (2 x 2 at 32 px)
-  c.dicr.dirr_similarity = 0.8  # DIRR's constant s in place of sim(h_o1, h_o2)
-  c.dicr.icr_layers = 1  # ICR's projector: 1 linear layer (ICR^1) or an MLP of that many layers
+  # Each method's block (moco, simclr, byol, looc) and each add-on's (hcl, nonsemantic, ft, ifm,
+  # dicr), made by its module (cl_jax.objectives, cl_jax.addons), off by default.
+  for entry in objectives.ENTRIES:
+    if entry.defaults is not None:
+      c[entry.block] = entry.defaults(c)
+  for name, addon in addons.ADDONS.items():
+    c[name] = addon.defaults(c)
 
   # Weights & Biases beside TensorBoard and metrics.jsonl (cl_jax.runtime.wandb_tracker; the
   # optional wandb package); WANDB_MODE=offline keeps it local.

@@ -32,7 +32,7 @@ run's metrics.jsonl and TensorBoard at step N (metrics.append_row), and its tabl
 
 import jax
 
-from cl_jax.evaluators import NAMES, registry
+from cl_jax.evaluators import NAMES, linear_probe, registry
 from cl_jax.runtime.errors import UsageError
 
 
@@ -128,7 +128,7 @@ def _define_flags():
   flags.DEFINE_enum(
       "protocol",
       None,
-      list(config_check.PROBE_PROTOCOLS),
+      list(linear_probe.PROTOCOLS),
       "Probe protocol (default: the " "run config's probe.protocol; transfer: logreg).",
   )
   flags.DEFINE_bool(

@@ -15,7 +15,7 @@ features) and probe.rotation (the 4-way rotation task).
 from absl import app, flags
 
 from cl_jax import config_check, evaluate
-from cl_jax.evaluators import registry
+from cl_jax.evaluators import linear_probe, registry
 from cl_jax.runtime import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
@@ -29,7 +29,7 @@ def _config_choice(name: str, choices, what: str) -> flags.FlagHolder:
   )
 
 
-_PROTOCOL = _config_choice("protocol", config_check.PROBE_PROTOCOLS, "Probe protocol")
+_PROTOCOL = _config_choice("protocol", linear_probe.PROTOCOLS, "Probe protocol")
 _BASELINE = flags.DEFINE_bool(
     "baseline", True, "Also probe the randomly initialised network " "(cached per configuration)."
 )

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from cl_jax import memory_queue as queue_lib
+from cl_jax.losses import memory_queue as queue_lib
 
 
 @flax.struct.dataclass
@@ -21,7 +21,7 @@ class TrainState:
       None for methods without a target network (SimCLR, SimSiam).
     opt_state: optax state of the online parameters.
     queue: (K, d) float32 memory queue of keys ((K, H, d) with LooC's H heads), in the layout of
-      cl_jax.memory_queue for the run's number of devices; None without a queue
+      cl_jax.losses.memory_queue for the run's number of devices; None without a queue
       (every method but MoCo).
     rng: (2,) uint32 raw PRNG key; step t uses fold_in(rng, t).
   """

@@ -32,14 +32,16 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from etils import epath
 
-from cl_jax import batch_plan, config_check, memory_queue, objectives, optim
+from cl_jax import addons, batch_plan, config_check, objectives, optim
 from cl_jax import train_step as step_lib
-from cl_jax.data import gpu_views, pipeline, sources, texture_source
+from cl_jax.data import geometric, gpu_views, pipeline, sources, texture_source
 from cl_jax.evaluators import features, linear_probe
 from cl_jax.evaluators.registry import Monitors
+from cl_jax.losses import memory_queue as queue_lib
 from cl_jax.models.encoder import Encoder, encoder_for, head_layout
 from cl_jax.objectives import health
 from cl_jax.runtime import (
@@ -234,6 +236,43 @@ def build(config: ml_collections.ConfigDict, num_records: int, mesh) -> Built:
   return Built(encoder, tx, schedule, make_state, config.optim.epochs * spe)
 
 
+def synthetic_batch(config, batch: int, rng: np.random.Generator) -> dict:
+  """A host batch shaped like the pipeline's: random uint8 views (all of LooC's), their crop
+  boxes and flips drawn as the pipeline draws them from a source twice the view's side (DICR
+  reads them), and the texture images of texture negatives."""
+  size = config.data.image_size
+  host = {}
+  for v in range(1, step_lib.num_views(config) + 1):
+    host[f"view{v}"] = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+    crops = [
+        geometric.sample_crop(rng, 2 * size, 2 * size, scale=tuple(config.data.crop_scale))
+        for _ in range(batch)
+    ]
+    host[f"box{v}"] = np.stack([c.box for c in crops]).astype(np.float32)
+    host[f"flip{v}"] = np.array([c.flip for c in crops])
+  if config.nonsemantic.enabled and config.nonsemantic.kind == "texture":
+    for v in (1, 2):
+      host[f"texture{v}"] = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+  return host
+
+
+def synthetic_step(config: ml_collections.ConfigDict, devices: int, statistics: bool = False):
+  """(step, state, data): the jitted train step of `config` on the first `devices` devices,
+  as the benchmarks and the code fingerprint run it (the lean step, or with statistics=True
+  the logging step), a fresh state and a synthetic global batch of config.optim.batch_size,
+  both placed on the mesh."""
+  mesh = parallel.make_mesh(jax.devices()[:devices])
+  config_check.validate(config, num_devices=devices, reads_data=False)
+  batch = config.optim.batch_size
+  encoder, tx, schedule, make_state, _ = build(config, batch, mesh)
+  state = make_state()
+  step = step_lib.jit_on_mesh(
+      step_lib.make_train_step(config, encoder, tx, schedule, mesh, 1, statistics), state, mesh
+  )
+  host = synthetic_batch(config, batch, np.random.default_rng(0))
+  return step, state, jax.device_put(host, parallel.batch_sharding(mesh))
+
+
 def pretrain(
     config: ml_collections.ConfigDict,
     workdir: str,
@@ -392,9 +431,18 @@ def _pretrain(
   _report_start(lock_notes, damaged, start, workdir, progress)
   manager = checkpoint.make_manager(workdir, config.train.keep_checkpoints)
   writer = _open_log(config, workdir, start, lead)
-  sizes = {"steps_per_epoch": spe, "total": total, "pretrain_size": len(source)}
+  method = objectives.method_of(config)
   summary = run_summary.startup(
-      config, workdir=workdir, mesh=mesh, start=start, params=state.params, changes=changes, **sizes
+      config,
+      workdir=workdir,
+      mesh=mesh,
+      start=start,
+      steps_per_epoch=spe,
+      total=total,
+      params=state.params,
+      splits=sources.split_sizes(config, len(source)),
+      notes=addons.describe(config) + ([method.describe(config)] if method.describe else []),
+      changes=changes,
   )
   progress.write(summary)
 
@@ -585,7 +633,7 @@ def _restore_or_init(workdir: str, make_state, make_iterator, mesh, keys: int):
   if restored is None:
     state = make_state()
     return state, make_iterator(), float(_param_norm(state.params)), damaged
-  state = memory_queue.relayout(restored.state, restored.meta, mesh, keys)
+  state = queue_lib.relayout(restored.state, restored.meta, mesh, keys)
   norm0 = restored.meta.get("param_norm_init")
   if norm0 is None:  # a checkpoint of an earlier version: recompute from the seed
     norm0 = float(_param_norm(make_state().params))

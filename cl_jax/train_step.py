@@ -66,7 +66,7 @@ def make_objective(
 
 def num_views(config: ml_collections.ConfigDict) -> int:
   """Host-cropped views per image: query and key, and LooC's extra keys k_1..k_n."""
-  return 2 + len(addons_lib.looc_augmentations(config))
+  return 2 + len(objectives.looc.key_views(config))
 
 
 def view_params(
@@ -158,7 +158,7 @@ def make_train_step(
   spec = photometric.config_spec(config)
   addons = addons_lib.from_config(config, steps_per_epoch)
   objective = make_objective(config, encoder, mesh, addons, steps_per_epoch)
-  groups = addons.looc_views or ()
+  groups = objectives.looc.key_views(config)
   texture = addons.nonsemantic is not None and addons.nonsemantic.kind == "texture"
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:

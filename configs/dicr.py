@@ -23,10 +23,11 @@ Variants: --config.dicr.variant=dirr (--config.dicr.dirr_similarity=s) or icr
 import ml_collections
 
 from cl_jax import config_defaults
+from cl_jax.runtime import config_files
 
 # method: its base config file in this folder
 BASE_FILES = {"simclr": "simclr", "moco": "mocov2", "simsiam": "simsiam", "byol": "byol"}
-METHODS = {m: config_defaults.sibling_config(__file__, f) for m, f in BASE_FILES.items()}
+METHODS = {m: config_files.sibling_config(__file__, f) for m, f in BASE_FILES.items()}
 # dataset: (image size, epochs, batch size, epsilon side in pixels)
 PAPER_DATASETS = {
     "cifar10": (32, 500, 512, 2),

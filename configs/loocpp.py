@@ -5,8 +5,9 @@ python -m cl_jax.main --config=configs/loocpp.py[:imagenet100]
 """
 
 from cl_jax import config_defaults
+from cl_jax.runtime import config_files
 
-apply_looc = config_defaults.sibling_config(__file__, "looc").apply_looc
+apply_looc = config_files.sibling_config(__file__, "looc").apply_looc
 
 
 def get_config(arg: str | None = None):

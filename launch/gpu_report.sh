@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole benchmark report of one GPU in one command, on a fresh machine with no network:
 # installs the wheels carried in .whl/ (launch/gpu_wheels.sh, run beforehand where there is a
-# network) into a folder of its own, records the machine, then runs `python -m cl_jax.bench_report`
+# network) into a folder of its own, records the machine, then runs `python -m cl_jax.bench.report`
 # (the step with its profile, PyTorch eager and compiled on equal work, JPEGs, memory,
 # efficiency) under a deadline, and leaves in OUT: report.md, environment.txt and bench.tar.gz
 # (every part's JSON, the step's trace and HLO).
@@ -44,7 +44,7 @@ spent=$(($(date +%s) - start))
 deadline=$((${CL_JAX_REPORT_DEADLINE_S:-480} - spent))
 ((deadline >= 1)) || deadline=1
 status=0
-"$python" -m cl_jax.bench_report --out="$work" --deadline_s="$deadline" "$@" || status=$?
+"$python" -m cl_jax.bench.report --out="$work" --deadline_s="$deadline" "$@" || status=$?
 cp "$work/report.md" "$out/report.md" 2>/dev/null || echo "no report was written" >"$out/report.md"
 trace=$(find "$work/profile" -name perfetto_trace.json.gz 2>/dev/null | head -n 1 || true)
 [ -z "$trace" ] || cp "$trace" "$work/step_trace.json.gz"

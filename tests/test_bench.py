@@ -10,7 +10,7 @@ import pytest
 
 from cl_jax import train
 from cl_jax import train_step as step_lib
-from cl_jax.bench import flops, synthetic_step
+from cl_jax.bench import flops
 from cl_jax.bench import step as bench
 from cl_jax.runtime import parallel
 from configs import dicr, looc, mocov2, mocov2_patchns
@@ -42,7 +42,7 @@ def test_measure_times_the_training_step():
       parallel.state_sharding(state, mesh),
       parallel.batch_sharding(mesh),
   )
-  batch = synthetic_step.synthetic_batch(c, 32, np.random.default_rng(0))
+  batch = train.synthetic_batch(c, 32, np.random.default_rng(0))
   assert set(batch) == {"view1", "view2", "box1", "box2", "flip1", "flip2"}
   for _ in range(1 + 1 + 2):
     state, metrics = step(state, jax.device_put(batch, parallel.batch_sharding(mesh)))

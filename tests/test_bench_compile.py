@@ -93,11 +93,11 @@ def test_a_bad_target_is_refused_in_one_line(name, message):
 
 @pytest.mark.slow  # one compile of the tiny step on 8 devices
 def test_the_tiny_step_on_eight_cpu_devices_communicates_what_data_parallelism_needs():
-  from cl_jax import config_defaults
+  from cl_jax.runtime import config_files
   from tests.conftest import ROOT
 
   # The tiny run's config (tests/tiny_run.py FLAGS) at a global batch of 32 on 8 devices.
-  config = config_defaults.load_config_file(f"{ROOT}/configs/mocov2_patchns.py").get_config()
+  config = config_files.load_config_file(f"{ROOT}/configs/mocov2_patchns.py").get_config()
   config.data.image_size = 16
   config.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=32, head_out_dim=16)
   config.moco.queue_size = 128

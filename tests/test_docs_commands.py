@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from cl_jax import config_defaults
-from cl_jax.runtime import run_config
+from cl_jax.runtime import config_files, run_config
 from tests import forked_commands
 from tests.conftest import ROOT
 
@@ -125,7 +125,7 @@ def _config_fields(value: str) -> set[str] | None:
   if "$" in value:
     return None
   path, _, preset = value.partition(":")
-  module = config_defaults.load_config_file(os.path.join(ROOT, path))
+  module = config_files.load_config_file(os.path.join(ROOT, path))
   return set(run_config.flatten(module.get_config(preset) if preset else module.get_config()))
 
 

@@ -12,9 +12,10 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from cl_jax import config_check, config_defaults
+from cl_jax import config_check
 from cl_jax.bench.jpeg_folder import natural_image
 from cl_jax.data import fast_views, folder_source, geometric, image_folder, pipeline
+from cl_jax.runtime import config_files
 from tests import jpeg_samples
 
 if os.environ.get("CL_JAX_REQUIRE_TORCH") == "1":
@@ -113,7 +114,7 @@ def test_the_pipeline_draws_the_same_crops_with_either_decoder(tmp_path):
 
 
 def test_the_config_check_names_a_missing_package(monkeypatch):
-  config = config_defaults.load_config_file("configs/mocov2.py").get_config(None)
+  config = config_files.load_config_file("configs/mocov2.py").get_config(None)
   config.data.decoder = "fast"
   config_check.validate(config)
   monkeypatch.setattr(fast_views, "missing_packages", lambda: ["torch"])
@@ -131,7 +132,7 @@ def test_the_jpeg_benchmark_times_the_fast_path(tmp_path):
   from cl_jax.bench import jpeg_decode, jpeg_folder
 
   root = jpeg_folder.make_jpeg_folder(str(tmp_path / "jpegs"), 8, 0, workers=0)
-  config = config_defaults.load_config_file("configs/mocov2.py").get_config(None)
+  config = config_files.load_config_file("configs/mocov2.py").get_config(None)
   config.optim.batch_size, config.data.image_size = 4, 24
   assert jpeg_decode.decodings()[-1] == "fast"
   source = jpeg_decode.sources(root, config)["fast"]

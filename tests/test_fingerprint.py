@@ -44,6 +44,8 @@ def test_components_name_the_base_step_and_each_addon():
         "moco+imagenet_stem",
         "moco+bfloat16",
         "simclr+hcl",
+        "simclr+nonsemantic_patch",
+        "moco+looc",
         "byol",
         "simsiam+dicr",
     ],

@@ -1,6 +1,6 @@
 """Feature transformation in MoCo's loss (Zhu et al. 2021, Sec. 4), against NumPy:
 cl_jax.objectives.moco.pair_loss with the add-on cl_jax.addons.feature_transform_contrast.
-FeatureTransform (its on_queue), and memory_queue.mix_slots.
+FeatureTransform (its on_queue), and feature_transform_contrast.mix_slots.
 
 The reference draws the same coefficients (lambda, mu, slot order) from the same PRNG
 keys, then recomputes in float64: q' = l q + (1-l) k, k' = l k + (1-l) q, the mixed
@@ -17,11 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import memory_queue as queue_lib
 from cl_jax import train
 from cl_jax import train_step as step_lib
+from cl_jax.addons import feature_transform_contrast
 from cl_jax.addons.feature_transform_contrast import FeatureTransform
 from cl_jax.addons.from_config import AddOns
+from cl_jax.losses import memory_queue as queue_lib
 from cl_jax.objectives import moco
 from cl_jax.runtime import parallel
 from configs import mocov2_patchns_ft_ifm
@@ -314,7 +315,7 @@ def test_mix_slots_leaves_the_stored_queue_unchanged():
   queue = jnp.asarray(_unit(rng, K, DIM), jnp.float32)
   saved = np.asarray(queue).copy()
   mesh = parallel.make_mesh(jax.devices()[:1])
-  mixed = queue_lib.mix_slots(queue, jnp.array([1, 0, 3, 2]), 0.3, mesh, P, False)
+  mixed = feature_transform_contrast.mix_slots(queue, jnp.array([1, 0, 3, 2]), 0.3, mesh, P, False)
   np.testing.assert_array_equal(np.asarray(queue), saved)
   np.testing.assert_allclose(mixed[:P], 0.3 * saved[:P] + 0.7 * saved[P : 2 * P], rtol=1e-6)
 

@@ -13,10 +13,10 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from cl_jax import config_check, config_defaults
+from cl_jax import config_check
 from cl_jax.bench.jpeg_folder import natural_image
 from cl_jax.data import fast_views, folder_source, geometric, gpu_views, image_folder, pipeline
-from cl_jax.runtime import parallel
+from cl_jax.runtime import config_files, parallel
 from tests import jpeg_samples
 
 if os.environ.get("CL_JAX_REQUIRE_TORCH") == "1":
@@ -195,7 +195,7 @@ def test_a_file_that_is_not_a_jpeg_is_named(tmp_path):
 def test_the_config_check_refuses_what_the_path_cannot_do(monkeypatch):
   """Here (CPU JAX): no GPU, named; a missing nvImageCodec, named with its install command;
   a dataset that is not a folder of JPEGs, and texture negatives, refused."""
-  config = config_defaults.load_config_file("configs/mocov2.py").get_config("folder")
+  config = config_files.load_config_file("configs/mocov2.py").get_config("folder")
   config.data.folder = "/images"
   config.data.decoder = "gpu"
   with pytest.raises(config_check.ConfigError, match=r"data.decoder = 'gpu'.*JAX sees none.*fast"):
@@ -210,7 +210,7 @@ def test_the_config_check_refuses_what_the_path_cannot_do(monkeypatch):
   config.data.texture_dir = "/textures"
   with pytest.raises(config_check.ConfigError, match=r"texture negatives.*data.decoder=fast"):
     config_check.validate(config)
-  config = config_defaults.load_config_file("configs/mocov2.py").get_config(None)
+  config = config_files.load_config_file("configs/mocov2.py").get_config(None)
   config.data.decoder = "gpu"
   with pytest.raises(config_check.ConfigError, match=r"data.name=folder, not trifeature"):
     config_check.validate(config, reads_data=False)
@@ -233,7 +233,7 @@ def test_the_training_loop_runs_on_the_path(tmp_path, monkeypatch):
   root = str(tmp_path / "imgs")
   losses = {}
   for decoder in ("fast", "gpu"):
-    config = config_defaults.load_config_file("configs/mocov2.py").get_config("folder")
+    config = config_files.load_config_file("configs/mocov2.py").get_config("folder")
     config.data.update(
         folder=root, cache_dir=str(tmp_path / "cache"), decoder=decoder, image_size=32, workers=0
     )
@@ -260,7 +260,7 @@ def test_the_jpeg_benchmark_times_the_path(tmp_path, monkeypatch):
 
   monkeypatch.setattr(gpu_views, "unavailable", lambda: None)
   root = jpeg_folder.make_jpeg_folder(str(tmp_path / "jpegs"), 16, 0, workers=0)
-  config = config_defaults.load_config_file("configs/mocov2.py").get_config(None)
+  config = config_files.load_config_file("configs/mocov2.py").get_config(None)
   config.data.image_size = 16
   config.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=16, head_out_dim=8)
   config.moco.queue_size = 64

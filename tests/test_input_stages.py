@@ -7,9 +7,9 @@ import os
 import numpy as np
 import PIL.Image
 
-from cl_jax import config_defaults
 from cl_jax.bench import input_stages
 from cl_jax.data import fast_views, folder_source
+from cl_jax.runtime import config_files
 
 
 def test_each_stage_is_timed_and_the_pipeline_holds_them(tmp_path):
@@ -19,7 +19,7 @@ def test_each_stage_is_timed_and_the_pipeline_holds_them(tmp_path):
     pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
     os.makedirs(tmp_path / f"c{i % 2}", exist_ok=True)
     PIL.Image.fromarray(pixels).save(tmp_path / f"c{i % 2}" / f"{i}.jpg", quality=90)
-  config = config_defaults.load_config_file(input_stages.DEFAULT_CONFIG).get_config(None)
+  config = config_files.load_config_file(input_stages.DEFAULT_CONFIG).get_config(None)
   config.optim.batch_size = 8
   config.data.image_size = 16
   source = folder_source.FolderSource(folder_source.build_index(str(tmp_path)))

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from cl_jax import config_check, config_defaults, train
-from cl_jax import memory_queue as queue_lib
 from cl_jax import train_step as step_lib
 from cl_jax.addons.from_config import AddOns
 from cl_jax.data import photometric, pipeline
 from cl_jax.data.rotated_source import RotatedSource
 from cl_jax.evaluators import registry
 from cl_jax.losses import looc
+from cl_jax.losses import memory_queue as queue_lib
 from cl_jax.models.encoder import build_encoder
 from cl_jax.objectives import moco
 from cl_jax.runtime import parallel, run_config

@@ -16,7 +16,6 @@ import pytest
 
 from cl_jax import train
 from cl_jax import train_step as step_lib
-from cl_jax.bench import synthetic_step
 from cl_jax.runtime import parallel
 from configs import mocov2_patchns
 
@@ -39,7 +38,7 @@ def _lowered_step(dtype: str):
       step_lib.make_train_step(c, encoder, tx, schedule, mesh, 1, statistics=False), state, mesh
   )
   batch = jax.device_put(
-      synthetic_step.synthetic_batch(c, 32, np.random.default_rng(0)), parallel.batch_sharding(mesh)
+      train.synthetic_batch(c, 32, np.random.default_rng(0)), parallel.batch_sharding(mesh)
   )
   return step.lower(state, batch).as_text(), state
 

@@ -1,4 +1,5 @@
-"""Tests for cl_jax.memory_queue: the MoCo key queue as a ring buffer, on one device and sharded.
+"""Tests for cl_jax.losses.memory_queue: the MoCo key queue as a ring buffer, on one device and
+sharded.
 
 The reference is a NumPy ring buffer with an explicit write pointer per shard (advanced
 by P / S rows after every step, wrapping at K / S), never derived from the step number.
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import memory_queue as queue_lib
+from cl_jax.losses import memory_queue as queue_lib
 from cl_jax.runtime import parallel
 
 DIM = 3

@@ -381,7 +381,7 @@ def test_probe_reads_only_the_encoder_variables(finished, tmp_path, monkeypatch)
 
 def test_the_summary_names_dicr_and_its_variant():
   """The start-up summary's add-on line for DICR and for its ICR variant, from the config."""
-  from cl_jax.runtime import run_summary
+  from cl_jax import addons
   from configs import dicr as dicr_config
 
   c = dicr_config.get_config("simclr")
@@ -390,11 +390,11 @@ def test_the_summary_names_dicr_and_its_variant():
       f"lambda {d.weight} reached at epoch {d.warmup_epochs}, tau {d.temperature}, "
       f"epsilon {d.epsilon_area} px)"
   )
-  assert f"intra-image regularisation (DICR, {tail}" in run_summary.addons(c)
+  assert f"intra-image regularisation (DICR, {tail}" in addons.describe(c)
   c.dicr.variant, c.dicr.icr_layers = "icr", 2
-  assert f"intra-image regularisation (ICR, 2-layer projector, {tail}" in run_summary.addons(c)
+  assert f"intra-image regularisation (ICR, 2-layer projector, {tail}" in addons.describe(c)
   c.dicr.enabled = False
-  assert not any("intra-image" in line for line in run_summary.addons(c))
+  assert not any("intra-image" in line for line in addons.describe(c))
 
 
 def test_aborted_read_leftovers_are_dropped_and_the_rest_reported(monkeypatch):

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax import memory_queue as queue_lib
 from cl_jax import train
 from cl_jax import train_step as step_lib
+from cl_jax.losses import memory_queue as queue_lib
 from cl_jax.objectives import forward
 from cl_jax.runtime import parallel
 from cl_jax.runtime.errors import UsageError

@@ -26,9 +26,17 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
+from cl_jax.addons.addon import record
 from cl_jax.addons.dicr_regions import overlap_in_views, roi_mean
 from cl_jax.models.heads import l2_normalize
+from cl_jax.runtime.config_fields import choice, get, integer, number
+
+# Its entry's members (cl_jax.addons).
+BLOCK = "dicr"
+TITLE = "DICR"
+NEEDS = "it regularises the feature maps of both views through the online network"
 
 VARIANTS = ("dicr", "dirr", "icr")
 # The four regions in the order of region_representations, and the pairs of Eq. 5.
@@ -238,3 +246,55 @@ class DICR:
     loss, stats = dicr_loss(h, regions.areas, self.epsilon, self.temperature, positive)
     weight = dicr_weight(step, self.steps_per_epoch, self.weight, self.warmup_epochs)
     return weight * loss, batch_stats, {**stats, "dicr/weight": weight}
+
+
+def defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """L = L_SSL + lambda L_DICR over the regions of the two views' overlap (Sec. 3.2). The
+  weight and temperature are the paper's final lambda and tau for MoCo (the method configs
+  set theirs)."""
+  block = ml_collections.ConfigDict()
+  block.enabled = False
+  block.variant = "dicr"  # dicr | dirr (constant positive similarity) | icr (projected regions)
+  block.weight = 10.0  # final lambda of Eq. 8
+  # lambda = weight x min(epoch / warmup_epochs, 1), raised once per epoch from 0 (0: constant);
+  # by default it reaches the final weight in the run's last epoch.
+  block.warmup_epochs = config.optim.get_ref("epochs") - 1
+  block.temperature = 0.02  # tau of Eq. 5
+  block.epsilon_area = 4.0  # Eq. 7's null-region threshold in view pixels (2 x 2 at 32 px)
+  block.dirr_similarity = 0.8  # DIRR's constant s in place of sim(h_o1, h_o2)
+  block.icr_layers = 1  # ICR's projector: 1 linear layer (ICR^1) or an MLP of that many layers
+  return block
+
+
+def check(c, method, reads_data: bool) -> None:
+  del method, reads_data
+  size = get(c, "data.image_size")
+  variant = choice(c, "dicr.variant", VARIANTS)
+  number(c, "dicr.weight", 0.0, None, lo_open=True)
+  integer(c, "dicr.warmup_epochs", 0, integer(c, "optim.epochs", 1))
+  number(c, "dicr.temperature", 0.0, None, lo_open=True)
+  number(c, "dicr.epsilon_area", 0.0, float(size * size))
+  if variant == "dirr":
+    number(c, "dicr.dirr_similarity", -1.0, 1.0)
+  if variant == "icr":
+    integer(c, "dicr.icr_layers", 1)
+
+
+def describe(c) -> str:
+  d = c.dicr
+  variant = {"dicr": "DICR", "dirr": f"DIRR, s {d.dirr_similarity}"}.get(
+      d.variant, f"ICR, {d.icr_layers}-layer projector"
+  )
+  return (
+      f"intra-image regularisation ({variant}, lambda {d.weight} reached at epoch "
+      f"{d.warmup_epochs}, tau {d.temperature}, epsilon {d.epsilon_area} px)"
+  )
+
+
+def build(c, steps_per_epoch: int):
+  return record(
+      DICR,
+      c.dicr,
+      steps_per_epoch=steps_per_epoch,
+      epsilon=epsilon_fraction(c.dicr.epsilon_area, c.data.image_size),
+  )

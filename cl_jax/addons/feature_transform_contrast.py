@@ -17,13 +17,23 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
-from cl_jax import memory_queue as queue_lib
 from cl_jax.addons import feature_transform as ft_math
+from cl_jax.addons.addon import record
+from cl_jax.losses import memory_queue as queue_lib
 from cl_jax.losses import queue_contrast, simclr
 from cl_jax.losses.contrast import Contrast
 from cl_jax.losses.moco import NegativeSet
+from cl_jax.runtime import parallel
+from cl_jax.runtime.config_fields import boolean, choice, fail, integer, number
+
+# Its entry's members (cl_jax.addons).
+BLOCK = "ft"
+TITLE = "feature transformation"
+NEEDS = "it transforms the features of positive pairs and negatives"
 
 
 def _hard_scores(
@@ -64,6 +74,50 @@ def _hard_scores(
     return queue_contrast.dot_scores(q_all, queue_shard)
 
   return lambda q_all, queue_shard: jax.lax.cond(active, hard, plain, q_all, queue_shard)
+
+
+def mix_slots(
+    queue: jax.Array, slot_order: jax.Array, mix, mesh: Mesh, keys_per_step: int, renormalize: bool
+) -> jax.Array:
+  """Feature-transformed copy of the queue: every key mixed with a partner key.
+
+  Key i of ring slot t is mixed with key i of slot slot_order[t] by
+  cl_jax.addons.feature_transform.negative_interpolation (Zhu et al. 2021,
+  Eq. 5): mu * n + (1 - mu) * n_partner. Pairing keys of the same batch row
+  across a random permutation of the K / P slots keeps each pair inside one
+  shard, so every device mixes its own rows, and gives the same pairs for any
+  number of devices. The stored queue is not changed.
+
+  Args:
+    queue: (K, d) queue in the S-shard layout, rows sharded over `data`.
+    slot_order: (K / P,) int permutation of the slots.
+    mix: scalar, (d,) or (K, d) coefficient mu; a (K, d) mu is in ring order (row r
+      mixes the key at ring position r, so the mixed keys do not depend on the
+      number of devices) and is moved to the queue's layout here.
+    mesh: the device mesh (S devices on `data`).
+    keys_per_step: P.
+    renormalize: project the mixed keys back to unit length.
+
+  Returns:
+    (K, d) mixed negatives, sharded like `queue`.
+  """
+  shards = mesh.shape[parallel.DATA_AXIS]
+  queue_lib.check_layout(queue.shape[0], keys_per_step, shards)
+  local = keys_per_step // shards
+  partner = (slot_order[:, None] * local + jnp.arange(local)[None, :]).reshape(-1)
+
+  def per_shard(rows, partner, mix):
+    return ft_math.negative_interpolation(rows, partner, mix, renormalize)
+
+  mix_spec = P()
+  if jnp.ndim(mix) == 2:
+    mix, mix_spec = queue_lib.to_sharded_layout(mix, shards, keys_per_step), P(parallel.DATA_AXIS)
+  return jax.shard_map(
+      per_shard,
+      mesh=mesh,
+      in_specs=(P(parallel.DATA_AXIS), P(), mix_spec),
+      out_specs=P(parallel.DATA_AXIS),
+  )(queue, partner, mix)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +177,7 @@ class FeatureTransform:
     """(q', k', negative sets) of MoCo's contrast (cl_jax.losses.moco.moco_contrast).
 
     q' = l q + (1 - l) k and k' = l k + (1 - l) q with positive extrapolation. The
-    negatives: the queue with slots mixed (queue mix_slots, which respects the queue's
+    negatives: the queue with slots mixed (mix_slots, which respects the queue's
     sharding), or scored as each query's hard negatives; with union the plain queue
     first. Every similarity is then taken on the transformed features; the stored queue
     is never changed. Pass `active` on to moco_contrast as union_active, so that an
@@ -154,7 +208,7 @@ class FeatureTransform:
     else:
       mu = self._negative_mu(r_neg, keys, dim)
       order = jax.random.permutation(r_perm, keys // keys_per_step)
-      mixed = queue_lib.mix_slots(queue, order, mu, mesh, keys_per_step, self.renormalize)
+      mixed = mix_slots(queue, order, mu, mesh, keys_per_step, self.renormalize)
       transformed = (jnp.where(active, mixed, queue), None)
     return q, k, ([plain, transformed] if self.union else [transformed])
 
@@ -230,3 +284,85 @@ class FeatureTransform:
       p2, z2 = ft_math.siamese_positive_extrapolation(p, z, lam, self.renormalize)
       out.append((jnp.where(active, p2, p), jnp.where(active, z2, z)))
     return out
+
+
+NEGATIVE = ("none", "interpolate", "extrapolate", "hard")
+
+
+def defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  del config
+  block = ml_collections.ConfigDict()
+  block.enabled = False
+  # q' = l q + (1-l) k, k' = l k + (1-l) q, l = 1 + Beta(a_ex, a_ex)
+  block.positive_extrapolation = True
+  block.alpha_ex = 2.0
+  # With positive_extrapolation: l = Beta(a_ex, a_ex) in (0, 1) instead, interpolated (easier)
+  # positives, the arm that Zhu et al. Table 3 compares extrapolation with.
+  block.positive_interpolation = False
+  # none | interpolate (mu ~ Beta(a_in, a_in)) | extrapolate (1 + Beta) | hard
+  block.negative = "interpolate"
+  block.alpha_in = 1.6
+  block.hard_a = 5.0  # negative "hard": l q + (1-l) n with l ~ Beta(hard_a, hard_b) (App. G.2)
+  block.hard_b = 2.0
+  block.union = False  # negatives: original queue + transformed queue (2K)
+  # Mixing coefficients: "scalar" (one per step, the paper's main runs), "dimension" (one
+  # (d,) vector per step) or "sample_dimension" (one (d,) vector per positive pair and per
+  # negative, the dimension-level mixing of Sec. 4.3 as the authors' code draws it).
+  block.coefficients = "scalar"
+  block.renormalize = False  # project transformed features back to unit length
+  block.start_epoch = 0  # no transformation before this epoch
+  return block
+
+
+def check(c, method, reads_data: bool) -> None:
+  """Positive extrapolation, transformed negatives (those the method has), their union."""
+  del reads_data
+  if boolean(c, "ft.positive_interpolation") and not boolean(c, "ft.positive_extrapolation"):
+    fail(
+        "ft.positive_interpolation",
+        True,
+        "interpolation replaces the extrapolation coefficient: set ft.positive_extrapolation "
+        "= True too",
+    )
+  boolean(c, "ft.positive_extrapolation")
+  number(c, "ft.alpha_ex", 0.0, None, lo_open=True)
+  negative = choice(c, "ft.negative", NEGATIVE)
+  for p in ("alpha_in", "hard_a", "hard_b"):
+    number(c, f"ft.{p}", 0.0, None, lo_open=True)
+  if method.negatives is None and negative != "none":
+    fail(
+        "ft.negative",
+        negative,
+        f"method {method.name!r} has no negatives: only positive "
+        "extrapolation applies (App. E.2); set ft.negative = 'none'",
+    )
+  if method.negatives != "queue" and negative == "hard":
+    fail(
+        "ft.negative",
+        negative,
+        f"hard negatives (App. G.2) are built against a memory queue, which method "
+        f"{method.name!r} does not hold; use 'interpolate' or 'extrapolate'",
+    )
+  union = boolean(c, "ft.union")
+  choice(c, "ft.coefficients", ft_math.COEFFICIENTS)
+  boolean(c, "ft.renormalize")
+  integer(c, "ft.start_epoch", 0, integer(c, "optim.epochs", 1) - 1)
+  if union and negative == "none":
+    fail(
+        "ft.union",
+        union,
+        "the union needs transformed negatives: set ft.negative to "
+        "'interpolate' or 'extrapolate'",
+    )
+
+
+def describe(c) -> str:
+  positive = "interpolation" if c.ft.positive_interpolation else "extrapolation"
+  parts = ([f"positive {positive}"] if c.ft.positive_extrapolation else []) + (
+      [f"negative {c.ft.negative}"] if c.ft.negative != "none" else []
+  )
+  return f"feature transformation ({', '.join(parts) or 'nothing transformed'})"
+
+
+def build(c, steps_per_epoch: int):
+  return record(FeatureTransform, c.ft, start_step=c.ft.start_epoch * steps_per_epoch)

@@ -14,8 +14,16 @@ import dataclasses
 from typing import Callable
 
 import jax
+import ml_collections
 
+from cl_jax.addons.addon import record
 from cl_jax.losses.contrast import Contrast
+from cl_jax.runtime.config_fields import number
+
+# Its entry's members (cl_jax.addons).
+BLOCK = "ifm"
+TITLE = "implicit feature modification"
+NEEDS = "it perturbs the logits of an InfoNCE loss"
 
 
 def adversarial(contrast: Contrast, epsilon: float, temperature: float) -> Contrast:
@@ -45,3 +53,26 @@ class IFM:
     loss = loss_of(contrast)
     adv = loss_of(adversarial(contrast, self.epsilon, temperature))
     return (loss + self.alpha * adv) / 2
+
+
+def defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  del config
+  block = ml_collections.ConfigDict()
+  block.enabled = False
+  block.epsilon = 0.1  # similarity shift of the positive (-) and negatives (+)
+  block.alpha = 1.0  # loss = (L + alpha L_eps) / 2
+  return block
+
+
+def check(c, method, reads_data: bool) -> None:
+  del method, reads_data
+  number(c, "ifm.epsilon", 0.0, 2.0, lo_open=True)
+  number(c, "ifm.alpha", 0.0, None)
+
+
+def describe(c) -> str:
+  return f"implicit feature modification (epsilon {c.ifm.epsilon})"
+
+
+def build(c, steps_per_epoch: int):
+  return record(IFM, c.ifm)

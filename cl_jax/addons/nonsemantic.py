@@ -9,11 +9,25 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
+from cl_jax.addons.addon import record
+from cl_jax.losses import byol
 from cl_jax.losses.contrast import Contrast, with_extra
 from cl_jax.losses.queue_contrast import SCORE_PRECISION
+from cl_jax.runtime.config_fields import choice, fail, get, integer, number
+
+# Its entry's members (cl_jax.addons).
+BLOCK = "nonsemantic"
+TITLE = "non-semantic negatives"
+NEEDS = (
+    "its images are negatives of a contrast (Ge et al. 2021, Eq. 1) or pushed from in a "
+    "target regression (Eq. 2)"
+)
+VARIANT = "kind"
 
 ALPHA_MODES = ("in", "out")
+KINDS = ("patch", "texture")
 
 
 def ns_logits(sim: jax.Array, alpha: float, temperature: float, mode: str) -> jax.Array:
@@ -175,3 +189,78 @@ class NonSemantic:
     )
     logits = lambda r: ns_logits(r, self.alpha, temperature, self.alpha_mode)
     return with_extra(contrast, sim, logits, "ns_mean")
+
+  def regression_loss(
+      self, p: jax.Array, z: jax.Array, t: jax.Array, stop_gradient: bool, anchor: jax.Array
+  ) -> tuple[jax.Array, dict]:
+    """A regression method's loss of one view order with the NS penalty (Eq. 2,
+    cl_jax.losses.byol.byol_ns_loss at this alpha); alpha_mode "out" belongs to InfoNCE's
+    logits and has no meaning here (the config check refuses it)."""
+    if self.alpha_mode != "in":
+      raise ValueError("nonsemantic.alpha_mode 'out' is for InfoNCE's logits; Eq. 2 takes 'in'")
+    return byol.byol_ns_loss(p, z, t, self.alpha, stop_gradient=stop_gradient, anchor=anchor)
+
+
+def defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  del config
+  block = ml_collections.ConfigDict()
+  block.enabled = False
+  block.kind = "patch"  # patch (Sec. 2.3) | texture (Sec. 2.2, needs data.texture_dir)
+  block.num_ns = 1
+  block.alpha = 2.0
+  block.alpha_mode = "in"  # in: alpha * q.t / T (L_in); out: + log(alpha) (L_out)
+  block.patch_min = 3
+  block.patch_max = 10
+  return block
+
+
+def check(c, method, reads_data: bool) -> None:
+  """Patch or texture images; reads_data=False skips the texture dataset's location."""
+  kind = choice(c, "nonsemantic.kind", KINDS)
+  num_ns = integer(c, "nonsemantic.num_ns", 1, 64)
+  if kind == "texture" and num_ns != 1:
+    fail("nonsemantic.num_ns", num_ns, "texture negatives are one image per view; set 1")
+  if reads_data and kind == "texture" and not get(c, "data.texture_dir"):
+    fail(
+        "data.texture_dir",
+        "",
+        "texture negatives read the texture version of every image: make it with "
+        "python -m cl_jax.data.make_texture and set data.texture_dir to its --out",
+    )
+  number(c, "nonsemantic.alpha", 0.0, None, lo_open=True)
+  mode = choice(c, "nonsemantic.alpha_mode", ALPHA_MODES)
+  if method.negatives is None and mode != "in":
+    fail(
+        "nonsemantic.alpha_mode",
+        mode,
+        f"'out' scales InfoNCE's logits; method {method.name!r} regresses without them "
+        "(Ge et al. 2021, Eq. 2 weights the distance by alpha): set 'in'",
+    )
+  d_min = integer(c, "nonsemantic.patch_min", 1)
+  d_max = integer(c, "nonsemantic.patch_max", 1)
+  size = get(c, "data.image_size")
+  if d_max > size:
+    fail(
+        "nonsemantic.patch_max",
+        d_max,
+        f"the patch size must not exceed the view size data.image_size = {size}",
+    )
+  if d_min > d_max:
+    fail("nonsemantic.patch_min", d_min, f"must be <= nonsemantic.patch_max = {d_max}")
+
+
+def describe(c) -> str:
+  ns = c.nonsemantic
+  source = (
+      f"patch {ns.patch_min}-{ns.patch_max} px"
+      if ns.kind == "patch"
+      else f"from {c.data.texture_dir}"
+  )
+  return (
+      f"non-semantic negatives ({ns.kind}, {ns.num_ns} per query, alpha {ns.alpha} "
+      f"{ns.alpha_mode}, {source})"
+  )
+
+
+def build(c, steps_per_epoch: int):
+  return record(NonSemantic, c.nonsemantic)

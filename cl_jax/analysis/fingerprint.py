@@ -38,14 +38,6 @@ FILE = "fingerprint.json"
 SOURCE_FILE = "source.json"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCE_DIRS = ("cl_jax", "configs")
-# The quick config of each method, the base of its components' canonical configs.
-METHOD_CONFIGS = {
-    "moco": "configs/mocov2.py",
-    "simclr": "configs/simclr.py",
-    "byol": "configs/byol.py",
-    "simsiam": "configs/simsiam.py",
-}
-ADDONS = ("nonsemantic", "ft", "ifm", "hcl", "dicr", "looc")
 
 
 def source_digest(root: str = ROOT) -> dict:
@@ -88,48 +80,53 @@ def source_digest(root: str = ROOT) -> dict:
 
 
 def components(config: ml_collections.ConfigDict) -> list[str]:
-  """The components of a run's config: its base step ("moco", "moco_symmetric", "simclr",
-  "byol", "simsiam") and one "<method>+<add-on>" per enabled add-on (non-semantic negatives
-  by kind: "+nonsemantic_patch", "+nonsemantic_texture"); MoCo's key encoder with shuffle-BN
-  by statistics (model.bn_mode "shuffle_stats", other arithmetic than "shuffle") is one more,
+  """The components of a run's config: its base step (its method's entry's, e.g. "moco",
+  "moco_symmetric", "simclr", "byol", "simsiam") and one "<base>+<add-on>" per enabled add-on
+  (cl_jax.addons.ADDONS; non-semantic negatives by kind: "+nonsemantic_patch",
+  "+nonsemantic_texture"); a method configured as a variant of another (LooC, MoCo with
+  looc.enabled) is one more, "+looc"; MoCo's key encoder with shuffle-BN by statistics
+  (model.bn_mode "shuffle_stats", other arithmetic than "shuffle") is one more,
   "+shuffle_stats"; a ResNet with the ImageNet stem (7x7/2 convolution, BN with its ReLU, the
   3x3/2 max-pool and its hand-written backward, cl_jax.models.pooling) is one more,
   "+imagenet_stem"; a bfloat16 network (model.dtype, whose views are also held in bfloat16
   between the augmentation's passes, cl_jax.data.photometric) is one more, "+bfloat16"."""
-  from cl_jax.objectives import METHODS
+  from cl_jax import addons, objectives
 
-  method = config.method
-  base = METHODS[method].component(config)
+  method = objectives.method_of(config)
+  base = method.component(config)
   out = [base]
-  if method == "moco" and config.model.bn_mode == "shuffle_stats":
+  if method.shuffle_bn and config.model.bn_mode == "shuffle_stats":
     out.append(f"{base}+shuffle_stats")
   if config.model.stem == "imagenet":
     out.append(f"{base}+imagenet_stem")
   if config.model.dtype == "bfloat16":
     out.append(f"{base}+bfloat16")
-  for addon in ADDONS:
-    if config[addon].enabled:
-      name = f"nonsemantic_{config.nonsemantic.kind}" if addon == "nonsemantic" else addon
-      out.append(f"{base}+{name}")
+  out += [f"{base}+{addons.component(addon, config)}" for addon in addons.enabled(config)]
+  if method.name != config.method:
+    out.append(f"{base}+{method.name}")
   return out
 
 
 def canonical_config(component: str) -> ml_collections.ConfigDict:
-  """The tiny config whose one step fingerprints `component` (module docstring)."""
+  """The tiny config whose one step fingerprints `component` (module docstring); a method
+  variant's component ("moco+looc") starts from the variant's own quick config."""
+  from cl_jax import addons, objectives
+
   base, _, addon = component.partition("+")
-  method = base.removesuffix("_symmetric")
-  c = cli._load_config(os.path.join(ROOT, METHOD_CONFIGS[method]))
+  variants = {m.name: m for m in objectives.ENTRIES if m.name not in objectives.METHODS}
+  method = variants.get(addon) or objectives.METHODS[base.removesuffix("_symmetric")]
+  c = cli._load_config(os.path.join(ROOT, method.config_file))
   if base == "moco_symmetric":
     c.moco.symmetric = True
   if addon == "shuffle_stats":
     c.model.bn_mode = addon
   elif addon == "imagenet_stem":
     c.model.stem = "imagenet"
-  elif addon and addon != "bfloat16":
-    block = "nonsemantic" if addon.startswith("nonsemantic") else addon
+  elif addon and addon != "bfloat16" and addon not in variants:
+    block, _, value = addon.partition("_")
     c[block].enabled = True
-    if block == "nonsemantic":
-      c.nonsemantic.kind = addon.removeprefix("nonsemantic_")
+    if value:
+      c[block][addons.ADDONS[block].VARIANT] = value
   c.seed = 0
   c.optim.batch_size = 8
   c.moco.queue_size = 64
@@ -141,14 +138,14 @@ def canonical_config(component: str) -> ml_collections.ConfigDict:
 def step_fingerprint(config: ml_collections.ConfigDict) -> list[float]:
   """[loss, gradient norm] of one train step of `config` on one device from its fresh state
   (config.seed) at the last epoch's step on the synthetic batch of seed 0
-  (cl_jax.bench.synthetic_step), as float32 values; the gradient norm is the root of the
+  (cl_jax.train.synthetic_batch), as float32 values; the gradient norm is the root of the
   summed squares of the per-layer norms."""
   import jax
   import numpy as np
 
-  from cl_jax.bench import synthetic_step
+  from cl_jax import train
 
-  step, state, data = synthetic_step.build(config, devices=1, statistics=True)
+  step, state, data = train.synthetic_step(config, devices=1, statistics=True)
   # The last epoch's step (one step per epoch here): every add-on scheduled by epoch (DICR's
   # lambda, FT's start epoch) is on.
   _, out = step(state.replace(step=state.step + config.optim.epochs - 1), data)

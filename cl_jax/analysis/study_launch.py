@@ -161,15 +161,14 @@ class StudyTask(submitit.helpers.Checkpointable):
   """One arm-seed of a study on a SLURM node (run_task); submitit requeues it with the same
   arguments on SLURM's warning signal (Checkpointable.checkpoint)."""
 
-  def __call__(self, study_name: str, arm_name: str, seed: int, workdir: str, results: str,
-               extra: tuple) -> str:  # fmt: skip
-    return run_task(study_name, arm_name, seed, workdir, results, extra)
+  def __call__(self, arm, seed: int, workdir: str, results: str, extra: tuple,
+               analyses: tuple) -> str:  # fmt: skip
+    return run_task(arm, seed, workdir, results, extra, analyses)
 
 
-def run_task(
-    study_name: str, arm_name: str, seed: int, workdir: str, results: str, extra: tuple
-) -> str:
-  """Train (or resume, or read) the record of one arm-seed as a scheduler's task: cl_jax.main
+def run_task(arm, seed: int, workdir: str, results: str, extra: tuple, analyses: tuple) -> str:
+  """Train (or resume, or read) the record of arm `arm` (a study_types.Arm) at `seed`, with
+  the study's `analyses`, as a scheduler's task: cl_jax.main
   stops on STOP_SIGNAL with a checkpoint; the run directory's claim is awaited for up to
   CLAIM_WAIT_S (an earlier attempt still saving). Returns the record's path.
 
@@ -178,11 +177,8 @@ def run_task(
       raised (a failed run, a changed arm), its error kept beside the run first
       (study_runs.write_failure).
   """
-  from cl_jax.studies import STUDIES
-
   os.environ[STOP_SIGNAL_ENV] = STOP_SIGNAL
-  study = STUDIES[study_name]
-  arm = next(a for a in study.arms if a.name == arm_name)
+  arm_name = arm.name
   directory = run_dir(workdir, arm_name, seed)
   with claim(directory, wait_s=CLAIM_WAIT_S) as mine:
     if not mine:
@@ -191,7 +187,7 @@ def run_task(
           f"{CLAIM_WAIT_S:.0f} s; see --status"
       )
     try:
-      ensure_record(arm, seed, workdir, results, extra, study.analyses)
+      ensure_record(arm, seed, workdir, results, extra, analyses)
     except Exception as e:  # any failure, kept for --status; the task fails with it
       write_failure(directory, str(e))
       raise
@@ -207,7 +203,7 @@ def submit_slurm(
   task = StudyTask()
   workdir, results = os.path.abspath(workdir), os.path.abspath(results)
   with executor.batch():
-    jobs = [executor.submit(task, study.name, a.name, s, workdir, results, extra) for s, a in items]
+    jobs = [executor.submit(task, a, s, workdir, results, extra, study.analyses) for s, a in items]
   submitted = [{"arm": a.name, "seed": s, "job_id": j.job_id} for (s, a), j in zip(items, jobs)]
   path = epath.Path(slurm_folder(workdir, study.name)) / "jobs.json"
   known = json.loads(path.read_text()) if path.exists() else []

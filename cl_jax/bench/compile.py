@@ -57,7 +57,7 @@ from absl import app, flags
 
 from cl_jax import batch_plan, config_check, train
 from cl_jax import train_step as step_lib
-from cl_jax.bench import chips, hlo_arrays, hlo_kernels, synthetic_step
+from cl_jax.bench import chips, hlo_arrays, hlo_kernels
 from cl_jax.bench import flops as bench_flops
 from cl_jax.bench import memory as bench_memory
 from cl_jax.data import photometric
@@ -185,7 +185,7 @@ def lower_step(config: ml_collections.ConfigDict, devices) -> tuple:
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, state_sharding
   )
   batch_sharding = parallel.batch_sharding(mesh)
-  host = synthetic_step.synthetic_batch(config, batch, np.random.default_rng(0))
+  host = train.synthetic_batch(config, batch, np.random.default_rng(0))
   data = {
       k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding) for k, v in host.items()
   }

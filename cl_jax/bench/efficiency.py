@@ -28,8 +28,8 @@ import numpy as np
 import optax
 from absl import app, flags
 
-from cl_jax import optim
-from cl_jax.bench import synthetic_step
+from cl_jax import optim, train
+from cl_jax.bench import flops as bench_flops
 from cl_jax.data import photometric
 from cl_jax.models.encoder import encoder_for
 from cl_jax.runtime import cli
@@ -108,12 +108,12 @@ def measure(config: ml_collections.ConfigDict, rounds: int, steps: int) -> dict:
   supervised_gflop_per_image (per image of the global batch).
   """
   batch = config.optim.batch_size
-  step, state, data = synthetic_step.build(config, 1)
+  step, state, data = train.synthetic_step(config, 1)
   sup, sup_state, sup_data = supervised_step(config)
   lowered, sup_lowered = step.lower(state, data), sup.lower(sup_state, sup_data)
   compiled, sup_compiled = lowered.compile(), sup_lowered.compile()
-  flops = synthetic_step.step_flops(lowered, 1)
-  sup_flops = synthetic_step.step_flops(sup_lowered, 1)
+  flops = bench_flops.step_flops(lowered, 1)
+  sup_flops = bench_flops.step_flops(sup_lowered, 1)
   state, _ = _round_time(compiled, state, data, 2)  # warm-up
   sup_state, _ = _round_time(sup_compiled, sup_state, sup_data, 2)
   times, sup_times = [], []

@@ -37,11 +37,10 @@ import numpy as np
 import PIL.Image
 from absl import app, flags
 
-from cl_jax import config_defaults
 from cl_jax.bench import input as bench_input
 from cl_jax.bench.jpeg_folder import default_root, make_jpeg_folder
 from cl_jax.data import fast_views, folder_source, geometric
-from cl_jax.runtime import cli
+from cl_jax.runtime import cli, config_files
 from cl_jax.runtime.errors import UsageError
 
 HOST_DECODERS = ("pil", "fast")  # the data.decoder paths that decode on the host
@@ -210,7 +209,7 @@ def main(argv):
   del argv
   f = flags.FLAGS
   with cli.report():
-    config = f.config or config_defaults.load_config_file(DEFAULT_CONFIG).get_config("imagenet100")
+    config = f.config or config_files.load_config_file(DEFAULT_CONFIG).get_config("imagenet100")
     root = f.jpeg_dir
     if not root:
       root = make_jpeg_folder(default_root(f.jpeg_images, 0), f.jpeg_images, 0)

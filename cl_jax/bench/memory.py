@@ -29,8 +29,7 @@ import numpy as np
 from absl import app, flags
 from jax._src.ad_checkpoint import saved_residuals  # no public form returns the records
 
-from cl_jax import config_check
-from cl_jax.bench import synthetic_step
+from cl_jax import config_check, train
 from cl_jax.models.encoder import encoder_for
 from cl_jax.objectives.forward import encode
 from cl_jax.runtime import cli
@@ -120,7 +119,7 @@ def compiled_step(config: ml_collections.ConfigDict, batch: int):
   lowered and compiled (not run)."""
   config = config.copy_and_resolve_references()
   config.optim.batch_size = batch
-  step, state, data = synthetic_step.build(config, 1)
+  step, state, data = train.synthetic_step(config, 1)
   return step.lower(state, data).compile()
 
 

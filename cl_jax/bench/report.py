@@ -375,7 +375,7 @@ def main(argv):
 
 
 def run() -> None:
-  """The command line (python -m cl_jax.bench_report or cl_jax.bench.report)."""
+  """The command line (python -m cl_jax.bench.report)."""
   _define_flags()
   cli.list_in_help(__name__)
   app.run(main, flags_parser=cli.parse_flags)

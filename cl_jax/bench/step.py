@@ -28,9 +28,10 @@ import time
 import jax
 from absl import app, flags
 
-from cl_jax import config_check
-from cl_jax.bench import device_peaks, synthetic_step
+from cl_jax import config_check, train
+from cl_jax.bench import device_peaks, flops
 from cl_jax.bench import profile as step_profile
+from cl_jax.objectives import looc, moco
 from cl_jax.runtime import cli
 
 _CONFIG = cli.define_config_flag()
@@ -91,13 +92,13 @@ def measure(
   unknown), and peak_mb_per_device where the backend reports it.
   """
   batch = config.optim.batch_size
-  step, state, data = synthetic_step.build(config, devices, statistics)
+  step, state, data = train.synthetic_step(config, devices, statistics)
 
   start = time.perf_counter()
   lowered = step.lower(state, data)
   compiled = lowered.compile()
   compile_s = time.perf_counter() - start
-  flops_per_device = synthetic_step.step_flops(lowered, devices)
+  flops_per_device = flops.step_flops(lowered, devices)
   for _ in range(warmup + 1):
     state, metrics = compiled(state, data)
   jax.block_until_ready(metrics)
@@ -202,9 +203,9 @@ def _step_words() -> str:
   return "lean step (loss and lr; training's step between logging steps)"
 
 
-# The MoCo add-ons that the PyTorch reference leaves out (cl_jax.bench.torch_reference.ADDONS; not
-# imported from there, which needs torch): --compare=torch switches them off in both steps.
-_TORCH_ADDONS = ("nonsemantic", "ft", "ifm", "looc", "dicr")
+# The PyTorch reference is MoCo's step without add-ons or LooC (cl_jax.bench.torch_reference.ADDONS;
+# not imported from there, which needs torch): --compare=torch switches them off in both steps.
+_TORCH_ADDONS = moco.METHOD.addons + (looc.METHOD.block,)
 
 
 def _torch_command(compiled: bool) -> list[str]:

@@ -61,7 +61,7 @@ from absl import app, flags
 from cl_jax import config_check
 from cl_jax.data import photometric
 from cl_jax.models.resnet import base_width
-from cl_jax.objectives import forward
+from cl_jax.objectives import forward, looc, moco
 from cl_jax.runtime import cli
 
 try:
@@ -84,7 +84,7 @@ except ImportError as error:
 COMPILE_MODE = "default"
 # The add-ons of the MoCo step that this reference leaves out (cl_jax.bench.step --compare=torch
 # switches the same ones off for both steps).
-ADDONS = ("nonsemantic", "ft", "ifm", "looc", "dicr")
+ADDONS = moco.METHOD.addons + (looc.METHOD.block,)
 _ARCHS = {18: (resnet.BasicBlock, (2, 2, 2, 2)), 50: (resnet.Bottleneck, (3, 4, 6, 3))}
 
 

@@ -9,6 +9,7 @@ TFDS (and so TensorFlow) is imported only when a TFDS dataset is asked for.
 import ml_collections
 
 from cl_jax.data import tfds_source, trifeature
+from cl_jax.runtime.errors import UsageError
 
 DATASET_NAMES = ("trifeature", "folder") + tuple(tfds_source.DATASETS)
 ROLES = ("pretrain", "probe_train", "test")
@@ -36,3 +37,19 @@ def open_source(data: ml_collections.ConfigDict, role: str):
 
     return folder_source.open_source(data, role)
   return tfds_source.open_source(data.name, role, data.data_dir)
+
+
+def split_sizes(config: ml_collections.ConfigDict, pretrain_size: int) -> str:
+  """'pretrain N, probe train N, test N' of the run's dataset."""
+  sizes = {"pretrain": str(pretrain_size)}
+  for role in ("probe_train", "test"):
+    if config.data.name == "trifeature":
+      sizes[role] = str(
+          config.data.trifeature_test if role == "test" else config.data.trifeature_train
+      )
+    else:
+      try:
+        sizes[role] = str(len(open_source(config.data, role)))
+      except UsageError:
+        sizes[role] = "not prepared"
+  return ", ".join(f"{role.replace('_', ' ')} {n}" for role, n in sizes.items())

@@ -37,7 +37,6 @@ import numpy as np
 import tqdm
 from etils import epath
 
-from cl_jax import config_check
 from cl_jax.data import pipeline
 from cl_jax.evaluators import features
 from cl_jax.evaluators.features import Extractor
@@ -52,6 +51,9 @@ from cl_jax.evaluators.linear_classifier import (
 )
 from cl_jax.models.encoder import head_layout
 from cl_jax.runtime.errors import UsageError
+
+# probe.protocol values (the module docstring says what each fits).
+PROTOCOLS = ("fast", "logreg", "paper")
 
 TAG = "probe"
 OPTIONS = ("protocol", "baseline", "validation")
@@ -187,10 +189,8 @@ def protocol_option(ctx) -> tuple[str, bool]:
   """(protocol, validation) of an EvalContext's options, the protocol defaulting to the
   config's probe.protocol."""
   protocol = ctx.options.get("protocol") or ctx.config.probe.protocol
-  if protocol not in config_check.PROBE_PROTOCOLS:
-    raise UsageError(
-        f"probe protocol must be one of {config_check.PROBE_PROTOCOLS}, got {protocol!r}"
-    )
+  if protocol not in PROTOCOLS:
+    raise UsageError(f"probe protocol must be one of {PROTOCOLS}, got {protocol!r}")
   return protocol, bool(ctx.options.get("validation", False))
 
 

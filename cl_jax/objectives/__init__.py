@@ -1,10 +1,11 @@
 """The methods' train-step objectives, one module each, and their registry.
 
 METHODS maps each config.method value to its Method entry (cl_jax.objectives.method), which
-the train step (which objective to build), the trainer (which state to hold), the config check
-(which fields a method needs) and the code fingerprint (its base component) read; a method is
-added by its module's METHOD and one line here. LooC (Xiao et al. 2021), configured as MoCo
-with looc.enabled, is a method of its own: `method_of` gives its entry for such a config.
+the train step (which objective to build), the trainer (which state to hold), the config
+defaults and check (its block, its rules, the add-ons it composes) and the code fingerprint
+(its base component) read; a method is added by its module's METHOD and one line here. LooC
+(Xiao et al. 2021), configured as MoCo with looc.enabled, is a method of its own: `method_of`
+gives its entry for such a config, and ENTRIES holds every entry, LooC's included.
 """
 
 from cl_jax.objectives import byol, looc, moco, simclr, simsiam
@@ -13,6 +14,7 @@ from cl_jax.objectives.method import Method
 METHODS: dict[str, Method] = {
     m.name: m for m in (moco.METHOD, simclr.METHOD, byol.METHOD, simsiam.METHOD)
 }
+ENTRIES: tuple[Method, ...] = (*METHODS.values(), looc.METHOD)
 
 
 def method_of(config) -> Method:

@@ -17,6 +17,7 @@ from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
 from cl_jax.objectives.health import embedding_health
 from cl_jax.objectives.method import Method
+from cl_jax.runtime.config_fields import number
 from cl_jax.state import TrainState
 
 
@@ -33,7 +34,7 @@ def make_objective(
   cl_jax.objectives.health.embedding_health of the online projections z1, z2 (not the
   predictions), before any extrapolation.
   """
-  ns, ft = addons.nonsemantic, addons.ft
+  ns = addons.nonsemantic
   total = config.optim.epochs * steps_per_epoch
   extrapolate = addons.extrapolates_pairs()
 
@@ -50,17 +51,13 @@ def make_objective(
       out1, bs = encode(encoder, params, state.batch_stats, x.v1, predict=True)
       out2, bs = encode(encoder, params, bs, x.v2, predict=True)
       preds = (out1["p"], out2["p"])
-      pairs = [(preds[0], z[1]), (preds[1], z[0])]
-      if extrapolate:
-        pairs = ft.on_pairs(pairs, x.r_ft, ft.active(state.step))
+      pairs = addons.on_pairs([(preds[0], z[1]), (preds[1], z[0])], x.r_ft, state.step)
       loss, stats = 0.0, []
       for (p, target), pred, ns_t in zip(pairs, preds, t):
         if ns_t is None:
           term, st = byol.byol_loss(p, target, stop_gradient=not extrapolate)
         else:
-          term, st = byol.byol_ns_loss(
-              p, target, ns_t, ns.alpha, stop_gradient=not extrapolate, anchor=pred
-          )
+          term, st = ns.regression_loss(p, target, ns_t, not extrapolate, pred)
         loss = loss + term
         stats.append(st)
       stats = jax.tree.map(lambda a, b: (a + b) / 2, *stats)
@@ -76,6 +73,13 @@ def make_objective(
   return objective
 
 
+def defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  del config
+  block = ml_collections.ConfigDict()
+  block.base_momentum = 0.99  # tau_base of the cosine target-momentum schedule
+  return block
+
+
 METHOD = Method(
     "byol",
     lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(
@@ -83,4 +87,9 @@ METHOD = Method(
     ),
     target=True,
     predictor=True,
+    addons=("nonsemantic", "ft", "dicr"),
+    block="byol",
+    defaults=defaults,
+    check=lambda c: number(c, "byol.base_momentum", 0.0, 1.0),
+    config_file="configs/byol.py",
 )

@@ -19,7 +19,21 @@ from cl_jax.objectives import forward, moco
 from cl_jax.objectives.forward import Views, encode
 from cl_jax.objectives.health import embedding_health
 from cl_jax.objectives.method import Method
+from cl_jax.runtime.config_fields import boolean, fail, get
 from cl_jax.state import TrainState
+
+# Atomic augmentations that may have a head and key view of their own (Sec. 4), and the
+# photometric switches that apply each.
+AUGMENTATIONS = {
+    "colour": ("aug.jitter_prob", "aug.grayscale_prob"),
+    "rotation": ("aug.rotation_prob",),
+    "texture": ("aug.texture_prob",),
+}
+
+
+def key_views(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The atomic augmentations with their own head and key view (none without LooC)."""
+  return tuple(config.looc.augmentations) if config.looc.enabled else ()
 
 
 def head_embeddings(out: dict) -> jax.Array:
@@ -66,6 +80,60 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh):
   return objective
 
 
+def defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  del config
+  block = ml_collections.ConfigDict()
+  block.enabled = False
+  # Atomic augmentations with their own head and key view: colour, rotation, texture. Each must
+  # be switched on in the aug block (colour: jitter or grayscale; aug.rotation_prob;
+  # aug.texture_prob).
+  block.augmentations = ("rotation",)
+  block.conv5_heads = False  # LooC++: a conv5 stage in each head
+  return block
+
+
+def check(c) -> None:
+  """LooC is MoCo with looc.enabled."""
+  method = get(c, "method")
+  if boolean(c, "looc.enabled") and method != "moco":
+    fail(
+        "looc.enabled", True, f"LooC is built on MoCo's key encoder and queue; method is {method!r}"
+    )
+
+
+def rules(c) -> None:
+  """One query view against its key views, each with its augmentation applied by the aug
+  block; and MoCo's queue."""
+  if get(c, "moco.symmetric"):
+    fail("moco.symmetric", True, "LooC contrasts one query view with its key views; set False")
+  augs = get(c, "looc.augmentations")
+  if (
+      not isinstance(augs, (tuple, list))
+      or len(set(augs)) != len(augs)
+      or not set(augs) <= set(AUGMENTATIONS)
+  ):
+    fail(
+        "looc.augmentations",
+        augs,
+        f"must be distinct names out of {', '.join(AUGMENTATIONS)} (may be empty: one head)",
+    )
+  for aug in augs:
+    if not any(get(c, p) > 0 for p in AUGMENTATIONS[aug]):
+      fail(
+          "looc.augmentations",
+          augs,
+          f"{aug!r} has a head but is never applied: set {' or '.join(AUGMENTATIONS[aug])} > 0",
+      )
+  boolean(c, "looc.conv5_heads")
+  moco.check_queue(c)
+
+
+def describe(c) -> str:
+  augs = ", ".join(c.looc.augmentations) or "none"
+  plus = "LooC++: conv5 heads, " if c.looc.conv5_heads else ""
+  return f"leave-one-out heads ({plus}{1 + len(c.looc.augmentations)} heads: {augs})"
+
+
 # Configured as MoCo with looc.enabled (cl_jax.objectives.method_of); its fingerprint is MoCo's
 # base step with the "+looc" component.
 METHOD = Method(
@@ -73,5 +141,13 @@ METHOD = Method(
     lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(config, encoder, mesh),
     queue=True,
     target=True,
+    shuffle_bn=True,
+    negatives="queue",
+    block="looc",
+    defaults=defaults,
+    check=check,
+    rules=rules,
+    describe=describe,
+    config_file="configs/looc.py",
     base_component=moco.METHOD.base_component,
 )

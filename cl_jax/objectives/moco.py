@@ -13,14 +13,14 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
-from cl_jax import memory_queue as queue_lib
 from cl_jax.addons.from_config import AddOns
+from cl_jax.losses import memory_queue as queue_lib
 from cl_jax.losses import moco
-from cl_jax.losses.contrast import contrast_stats
 from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
 from cl_jax.objectives.health import embedding_health
 from cl_jax.objectives.method import Method
+from cl_jax.runtime.config_fields import boolean, fail, get, integer, number
 from cl_jax.state import TrainState
 
 
@@ -73,9 +73,7 @@ def pair_loss(
     active = addons.ft.active(step)
     q, k, negatives = addons.ft.on_queue(q, k, queue, rng, active, mesh, num_keys)
   c = moco.moco_contrast(q, k, negatives, temperature, mesh, active)
-  if t is not None:
-    c = addons.nonsemantic.negatives(c, q, t, temperature)
-  return addons.contrast_loss(c, temperature), contrast_stats(c, score_queries or q.shape[0])
+  return addons.contrast_step(c, q, t, temperature, score_queries or q.shape[0])
 
 
 def updates(
@@ -154,6 +152,59 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, addon
   return objective
 
 
+def defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  del config
+  block = ml_collections.ConfigDict()
+  block.queue_size = 2048
+  block.temperature = 0.2
+  block.momentum = 0.99
+  block.symmetric = False
+  return block
+
+
+def check(c) -> None:
+  integer(c, "moco.queue_size", 1)
+  number(c, "moco.temperature", 0.0, None, lo_open=True)
+  number(c, "moco.momentum", 0.0, 1.0)
+  boolean(c, "moco.symmetric")
+
+
+def check_queue(c) -> None:
+  """The queue holds whole steps of keys (cl_jax.losses.memory_queue's layout), and two steps
+  of them for transformed negatives, which pair keys of different steps."""
+  queue, batch = get(c, "moco.queue_size"), get(c, "optim.batch_size")
+  per_step = batch * (2 if get(c, "moco.symmetric") else 1)
+  if queue % per_step:
+    fail(
+        "moco.queue_size",
+        queue,
+        f"must be divisible by the keys enqueued per step ({per_step} = global batch"
+        f"{' x 2 views (symmetric)' if per_step > batch else ''})",
+    )
+  if queue < per_step:
+    fail("moco.queue_size", queue, f"must be at least the keys per step ({per_step})")
+  if get(c, "ft.enabled") and get(c, "ft.negative") in ("interpolate", "extrapolate"):
+    if queue < 2 * per_step:
+      fail(
+          "moco.queue_size",
+          queue,
+          f"negative transforms pair keys of different steps: the "
+          f"queue must hold at least 2 steps of keys ({2 * per_step})",
+      )
+
+
+def rules(c) -> None:
+  """The queue (check_queue); DICR takes both views through the query encoder."""
+  check_queue(c)
+  if get(c, "dicr.enabled") and not get(c, "moco.symmetric"):
+    fail(
+        "moco.symmetric",
+        False,
+        "DICR needs both views through the query encoder, as in the paper's symmetric MoCo "
+        "(its footnote 6); set moco.symmetric = True",
+    )
+
+
 METHOD = Method(
     "moco",
     lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(
@@ -161,5 +212,13 @@ METHOD = Method(
     ),
     queue=True,
     target=True,
+    shuffle_bn=True,
+    negatives="queue",
+    addons=("nonsemantic", "ft", "ifm", "dicr"),
+    block="moco",
+    defaults=defaults,
+    check=check,
+    rules=rules,
+    config_file="configs/mocov2.py",
     base_component=lambda config: "moco_symmetric" if config.moco.symmetric else "moco",
 )

@@ -13,11 +13,11 @@ import ml_collections
 
 from cl_jax.addons.from_config import AddOns
 from cl_jax.losses import simclr
-from cl_jax.losses.contrast import contrast_stats
 from cl_jax.objectives import forward
 from cl_jax.objectives.forward import Views, encode
 from cl_jax.objectives.health import embedding_health
 from cl_jax.objectives.method import Method
+from cl_jax.runtime.config_fields import number
 from cl_jax.state import TrainState
 
 
@@ -61,10 +61,8 @@ def batch_loss(
     anchors, c = addons.ft.on_batch(z1, z2, rng, jnp.asarray(addons.ft.active(step)))
   else:
     anchors, c = simclr.pair_contrast(z1, z2)
-  if t is not None:
-    c = addons.nonsemantic.negatives(c, anchors, t, temperature)
   rows = score_queries if 0 < score_queries < bsz else 2 * bsz
-  return addons.contrast_loss(c, temperature), contrast_stats(c, rows)
+  return addons.contrast_step(c, anchors, t, temperature, rows)
 
 
 def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
@@ -112,7 +110,20 @@ def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
   return objective
 
 
+def defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  del config
+  block = ml_collections.ConfigDict()
+  block.temperature = 0.5
+  return block
+
+
 METHOD = Method(
     "simclr",
     lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(config, encoder, addons),
+    negatives="batch",
+    addons=("hcl", "nonsemantic", "ft", "ifm", "dicr"),
+    block="simclr",
+    defaults=defaults,
+    check=lambda c: number(c, "simclr.temperature", 0.0, None, lo_open=True),
+    config_file="configs/simclr.py",
 )

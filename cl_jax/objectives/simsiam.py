@@ -17,15 +17,14 @@ def make_objective(encoder, addons: AddOns):
   cl_jax.objectives.health.embedding_health of the projections z1, z2 (not the
   predictions), before any extrapolation.
   """
-  ft, extrapolate = addons.ft, addons.extrapolates_pairs()
+  extrapolate = addons.extrapolates_pairs()
 
   def objective(state: TrainState, x: Views):
     def loss_fn(params):
       out1, bs = encode(encoder, params, state.batch_stats, x.v1, predict=True)
       out2, bs = encode(encoder, params, bs, x.v2, predict=True)
       p1, z1, p2, z2 = out1["p"], out1["z"], out2["p"], out2["z"]
-      if extrapolate:
-        (p1, z2), (p2, z1) = ft.on_pairs([(p1, z2), (p2, z1)], x.r_ft, ft.active(state.step))
+      (p1, z2), (p2, z1) = addons.on_pairs([(p1, z2), (p2, z1)], x.r_ft, state.step)
       loss, stats = simsiam.simsiam_loss(p1, p2, z1, z2, stop_gradient=not extrapolate)
       stats = {**stats, **embedding_health(out1["z"], out2["z"])}
       return forward.regularised(
@@ -41,4 +40,6 @@ METHOD = Method(
     "simsiam",
     lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(encoder, addons),
     predictor=True,
+    addons=("ft", "dicr"),
+    config_file="configs/simsiam.py",
 )

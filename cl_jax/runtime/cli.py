@@ -17,8 +17,7 @@ import traceback
 from absl import flags
 from ml_collections import config_flags
 
-from cl_jax import config_defaults
-from cl_jax.runtime import run_config, write_faults
+from cl_jax.runtime import config_files, run_config, write_faults
 from cl_jax.runtime.errors import UsageError
 
 flags.disclaim_key_flags()  # --config defined here belongs to the command that calls for it
@@ -58,7 +57,7 @@ def resolve_config_path(value: str) -> str:
 def _load_config(value: str):
   """The ConfigDict of --config=PATH[:preset] (the file's get_config)."""
   path, _, preset = value.partition(":")
-  module = config_defaults.load_config_file(path)
+  module = config_files.load_config_file(path)
   return module.get_config(preset) if preset else module.get_config()
 
 

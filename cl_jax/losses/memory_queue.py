@@ -20,13 +20,14 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from cl_jax.addons import feature_transform
 from cl_jax.runtime import parallel
 from cl_jax.runtime.errors import UsageError
 from cl_jax.runtime.parallel import DATA_AXIS
 
 
-def _check(queue_size: int, keys_per_step: int, num_shards: int) -> None:
+def check_layout(queue_size: int, keys_per_step: int, num_shards: int) -> None:
+  """A queue of queue_size keys holds whole steps of keys_per_step keys, split evenly over
+  num_shards shards; ValueError otherwise."""
   if queue_size % keys_per_step or keys_per_step % num_shards:
     raise ValueError(
         f"the keys per step ({keys_per_step}) must divide the queue size "
@@ -39,7 +40,7 @@ def to_sharded_layout(queue: jax.Array, num_shards: int, keys_per_step: int) -> 
   """(K, ...) queue in ring order -> the same keys in the S-shard layout. Trailing axes
   (d, or (H, d) for LooC's one queue per head) move with their row."""
   k, rest = queue.shape[0], queue.shape[1:]
-  _check(k, keys_per_step, num_shards)
+  check_layout(k, keys_per_step, num_shards)
   blocks = queue.reshape((k // keys_per_step, num_shards, keys_per_step // num_shards) + rest)
   return blocks.swapaxes(0, 1).reshape(queue.shape)
 
@@ -48,7 +49,7 @@ def to_ring_order(queue: jax.Array, num_shards: int, keys_per_step: int) -> jax.
   """(K, ...) queue in the S-shard layout -> the same keys in ring order (inverse of
   to_sharded_layout)."""
   k, rest = queue.shape[0], queue.shape[1:]
-  _check(k, keys_per_step, num_shards)
+  check_layout(k, keys_per_step, num_shards)
   blocks = queue.reshape((num_shards, k // keys_per_step, keys_per_step // num_shards) + rest)
   return blocks.swapaxes(0, 1).reshape(queue.shape)
 
@@ -80,7 +81,7 @@ def enqueue(queue: jax.Array, keys: jax.Array, step: jax.Array, mesh: Mesh) -> j
   k = queue.shape[0]
   p = keys.shape[0]
   shards = mesh.shape[DATA_AXIS]
-  _check(k, p, shards)
+  check_layout(k, p, shards)
   offset = write_offset(step, p, k, shards)
 
   def local(queue_shard, key_shard, offset):
@@ -112,50 +113,9 @@ def init_queue(
   return to_sharded_layout(q, num_shards, keys_per_step)
 
 
-def mix_slots(
-    queue: jax.Array, slot_order: jax.Array, mix, mesh: Mesh, keys_per_step: int, renormalize: bool
-) -> jax.Array:
-  """Feature-transformed copy of the queue: every key mixed with a partner key.
-
-  Key i of ring slot t is mixed with key i of slot slot_order[t] by
-  cl_jax.addons.feature_transform.negative_interpolation (Zhu et al. 2021,
-  Eq. 5): mu * n + (1 - mu) * n_partner. Pairing keys of the same batch row
-  across a random permutation of the K / P slots keeps each pair inside one
-  shard, so every device mixes its own rows, and gives the same pairs for any
-  number of devices. The stored queue is not changed.
-
-  Args:
-    queue: (K, d) queue in the S-shard layout, rows sharded over `data`.
-    slot_order: (K / P,) int permutation of the slots.
-    mix: scalar, (d,) or (K, d) coefficient mu; a (K, d) mu is in ring order (row r
-      mixes the key at ring position r, so the mixed keys do not depend on the
-      number of devices) and is moved to the queue's layout here.
-    mesh: the device mesh (S devices on `data`).
-    keys_per_step: P.
-    renormalize: project the mixed keys back to unit length.
-
-  Returns:
-    (K, d) mixed negatives, sharded like `queue`.
-  """
-  shards = mesh.shape[DATA_AXIS]
-  _check(queue.shape[0], keys_per_step, shards)
-  local = keys_per_step // shards
-  partner = (slot_order[:, None] * local + jnp.arange(local)[None, :]).reshape(-1)
-
-  def per_shard(rows, partner, mix):
-    return feature_transform.negative_interpolation(rows, partner, mix, renormalize)
-
-  mix_spec = P()
-  if jnp.ndim(mix) == 2:
-    mix, mix_spec = to_sharded_layout(mix, shards, keys_per_step), P(DATA_AXIS)
-  return jax.shard_map(
-      per_shard, mesh=mesh, in_specs=(P(DATA_AXIS), P(), mix_spec), out_specs=P(DATA_AXIS)
-  )(queue, partner, mix)
-
-
 def relayout(state, meta: dict, mesh, keys: int):
   """`state` with its queue moved from the checkpoint's layout (meta["queue_shards"]
-  shards) to the layout of `mesh` (cl_jax.memory_queue), so a run resumes exactly on a
+  shards) to the layout of `mesh` (cl_jax.losses.memory_queue), so a run resumes exactly on a
   different number of devices."""
   old, new = meta["queue_shards"], mesh.shape[parallel.DATA_AXIS]
   if state.queue is None:
