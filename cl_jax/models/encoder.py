@@ -60,8 +60,9 @@ class Encoder(nn.Module):
       groups: jax.Array | None = None,
   ) -> dict[str, jax.Array]:
     """Images (B, H, W, 3) -> dict(pooled (B, D) float32, feature_map (B, h, w, D),
-    z (B, out_dim) float32, unit L2 norm; with predict=True also p (B, out_dim) float32,
-    the predictor's unnormalised output on the unnormalised projection).
+    projection (B, out_dim) float32, the head's output; z, the projection at unit L2 norm;
+    with predict=True also p (B, out_dim) float32, the predictor's unnormalised output on the
+    projection).
 
     With extra heads (LooC) also z_heads (B, n + 1, out_dim), the unit embeddings of every
     head (z_heads[:, 0] = z); with more than one head or with conv5 heads also head_features
@@ -78,7 +79,7 @@ class Encoder(nn.Module):
       raise ValueError('groups is for the key encoder, which has no predictor: predict=False')
     features = self.backbone(x, train=train, groups=groups)
     head_features, projection = self._project(self.head, features, train, groups)
-    out = {**features, 'z': l2_normalize(projection)}
+    out = {**features, 'projection': projection, 'z': l2_normalize(projection)}
     if self.extra_heads or self.conv5_heads:
       extra = [self._project(h, features, train, groups) for h in self.extra_heads]
       out['z_heads'] = jnp.stack([out['z']] + [l2_normalize(p) for _, p in extra], axis=1)

@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from cl_jax.addons import dicr
 from cl_jax.addons.nonsemantic import NonSemantic
+from cl_jax.objectives.health import embedding_health
 from cl_jax.runtime import parallel
 
 # model.bn_mode values that shuffle-BN a momentum encoder's keys (MoCo's; shuffle_keys).
@@ -284,3 +285,33 @@ def regularised(
     return loss, (batch_stats, stats)
   value, batch_stats, extra = term.regularise(encoder, params, batch_stats, step, *outs, regions)
   return loss + value, (batch_stats, {**stats, **extra})
+
+
+def two_view_step(
+    encoder, addons, state, x: Views, loss_of: Callable, predict: bool = False
+) -> tuple[jax.Array, dict, dict, dict]:
+  """(loss, grads, {"batch_stats"}, stats) of a method without a target network whose loss
+  reads the online outputs of both views: each view through the encoder in its own forward
+  (so batch-norm statistics are those of one view's global batch), loss_of(out1, out2) ->
+  (loss, stats), the embedding health of the two views' projections z1, z2
+  (cl_jax.objectives.health.embedding_health), and with DICR lambda L_DICR of the two views
+  (regularised).
+
+  Args:
+    addons: the run's add-ons (cl_jax.addons.from_config.AddOns).
+    state: the TrainState; x: the step's Views.
+    loss_of: the method's loss of the two views' encoder outputs (dicts with z, and p with
+      predict), with its add-ons.
+    predict: also run the predictor (SimSiam).
+  """
+
+  def loss_fn(params):
+    out1, batch_stats = encode(encoder, params, state.batch_stats, x.v1, predict=predict)
+    out2, batch_stats = encode(encoder, params, batch_stats, x.v2, predict=predict)
+    loss, stats = loss_of(out1, out2)
+    stats = {**stats, **embedding_health(out1["z"], out2["z"])}
+    return regularised(
+        addons.dicr, loss, stats, batch_stats, encoder, params, state.step, (out1, out2), x.regions
+    )
+
+  return online_step(loss_fn, state.params)

@@ -14,8 +14,7 @@ import ml_collections
 from cl_jax.addons.from_config import AddOns
 from cl_jax.losses import simclr
 from cl_jax.objectives import forward
-from cl_jax.objectives.forward import Views, encode
-from cl_jax.objectives.health import embedding_health
+from cl_jax.objectives.forward import Views
 from cl_jax.objectives.method import Method
 from cl_jax.runtime.config_fields import number
 from cl_jax.state import TrainState
@@ -86,11 +85,9 @@ def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
           )
       )
 
-    def loss_fn(params):
-      out1, bs = encode(encoder, params, state.batch_stats, x.v1)
-      out2, bs = encode(encoder, params, bs, x.v2)
+    def loss_of(out1, out2):
       with jax.named_scope("batch_contrast"):  # names its collectives in the compiled program
-        loss, stats = batch_loss(
+        return batch_loss(
             out1["z"],
             out2["z"],
             t,
@@ -100,12 +97,8 @@ def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
             state.step,
             config.train.score_queries,
         )
-      stats = {**stats, **embedding_health(out1["z"], out2["z"])}
-      return forward.regularised(
-          addons.dicr, loss, stats, bs, encoder, params, state.step, (out1, out2), x.regions
-      )
 
-    return forward.online_step(loss_fn, state.params)
+    return forward.two_view_step(encoder, addons, state, x, loss_of)
 
   return objective
 

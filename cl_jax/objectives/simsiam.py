@@ -4,8 +4,7 @@ App. E.2): L = D(p1, sg(z2))/2 + D(p2, sg(z1))/2, one network, no target, no neg
 from cl_jax.addons.from_config import AddOns
 from cl_jax.losses import simsiam
 from cl_jax.objectives import forward
-from cl_jax.objectives.forward import Views, encode
-from cl_jax.objectives.health import embedding_health
+from cl_jax.objectives.forward import Views
 from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
@@ -20,18 +19,12 @@ def make_objective(encoder, addons: AddOns):
   extrapolate = addons.extrapolates_pairs()
 
   def objective(state: TrainState, x: Views):
-    def loss_fn(params):
-      out1, bs = encode(encoder, params, state.batch_stats, x.v1, predict=True)
-      out2, bs = encode(encoder, params, bs, x.v2, predict=True)
+    def loss_of(out1, out2):
       p1, z1, p2, z2 = out1["p"], out1["z"], out2["p"], out2["z"]
       (p1, z2), (p2, z1) = addons.on_pairs([(p1, z2), (p2, z1)], x.r_ft, state.step)
-      loss, stats = simsiam.simsiam_loss(p1, p2, z1, z2, stop_gradient=not extrapolate)
-      stats = {**stats, **embedding_health(out1["z"], out2["z"])}
-      return forward.regularised(
-          addons.dicr, loss, stats, bs, encoder, params, state.step, (out1, out2), x.regions
-      )
+      return simsiam.simsiam_loss(p1, p2, z1, z2, stop_gradient=not extrapolate)
 
-    return forward.online_step(loss_fn, state.params)
+    return forward.two_view_step(encoder, addons, state, x, loss_of, predict=True)
 
   return objective
 
