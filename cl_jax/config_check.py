@@ -7,20 +7,17 @@ import math
 
 import ml_collections
 
-from cl_jax import addons, objectives
+from cl_jax import addons, objectives, optim
 from cl_jax.data import photometric
 from cl_jax.evaluators import MONITORS, linear_probe
-from cl_jax.models import resnet
+from cl_jax.evaluators import features as evaluator_features
+from cl_jax.models import encoder, resnet
 from cl_jax.objectives import METHODS
-from cl_jax.objectives.forward import SHUFFLE_BN_MODES
+from cl_jax.objectives.forward import BN_MODES, SHUFFLE_BN_MODES
 from cl_jax.runtime.config_fields import ConfigError as ConfigError  # callers catch it here
 from cl_jax.runtime.config_fields import boolean, choice, fail, get, integer, interval, number
 from cl_jax.runtime.errors import UsageError
 
-BN_MODES = ("sync", "local", "shuffle", "shuffle_stats")
-PROBE_FEATURES = ("backbone", "heads")
-OPTIMIZERS = ("sgd", "lars")
-DTYPES = ("float32", "bfloat16")
 # Named learning-rate recipes for MoCo-v2 on ImageNet-100 (lr, global batch).
 LR_RECIPES = {
     "moco_0.03_b128": (0.03, 128),  # original MoCo lr, batch of Ge et al. App. C.1
@@ -120,8 +117,8 @@ def _check_model(c, method) -> None:
     )
   if not method.predictor and predictor:
     fail("model.predictor_hidden_dim", predictor, f"method {method.name!r} has no predictor; set 0")
-  choice(c, "model.dtype", DTYPES)
-  choice(c, "model.grad_reduce_dtype", DTYPES)
+  choice(c, "model.dtype", tuple(encoder.DTYPES))
+  choice(c, "model.grad_reduce_dtype", tuple(encoder.DTYPES))
   choice(c, "model.bn_mode", BN_MODES)
   choice(c, "model.shuffle_bn_above_8_chips", ("",) + SHUFFLE_BN_MODES)
   integer(c, "model.bn_groups", 1)
@@ -129,7 +126,7 @@ def _check_model(c, method) -> None:
 
 def _check_optim(c) -> None:
   """The optimizer, the lr (a named recipe or base_lr scaling) and its schedule."""
-  choice(c, "optim.optimizer", OPTIMIZERS)
+  choice(c, "optim.optimizer", optim.OPTIMIZERS)
   integer(c, "optim.batch_per_chip", 0)
   integer(c, "optim.large_batch", 1)
   integer(c, "optim.large_batch_warmup_epochs", 0)
@@ -234,7 +231,7 @@ def _check_train_eval(c) -> None:
   number(c, "health.min_std_sqrt_d", 0.0, 1.0)
   number(c, "health.min_rank", 0.0, None)  # 0: no rank warning
   boolean(c, "probe.after_pretrain")
-  features = choice(c, "probe.features", PROBE_FEATURES)
+  features = choice(c, "probe.features", tuple(evaluator_features.FEATURE_OUTPUTS))
   boolean(c, "probe.rotation")
   if features == "heads" and not (
       get(c, "looc.enabled") and (get(c, "looc.augmentations") or get(c, "looc.conv5_heads"))

@@ -32,7 +32,7 @@ run's metrics.jsonl and TensorBoard at step N (metrics.append_row), and its tabl
 
 import jax
 
-from cl_jax.evaluators import NAMES, linear_probe, registry
+from cl_jax.evaluators import NAMES, features, linear_probe, registry
 from cl_jax.runtime.errors import UsageError
 
 
@@ -118,7 +118,6 @@ def _define_flags():
   """The command's flags (defined only when it runs as a program)."""
   from absl import flags
 
-  from cl_jax import config_check
 
   flags.DEFINE_string("workdir", None, "Run directory with a checkpoint.")
   flags.DEFINE_string("evaluator", None, f"Comma-separated evaluators: {', '.join(NAMES)}.")
@@ -140,7 +139,7 @@ def _define_flags():
   flags.DEFINE_enum(
       "features",
       None,
-      list(config_check.PROBE_FEATURES),
+      list(features.FEATURE_OUTPUTS),
       "Features to evaluate (default: " "the run config's probe.features).",
   )
   flags.DEFINE_bool(

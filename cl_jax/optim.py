@@ -33,6 +33,10 @@ def _is_matrix(params):
   return jax.tree.map(lambda p: p.ndim > 1, params)
 
 
+# optim.optimizer values (make_optimizer).
+OPTIMIZERS = ("sgd", "lars")
+
+
 def make_optimizer(
     optim: ml_collections.ConfigDict, schedule: optax.Schedule
 ) -> optax.GradientTransformation:

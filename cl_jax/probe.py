@@ -14,8 +14,8 @@ features) and probe.rotation (the 4-way rotation task).
 
 from absl import app, flags
 
-from cl_jax import config_check, evaluate
-from cl_jax.evaluators import linear_probe, registry
+from cl_jax import evaluate
+from cl_jax.evaluators import features, linear_probe, registry
 from cl_jax.runtime import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory holding checkpoints/.")
@@ -38,7 +38,7 @@ _VALIDATION = flags.DEFINE_bool(
     False,
     "Report the held-out fifth of the " "training split instead of the test split (fast, logreg).",
 )
-_FEATURES = _config_choice("features", config_check.PROBE_FEATURES, "Features to probe")
+_FEATURES = _config_choice("features", tuple(features.FEATURE_OUTPUTS), "Features to probe")
 _ROTATION = flags.DEFINE_bool(
     "rotation", None, "Also probe 4-way rotation (default: the run config's probe.rotation)."
 )

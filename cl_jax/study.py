@@ -100,18 +100,25 @@ _STATUS = flags.DEFINE_bool("status", False, "List each arm-seed's state and sto
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "--launcher=slurm: print the sbatch script; submit nothing."
 )
-_SLURM_PARTITION = flags.DEFINE_string("slurm_partition", None, "SLURM partition.")
-_SLURM_ACCOUNT = flags.DEFINE_string("slurm_account", None, "SLURM account.")
-_SLURM_QOS = flags.DEFINE_string("slurm_qos", None, "SLURM quality of service.")
-_SLURM_TIME = flags.DEFINE_integer(
-    "slurm_time_min", 60, "Time limit of each task in minutes.", lower_bound=1
-)
-_SLURM_CPUS = flags.DEFINE_integer("slurm_cpus_per_task", 1, "CPUs per task.", lower_bound=1)
-_SLURM_GPUS = flags.DEFINE_integer("slurm_gpus_per_task", 0, "GPUs per task.", lower_bound=0)
-_SLURM_MEM = flags.DEFINE_string("slurm_mem", None, "Memory per task, e.g. 16G.")
-_SLURM_ARRAY = flags.DEFINE_integer(
-    "slurm_array_parallelism", 256, "Tasks of the array running at once.", lower_bound=1
-)
+# --slurm_<field>: each field of study_launch.SlurmOptions.
+_SLURM = {
+    "partition": flags.DEFINE_string("slurm_partition", None, "SLURM partition."),
+    "account": flags.DEFINE_string("slurm_account", None, "SLURM account."),
+    "qos": flags.DEFINE_string("slurm_qos", None, "SLURM quality of service."),
+    "time_min": flags.DEFINE_integer(
+        "slurm_time_min", 60, "Time limit of each task in minutes.", lower_bound=1
+    ),
+    "cpus_per_task": flags.DEFINE_integer(
+        "slurm_cpus_per_task", 1, "CPUs per task.", lower_bound=1
+    ),
+    "gpus_per_task": flags.DEFINE_integer(
+        "slurm_gpus_per_task", 0, "GPUs per task.", lower_bound=0
+    ),
+    "mem": flags.DEFINE_string("slurm_mem", None, "Memory per task, e.g. 16G."),
+    "array_parallelism": flags.DEFINE_integer(
+        "slurm_array_parallelism", 256, "Tasks of the array running at once.", lower_bound=1
+    ),
+}
 _DEADLINE = flags.DEFINE_float(
     "deadline_s",
     None,
@@ -135,16 +142,7 @@ def run_workers(n: int) -> list[str]:
 
 
 def slurm_options() -> study_launch.SlurmOptions:
-  return study_launch.SlurmOptions(
-      partition=_SLURM_PARTITION.value,
-      account=_SLURM_ACCOUNT.value,
-      qos=_SLURM_QOS.value,
-      time_min=_SLURM_TIME.value,
-      cpus_per_task=_SLURM_CPUS.value,
-      gpus_per_task=_SLURM_GPUS.value,
-      mem=_SLURM_MEM.value,
-      array_parallelism=_SLURM_ARRAY.value,
-  )
+  return study_launch.SlurmOptions(**{field: flag.value for field, flag in _SLURM.items()})
 
 
 def launch_slurm(studies: list, extra: tuple) -> None:

@@ -391,15 +391,15 @@ def _same_data(workdir: str, source, reindex: bool, lead: bool) -> None:
 
 
 def _pretrain(
-    config,
-    opened,
+    config: ml_collections.ConfigDict,
+    opened: tuple,
     mesh,
-    workdir,
-    stop_at_step,
-    allow_config_change,
-    stop_signal,
-    lock_notes,
-    reindex,
+    workdir: str,
+    stop_at_step: int | None,
+    allow_config_change: bool,
+    stop_signal: int | None,
+    lock_notes: list[str],
+    reindex: bool,
 ):
   """pretrain's body, run while holding the writer lock; `opened` is (the pretraining source,
   whether it carries texture images, the Monitors), as pretrain checked them; `lock_notes` are

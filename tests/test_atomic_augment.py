@@ -9,13 +9,11 @@ import subprocess
 import sys
 
 import chex
-import dm_pix as pix
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cl_jax.data import colour_jitter, photometric, random_conv
+from cl_jax.data import photometric, random_conv
 from tests import conftest
 from tests.test_photometric import (
     RADIUS,
@@ -350,58 +348,24 @@ def test_share_under_jit():
 # ---------------------------------------------------------------- backward compatibility
 
 
-def aug_plus_sample(rng, batch_size, spec):
-  """sample_photometric of the MoCo-v2 aug-plus ops alone (its keys only)."""
-  keys = dict(zip(photometric.PARAM_KEYS, jax.random.split(rng, len(photometric.PARAM_KEYS))))
-  shape = (batch_size,)
-
-  def factor(name):
-    s = getattr(spec, name)
-    return jax.random.uniform(keys[name], shape, jnp.float32, max(0.0, 1.0 - s), 1.0 + s)
-
-  identity = jnp.broadcast_to(jnp.arange(4, dtype=jnp.int32), (batch_size, 4))
-  return {
-      "jitter": jax.random.bernoulli(keys["jitter"], spec.jitter_prob, shape),
-      "brightness": factor("brightness"),
-      "contrast": factor("contrast"),
-      "saturation": factor("saturation"),
-      "hue": jax.random.uniform(keys["hue"], shape, jnp.float32, -spec.hue, spec.hue),
-      "order": jax.random.permutation(keys["order"], identity, axis=1, independent=True),
-      "grayscale": jax.random.bernoulli(keys["grayscale"], spec.grayscale_prob, shape),
-      "blur": jax.random.bernoulli(keys["blur"], spec.blur_prob, shape),
-      "sigma": jax.random.uniform(keys["sigma"], shape, jnp.float32, *spec.blur_sigma),
-      "solarize": jax.random.bernoulli(keys["solarize"], spec.solarize_prob, shape),
-  }
-
-
-@functools.partial(jax.jit, static_argnames="radius")
-def aug_plus_apply(images, params, radius):
-  """apply_photometric of the MoCo-v2 aug-plus ops alone, from the module's op helpers."""
-
-  def colour(image, p):
-    x = jnp.where(p["jitter"], colour_jitter.jitter(image, p), image)
-    return jnp.where(p["grayscale"], jnp.broadcast_to(colour_jitter.gray(x), x.shape), x)
-
-  planar = jnp.swapaxes(jax.vmap(colour)(images, params), 2, 3)
-  x = photometric._blur(planar, params["sigma"], params["blur"], radius)
-  x = jnp.clip(jnp.swapaxes(x, 2, 3), 0.0, 1.0)
-  return jnp.where(params["solarize"][:, None, None, None], pix.solarize(x, 0.5), x)
-
-
 @pytest.mark.parametrize(
     "spec", [photometric.PhotometricSpec(), FIXTURE_SPEC], ids=["defaults", "fixture_spec"]
 )
 @pytest.mark.slow
-def test_new_ops_off_reproduce_the_moco_pipeline_bit_for_bit(spec):
+def test_the_atomic_ops_leave_the_moco_pipeline_as_it_was(spec):
+  """Rotation and texture switched on change none of the aug-plus draws (they draw from keys
+  of their own), and with their draws forced off (no quarter turn, no texture) the images are
+  aug-plus's alone, bit for bit; the aug-plus pipeline itself is the stored one's
+  (test_fixture_from_the_moco_only_module)."""
   images = random_images(seed=28)
-  radius = photometric.blur_radius(SIZE, SIZE, spec)
+  on = dataclasses.replace(spec, rotation_prob=0.5, texture_prob=0.5)
   for seed in range(3):
-    rng = jax.random.key(seed)
-    params = photometric.sample_photometric(rng, B, spec)
-    chex.assert_trees_all_equal(params, aug_plus_sample(rng, B, spec))
-    np.testing.assert_array_equal(
-        apply(images, params, spec), np.asarray(aug_plus_apply(images, params, radius))
-    )
+    plain, atomic = sampled(seed, spec), sampled(seed, on)
+    chex.assert_trees_all_equal(plain, {k: atomic[k] for k in photometric.PARAM_KEYS})
+    assert atomic["rotation"].any() and atomic["texture"].any()  # the ops were drawn
+    forced = {**atomic, "rotation": np.zeros_like(atomic["rotation"])}
+    forced["texture"] = np.zeros_like(atomic["texture"])
+    np.testing.assert_array_equal(apply(images, forced, on), apply(images, plain, spec))
 
 
 def fixture_pipeline(out_path: str) -> None:

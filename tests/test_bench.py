@@ -106,12 +106,12 @@ def test_children_keep_the_xla_flags_but_the_device_count():
 
 
 def _valid_taps(size: int, kernel: int, stride: int) -> tuple[int, int]:
-  """(output side, sum over output positions of the kernel taps inside the input) of a k x k
-  convolution with padding k // 2 along one axis of `size` pixels."""
-  pad = kernel // 2
-  out = (size + 2 * pad - kernel) // stride + 1
-  inside = sum(0 <= o * stride - pad + j < size for o in range(out) for j in range(kernel))
-  return out, inside
+  """(output side, kernel taps on real pixels summed over the output positions) of a k x k
+  convolution with padding k // 2 along one axis of `size` pixels, counted on a mask: the
+  input's pixels as ones between k // 2 zeros of padding, each window's sum its taps."""
+  mask = np.pad(np.ones(size), kernel // 2)
+  windows = [mask[start : start + kernel] for start in range(0, len(mask) - kernel + 1, stride)]
+  return len(windows), int(sum(w.sum() for w in windows))
 
 
 def _resnet18_cifar_convs(size: int, width: int) -> list[tuple[int, int, int, int, int]]:

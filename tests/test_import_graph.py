@@ -189,3 +189,18 @@ def test_at_most_twelve_top_level_modules():
       if m.count(".") == 1 and not os.path.isdir(os.path.join(ROOT, *m.split(".")))
   ]
   assert len(top) <= 12, sorted(top)
+
+
+def test_the_config_check_reads_option_lists_from_the_modules_that_implement_them():
+  """No tuple of option names is written out in config_check: each comes from its module
+  (forward.BN_MODES, optim.OPTIMIZERS, linear_probe.PROTOCOLS, the add-ons' own, ...)."""
+  with open(MODULES["cl_jax.config_check"]) as f:
+    tree = ast.parse(f.read())
+  written = [
+      target.id
+      for node in tree.body
+      if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple)
+      and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.value.elts)
+      for target in node.targets
+  ]  # fmt: skip
+  assert written == []

@@ -8,29 +8,11 @@ import pytest
 from cl_jax.data import trifeature
 
 # Factor tables of the Trifeature dataset (Hermann & Lampinen 2020).
-EXPECTED_SHAPES = (
-    "triangle",
-    "square",
-    "plus",
-    "circle",
-    "tee",
-    "rhombus",
-    "pentagon",
-    "star",
-    "fivesquare",
-    "trapezoid",
+EXPECTED_SHAPES = tuple(
+    "triangle square plus circle tee rhombus pentagon star fivesquare trapezoid".split()
 )
-EXPECTED_TEXTURES = (
-    "solid",
-    "stripes",
-    "grid",
-    "hexgrid",
-    "dots",
-    "noise",
-    "triangles",
-    "zigzags",
-    "rain",
-    "pluses",
+EXPECTED_TEXTURES = tuple(
+    "solid stripes grid hexgrid dots noise triangles zigzags rain pluses".split()
 )
 EXPECTED_COLOURS = {
     "red": (1, 0, 0),

@@ -210,18 +210,25 @@ def verdict(
   return REPRODUCED if expected_side else OPPOSITE
 
 
+def _refused_or_reproduced(verdicts: Sequence[str], part: str) -> str | None:
+  """REFUSED when any of a claim's part verdicts is, REPRODUCED when every one is, else None;
+  ValueError for a claim without a `part` that has an expected direction."""
+  if not verdicts:
+    raise ValueError(f"a claim needs at least one {part} with an expected direction")
+  if REFUSED in verdicts:
+    return REFUSED
+  return REPRODUCED if all(v == REPRODUCED for v in verdicts) else None
+
+
 def headline_verdict(primary: Sequence[str]) -> str:
   """A claim's headline verdict from the verdicts of its primary parts (the comparisons that test
   the quoted headline sentence itself): refused when any part is (records of different code);
   reproduced when every part is; opposite when at least one part is decided and every decided
   part (reproduced or opposite) is opposite; mixed when decided parts disagree; otherwise not
   resolved. Secondary parts are reported beside it and never decide it."""
-  if not primary:
-    raise ValueError("a claim needs at least one primary part with an expected direction")
-  if any(v == REFUSED for v in primary):
-    return REFUSED
-  if all(v == REPRODUCED for v in primary):
-    return REPRODUCED
+  settled = _refused_or_reproduced(primary, "primary part")
+  if settled:
+    return settled
   decided = {v for v in primary if v in (REPRODUCED, OPPOSITE)}
   if decided == {OPPOSITE}:
     return OPPOSITE
@@ -232,13 +239,10 @@ def any_opposite_verdict(verdicts: Sequence[str]) -> str:
   """The claim-level rule of the first campaign (until 2026-12-05), over every decisive part,
   primary or secondary: refused when any part is, else reproduced when every part is, opposite
   when any part is opposite, else not resolved. Shown beside headline_verdict."""
-  if not verdicts:
-    raise ValueError("a claim needs at least one part with an expected direction")
-  if any(v == REFUSED for v in verdicts):
-    return REFUSED
-  if any(v == OPPOSITE for v in verdicts):
-    return OPPOSITE
-  return REPRODUCED if all(v == REPRODUCED for v in verdicts) else NOT_RESOLVED
+  settled = _refused_or_reproduced(verdicts, "part")
+  if settled:
+    return settled
+  return OPPOSITE if OPPOSITE in verdicts else NOT_RESOLVED
 
 
 def min_detectable_effect(estimate: Estimate, level: float, power: float = POWER) -> float:

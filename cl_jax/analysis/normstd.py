@@ -34,18 +34,17 @@ from cl_jax.state import init_variables
 from cl_jax.viz.png import save
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory with a checkpoint.")
+_CROP_SCALE = flags.DEFINE_list(
+    "crop_scale",
+    None,
+    "Area range 'a,b' of the crops (default: the run's data.crop_scale; 0.08,1 reaches IoU 0).",
+)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).", lower_bound=1)
 _IMAGES = flags.DEFINE_integer("images", 256, "Pretraining images analysed.", lower_bound=2)
 _VIEWS = flags.DEFINE_integer("views", 10, "One-vs-rest views per image.", lower_bound=2)
 _BINS = flags.DEFINE_integer("bins", 10, "IoU bins of NormDist over [0, 1].", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the image sample and the views.", lower_bound=0)
 _OUT = flags.DEFINE_string("out", None, "Output directory (default: <workdir>/normstd).")
-_CROP_SCALE = flags.DEFINE_list(
-    "crop_scale",
-    None,
-    "Area range 'a,b' of the crops (default: the run's data.crop_scale); e.g. 0.08,1 for "
-    "crop pairs down to IoU 0.",
-)
 _CHUNK = 512  # views per forward pass
 
 

@@ -157,7 +157,9 @@ def judge(comparisons: list[dict], min_seeds: int) -> None:
     else:
       estimate = intervals.Estimate(**c["estimate"])
       c["adjusted_interval"] = dataclasses.asdict(estimate.interval(level))
-      c["verdict"] = intervals.verdict(estimate, c["expect"], p_holm, c["margin"], level)
+      c["verdict"] = intervals.verdict(
+          estimate, c["expect"], p_holm, margin=c["margin"], level=level
+      )
     c["mde"] = None
     if c["verdict"] == intervals.NOT_RESOLVED and not c["too_few_seeds"] and c["estimate"]:
       c["mde"] = intervals.min_detectable_effect(intervals.Estimate(**c["estimate"]), level)
@@ -229,12 +231,10 @@ def setting(records: dict) -> str | None:
   machines = ", ".join(f"{m} ({n} runs)" for m, n in sorted(where.items()))
   if not configs:
     return f"on {machines}"
-  return (
-      f"{_distinct(model(c) for c in configs)}, {_distinct(data(c) for c in configs)}, "
-      f"{_distinct(c.get('data.image_size') for c in configs)} px, "
-      f"{_distinct(c.get('optim.epochs') for c in configs)} epochs, "
-      f"batch {_distinct(c.get('optim.batch_size') for c in configs)}; on {machines}"
-  )
+  field = lambda name: _distinct(c.get(name) for c in configs)
+  parts = [_distinct(model(c) for c in configs), _distinct(data(c) for c in configs)]
+  parts += [f"{field('data.image_size')} px", f"{field('optim.epochs')} epochs"]
+  return ", ".join(parts) + f", batch {field('optim.batch_size')}; on {machines}"
 
 
 def summarise(study: Study, records: dict) -> dict:

@@ -17,7 +17,6 @@ of times near the ratio of FLOPs says that the step spends its extra time on its
 """
 
 import functools
-import json
 import time
 
 import flax.linen as nn
@@ -26,10 +25,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from absl import app, flags
+from absl import flags
 
 from cl_jax import optim, train
 from cl_jax.bench import flops as bench_flops
+from cl_jax.bench import memory as bench_memory
 from cl_jax.data import photometric
 from cl_jax.models.encoder import encoder_for
 from cl_jax.runtime import cli
@@ -125,11 +125,7 @@ def measure(config: ml_collections.ConfigDict, rounds: int, steps: int) -> dict:
   ratios = np.array(times) / np.array(sup_times)
   return {
       "device_kind": jax.devices()[0].device_kind,
-      "setup": (
-          f"{config.method}: {config.model.depth}-layer ResNet, {config.data.image_size} px, "
-          f"{config.model.dtype}, global batch {batch}, one {jax.devices()[0].device_kind}; "
-          f"{rounds} alternating rounds of {steps} steps"
-      ),
+      "setup": f"{bench_memory.setup(config, batch)}; {rounds} alternating rounds of {steps} steps",
       "step_ms": round(1e3 * float(np.median(times)), 2),
       "supervised_ms": round(1e3 * float(np.median(sup_times)), 2),
       "time_ratio": round(float(np.median(ratios)), 3),
@@ -154,23 +150,12 @@ def format_report(result: dict) -> str:
   )
 
 
-def _define_flags():
-  """This command's flags (defined when it runs, so that importing it defines none)."""
-  cli.define_config_flag()
-  flags.DEFINE_integer("rounds", 5, "Alternating timing rounds.", lower_bound=1)
-  flags.DEFINE_integer("steps", 5, "Steps of each step per round.", lower_bound=1)
-  flags.DEFINE_bool("json", False, "Print one JSON object instead of the lines.")
-  flags.mark_flag_as_required("config")
-
-
-def main(argv):
-  del argv
-  f = flags.FLAGS
-  with cli.report():
-    result = measure(f.config, f.rounds, f.steps)
-  print(json.dumps(result) if f.json else format_report(result))
-
-
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run_measurement(
+      lambda: (
+          flags.DEFINE_integer("rounds", 5, "Alternating timing rounds.", lower_bound=1),
+          flags.DEFINE_integer("steps", 5, "Steps of each step per round.", lower_bound=1),
+      ),
+      lambda f: measure(f.config, f.rounds, f.steps),
+      format_report,
+  )

@@ -114,24 +114,17 @@ def table(out: dict) -> str:
       f"pipeline alone over {out['images']} JPEGs ({out['root']}), cpus {os.cpu_count()}:",
       f"{'path':<14}{'workers':>8}{'img/s':>10}{'img/s per process':>20}{'start-up s':>12}",
   ]
-  for r in out["rows"]:
-    lines.append(
-        f"{r['path']:<14}{r['workers']:>8}{r['img_per_s']:>10.1f}"
-        f"{r['img_per_s_per_worker']:>20.1f}{r['startup_s']:>12.2f}"
-    )
+  lines += [
+      f"{r['path']:<14}{r['workers']:>8}{r['img_per_s']:>10.1f}"
+      f"{r['img_per_s_per_worker']:>20.1f}{r['startup_s']:>12.2f}"
+      for r in out["rows"]
+  ]
   ratios = ", ".join(f"{w} workers {v:.2f}" for w, v in out["folder_over_array_record"].items())
   lines.append(f"folder / array_record img/s: {ratios}")
   return "\n".join(lines)
 
 
-def run(
-    config,
-    *,
-    jpeg_dir: str = "",
-    jpeg_images: int = 512,
-    pipeline_images: int = 768,
-    as_json: bool = False,
-) -> dict:
+def run(config, *, jpeg_dir: str, jpeg_images: int, pipeline_images: int, as_json: bool) -> dict:
   """The --input=folder command: makes (or reuses) the folder, measures, prints."""
   if config.nonsemantic.enabled and config.nonsemantic.kind == "texture":
     raise UsageError("texture negatives read texture images, which the JPEG folder lacks")

@@ -19,14 +19,13 @@ python -m cl_jax.bench.memory --config=configs/mocov2.py:imagenet100 [--budget_g
 """
 
 import collections
-import json
 import re
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import flags
 from jax._src.ad_checkpoint import saved_residuals  # no public form returns the records
 
 from cl_jax import config_check, train
@@ -164,15 +163,19 @@ def measure(config: ml_collections.ConfigDict, budget_gib: float) -> dict:
   fit = largest_batch({batch: memory["peak"], small: other["peak"]}, budget_gib * 2**30, multiple)
   return {
       "device_kind": jax.devices()[0].device_kind,
-      "setup": (
-          f"{config.method}: {config.model.depth}-layer ResNet, {config.data.image_size} px, "
-          f"{config.model.dtype}, global batch {batch}, one {jax.devices()[0].device_kind} "
-          f"({jax.default_backend()})"
-      ),
+      "setup": f"{setup(config, batch)} ({jax.default_backend()})",
       "residuals": online_residuals(config, batch),
       "memory": memory,
       "largest_batch": {**fit, "budget_gib": budget_gib, "fitted_batches": sorted([batch, small])},
   }
+
+
+def setup(config, batch: int) -> str:
+  """The measured step in words: its method, network, view size, dtype, batch and device."""
+  return (
+      f"{config.method}: {config.model.depth}-layer ResNet, {config.data.image_size} px, "
+      f"{config.model.dtype}, global batch {batch}, one {jax.devices()[0].device_kind}"
+  )
 
 
 def format_report(result: dict) -> str:
@@ -198,22 +201,11 @@ def format_report(result: dict) -> str:
   return "\n".join(lines)
 
 
-def _define_flags():
-  """This command's flags (defined when it runs, so that importing it defines none)."""
-  cli.define_config_flag()
-  flags.DEFINE_float("budget_gib", 80.0, "Device memory for the largest batch, in GiB.")
-  flags.DEFINE_bool("json", False, "Print one JSON object instead of the tables.")
-  flags.mark_flag_as_required("config")
-
-
-def main(argv):
-  del argv
-  f = flags.FLAGS
-  with cli.report():
-    result = measure(f.config, f.budget_gib)
-  print(json.dumps(result) if f.json else format_report(result))
-
-
 if __name__ == "__main__":
-  _define_flags()
-  app.run(main, flags_parser=cli.parse_flags)
+  cli.run_measurement(
+      lambda: flags.DEFINE_float(
+          "budget_gib", 80.0, "Device memory for the largest batch, in GiB."
+      ),
+      lambda f: measure(f.config, f.budget_gib),
+      format_report,
+  )

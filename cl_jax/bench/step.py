@@ -409,30 +409,22 @@ def _main_with_input(argv):
   --input=folder the folder-against-ArrayRecord benchmark of cl_jax.bench.folder_input."""
   if _INPUT.value == "synthetic" or _CHILD.value is not None:
     return main(argv)
+  jpegs = {
+      "jpeg_dir": _JPEG_DIR.value,
+      "jpeg_images": _JPEG_IMAGES.value,
+      "pipeline_images": _JPEG_PIPELINE_IMAGES.value,
+      "as_json": _JSON.value,
+  }
   if _INPUT.value == "folder":
     from cl_jax.bench import folder_input
 
     with cli.report():
-      folder_input.run(
-          _CONFIG.value,
-          jpeg_dir=_JPEG_DIR.value,
-          jpeg_images=_JPEG_IMAGES.value,
-          pipeline_images=_JPEG_PIPELINE_IMAGES.value,
-          as_json=_JSON.value,
-      )
+      folder_input.run(_CONFIG.value, **jpegs)
     return None
   from cl_jax.bench import input as bench_input  # only this mode needs it
 
   with cli.report():
-    bench_input.run(
-        _CONFIG.value,
-        jpeg_dir=_JPEG_DIR.value,
-        jpeg_images=_JPEG_IMAGES.value,
-        pipeline_images=_JPEG_PIPELINE_IMAGES.value,
-        steps=_STEPS.value,
-        warmup=_WARMUP.value,
-        as_json=_JSON.value,
-    )
+    bench_input.run(_CONFIG.value, steps=_STEPS.value, warmup=_WARMUP.value, **jpegs)
 
 
 def run() -> None:

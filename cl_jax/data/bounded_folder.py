@@ -118,9 +118,7 @@ def main(argv):
   del argv
   f = flags.FLAGS
   with cli.report():
-    for name in ("src", "out", "max_side"):
-      if not getattr(f, name):
-        raise UsageError(f"--{name} is required (python -m cl_jax.data.bounded_folder --help)")
+    cli.require(("src", "out", "max_side"), "cl_jax.data.bounded_folder")
     done = copy_folder(f.src, f.out, f.max_side, f.quality)
     print(
         f"wrote {done['images']} images to {f.out} ({done['resized']} resized to a longer side of "

@@ -272,9 +272,7 @@ def main(argv):
   del argv
   f = flags.FLAGS
   with cli.report():
-    for name in ("train", "val", "out"):
-      if not getattr(f, name):
-        raise UsageError(f"--{name} is required (python -m cl_jax.data.imagenet_folder --help)")
+    cli.require(("train", "val", "out"), "cl_jax.data.imagenet_folder")
     prepare(f.train, f.val, f.out, f.classes, f.val_labels, max_side=f.max_side, quality=f.quality)
 
 

@@ -154,10 +154,10 @@ def _default_cache_dir() -> str:
 def load(
     split: str,
     *,
+    cache_dir: str | None = None,
     image_size: int,
     num_images: int,
     seed: int,
-    cache_dir: str | None = None,
     max_shape_angle: float = MAX_SHAPE_ANGLE_DEG,
     max_texture_angle: float = MAX_TEXTURE_ANGLE_DEG,
 ) -> TrifeatureData:

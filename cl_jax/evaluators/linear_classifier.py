@@ -68,12 +68,13 @@ def _accuracy(logits: dict[str, np.ndarray], y: dict) -> dict:
 
 
 def steps_per_epoch(num_images: int, batch_size: int) -> int:
-  if num_images < batch_size:
-    raise UsageError(
-        f"probe.batch_size = {batch_size} exceeds the probe training set ({num_images} images); "
-        f"set it to at most {num_images} (--config.probe.batch_size={num_images})"
-    )
-  return num_images // batch_size
+  """Full batches of the probe per pass over its num_images training images."""
+  if num_images >= batch_size:
+    return num_images // batch_size
+  raise UsageError(
+      f"probe.batch_size = {batch_size} exceeds the probe training set ({num_images} images); "
+      f"set it to at most {num_images} (--config.probe.batch_size={num_images})"
+  )
 
 
 class LinearClassifier(NamedTuple):

@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 from cl_jax.models.heads import Conv5Head, MLPHead, l2_normalize
 from cl_jax.models.resnet import DEPTHS, ResNet, base_width
 
-_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}  # model.dtype values
 
 
 class Encoder(nn.Module):
@@ -151,7 +151,7 @@ def _check_model_fields(model_cfg: ml_collections.ConfigDict) -> None:
     base_width(model_cfg.width_multiplier)
   except ValueError as error:
     raise ValueError(f'model.{error}') from None
-  if model_cfg.dtype not in _DTYPES:
+  if model_cfg.dtype not in DTYPES:
     raise ValueError(f"model.dtype must be 'float32' or 'bfloat16', got {model_cfg.dtype!r}")
   for field in ('head_hidden_dim', 'head_out_dim', 'head_layers', 'bn_groups'):
     _positive_int(model_cfg, field)
@@ -176,7 +176,7 @@ def _make_head(
   return Conv5Head(
       depth=model_cfg.depth,
       width_multiplier=model_cfg.width_multiplier,
-      dtype=_DTYPES[model_cfg.dtype],
+      dtype=DTYPES[model_cfg.dtype],
       bn_groups=groups,
       mlp=mlp,
       grad_mesh=grad_mesh,
@@ -211,7 +211,7 @@ def build_encoder(
   grad_mesh = None
   if mesh is not None:
     reduce_dtype = model_cfg.get('grad_reduce_dtype')
-    if reduce_dtype not in _DTYPES:
+    if reduce_dtype not in DTYPES:
       raise ValueError(
           f"model.grad_reduce_dtype must be 'float32' or 'bfloat16', got {reduce_dtype!r}"
       )
@@ -220,7 +220,7 @@ def build_encoder(
       depth=model_cfg.depth,
       stem=model_cfg.stem,
       width_multiplier=model_cfg.width_multiplier,
-      dtype=_DTYPES[model_cfg.dtype],
+      dtype=DTYPES[model_cfg.dtype],
       bn_groups=model_cfg.bn_groups,
       stages=3 if conv5_heads else 4,
       grad_mesh=grad_mesh,

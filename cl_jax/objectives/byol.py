@@ -10,6 +10,7 @@ and positive extrapolation (Zhu et al. 2021, App. E.2).
 
 import jax
 import ml_collections
+from jax.sharding import Mesh
 
 from cl_jax.addons.from_config import AddOns
 from cl_jax.losses import byol
@@ -22,7 +23,7 @@ from cl_jax.state import TrainState
 
 
 def make_objective(
-    config: ml_collections.ConfigDict, encoder, addons: AddOns, steps_per_epoch: int
+    config: ml_collections.ConfigDict, encoder, mesh: Mesh, addons: AddOns, steps_per_epoch: int
 ):
   """objective(state, views) -> (loss, grads, state updates, stats) of one BYOL step.
 
@@ -34,6 +35,8 @@ def make_objective(
   cl_jax.objectives.health.embedding_health of the online projections z1, z2 (not the
   predictions), before any extrapolation.
   """
+  del mesh
+
   ns = addons.nonsemantic
   total = config.optim.epochs * steps_per_epoch
   extrapolate = addons.extrapolates_pairs()
@@ -82,9 +85,7 @@ def defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 METHOD = Method(
     "byol",
-    lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(
-        config, encoder, addons, steps_per_epoch
-    ),
+    make_objective,
     target=True,
     predictor=True,
     addons=("nonsemantic", "ft", "dicr"),

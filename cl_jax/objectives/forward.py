@@ -17,6 +17,9 @@ from cl_jax.runtime import parallel
 
 # model.bn_mode values that shuffle-BN a momentum encoder's keys (MoCo's; shuffle_keys).
 SHUFFLE_BN_MODES = ("shuffle", "shuffle_stats")
+# Every model.bn_mode: statistics over the global batch ("sync"), over model.bn_groups groups
+# ("local"), or a shuffle mode (the key encoder's groups drawn at random).
+BN_MODES = ("sync", "local") + SHUFFLE_BN_MODES
 
 
 class Views(NamedTuple):

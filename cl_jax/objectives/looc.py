@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh
 
+from cl_jax.addons.from_config import AddOns
 from cl_jax.losses import looc
 from cl_jax.objectives import forward, moco
 from cl_jax.objectives.forward import Views, encode
@@ -41,13 +42,17 @@ def head_embeddings(out: dict) -> jax.Array:
   return out["z_heads"] if "z_heads" in out else out["z"][:, None]
 
 
-def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh):
+def make_objective(
+    config: ml_collections.ConfigDict, encoder, mesh: Mesh, addons: AddOns, steps_per_epoch: int
+):
   """objective(state, views) -> (loss, grads, state updates, stats) of one LooC step.
 
   The views are x.v1 (query) and the keys x.v2 (k_0) followed by x.extra
   (k_1..k_n). stats: looc_loss's, and cl_jax.objectives.health.embedding_health of head 0's
   queries and k_0 keys.
   """
+  del addons, steps_per_epoch  # LooC composes no add-on
+
   shuffle = forward.shuffle_mode(config)
 
   def objective(state: TrainState, x: Views):
@@ -138,7 +143,7 @@ def describe(c) -> str:
 # base step with the "+looc" component.
 METHOD = Method(
     "looc",
-    lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(config, encoder, mesh),
+    make_objective,
     queue=True,
     target=True,
     shuffle_bn=True,

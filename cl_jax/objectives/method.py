@@ -11,7 +11,8 @@ class Method:
   Fields:
     name: its config.method value (a variant's own name: "looc").
     build: build(config, encoder, mesh, addons, steps_per_epoch) -> objective(state, Views) ->
-      (loss, grads, state updates, stats), the method's step with its add-ons.
+      (loss, grads, state updates, stats), the method's step with its add-ons (its module's
+      make_objective; steps_per_epoch places epoch-based schedules on the step axis).
     queue: the state holds a memory queue of keys (moco.queue_size rows).
     target: the state holds a target network (an EMA of the online one).
     predictor: the online network has a predictor head (model.predictor_hidden_dim > 0; 0 for

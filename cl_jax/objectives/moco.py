@@ -87,7 +87,9 @@ def updates(
   )
 
 
-def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, addons: AddOns):
+def make_objective(
+    config: ml_collections.ConfigDict, encoder, mesh: Mesh, addons: AddOns, steps_per_epoch: int
+):
   """objective(state, views) -> (loss, grads, state updates, stats) of one MoCo step.
 
   The updates are the new batch_stats, target_params, target_batch_stats and
@@ -96,6 +98,8 @@ def make_objective(config: ml_collections.ConfigDict, encoder, mesh: Mesh, addon
   before any feature transformation. With DICR (symmetric MoCo only) the loss
   adds lambda L_DICR of the two views' online outputs.
   """
+  del steps_per_epoch
+
   shuffle = forward.shuffle_mode(config)
   temperature, num_keys = config.moco.temperature, keys_per_step(config)
   ns = addons.nonsemantic
@@ -207,9 +211,7 @@ def rules(c) -> None:
 
 METHOD = Method(
     "moco",
-    lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(
-        config, encoder, mesh, addons
-    ),
+    make_objective,
     queue=True,
     target=True,
     shuffle_bn=True,

@@ -10,6 +10,7 @@ views would move every image of one view to other devices.
 import jax
 import jax.numpy as jnp
 import ml_collections
+from jax.sharding import Mesh
 
 from cl_jax.addons.from_config import AddOns
 from cl_jax.losses import simclr
@@ -64,7 +65,9 @@ def batch_loss(
   return addons.contrast_step(c, anchors, t, temperature, rows)
 
 
-def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
+def make_objective(
+    config: ml_collections.ConfigDict, encoder, mesh: Mesh, addons: AddOns, steps_per_epoch: int
+):
   """objective(state, views) -> (loss, grads, {"batch_stats"}, stats) of one SimCLR step.
 
   stats: batch_loss's and cl_jax.objectives.health.embedding_health of the two views'
@@ -74,6 +77,8 @@ def make_objective(config: ml_collections.ConfigDict, encoder, addons: AddOns):
   Non-semantic negatives (Ge et al. 2021, Eq. 1) are the online network's features of each
   view's NS images, without gradient (they play the part of MoCo's NS keys).
   """
+  del mesh, steps_per_epoch
+
   ns = addons.nonsemantic
 
   def objective(state: TrainState, x: Views):
@@ -112,7 +117,7 @@ def defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 METHOD = Method(
     "simclr",
-    lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(config, encoder, addons),
+    make_objective,
     negatives="batch",
     addons=("hcl", "nonsemantic", "ft", "ifm", "dicr"),
     block="simclr",

@@ -1,6 +1,9 @@
 """The SimSiam step (Chen & He 2021, Alg. 1), with positive extrapolation (Zhu et al. 2021,
 App. E.2): L = D(p1, sg(z2))/2 + D(p2, sg(z1))/2, one network, no target, no negatives."""
 
+import ml_collections
+from jax.sharding import Mesh
+
 from cl_jax.addons.from_config import AddOns
 from cl_jax.losses import simsiam
 from cl_jax.objectives import forward
@@ -9,13 +12,16 @@ from cl_jax.objectives.method import Method
 from cl_jax.state import TrainState
 
 
-def make_objective(encoder, addons: AddOns):
+def make_objective(
+    config: ml_collections.ConfigDict, encoder, mesh: Mesh, addons: AddOns, steps_per_epoch: int
+):
   """objective(state, views) -> (loss, grads, {"batch_stats"}, stats) of one step.
 
   With DICR the loss adds lambda L_DICR of the two views. stats: pos_mean and
   cl_jax.objectives.health.embedding_health of the projections z1, z2 (not the
   predictions), before any extrapolation.
   """
+  del config, mesh, steps_per_epoch
   extrapolate = addons.extrapolates_pairs()
 
   def objective(state: TrainState, x: Views):
@@ -31,7 +37,7 @@ def make_objective(encoder, addons: AddOns):
 
 METHOD = Method(
     "simsiam",
-    lambda config, encoder, mesh, addons, steps_per_epoch: make_objective(encoder, addons),
+    make_objective,
     predictor=True,
     addons=("ft", "dicr"),
     config_file="configs/simsiam.py",

@@ -10,9 +10,11 @@ each.
 """
 
 import contextlib
+import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 
 from absl import flags
 from ml_collections import config_flags
@@ -167,6 +169,14 @@ def start_reader(argv: list[str], workdir: str | None, purpose: str) -> None:
     logging.set_verbosity(logging.WARNING)
 
 
+def require(names: tuple[str, ...], command: str) -> None:
+  """UsageError naming the first of the flags `names` left empty (command: its module, for
+  --help)."""
+  for name in names:
+    if not getattr(flags.FLAGS, name):
+      raise UsageError(f"--{name} is required (python -m {command} --help)")
+
+
 @contextlib.contextmanager
 def report(*expected: type[BaseException]):
   """Turn UsageError, a write fault (no space, read-only, no permission:
@@ -176,3 +186,23 @@ def report(*expected: type[BaseException]):
       yield
   except (UsageError, *expected) as e:
     sys.exit(f"error: {e}")
+
+
+def run_measurement(define_flags: Callable[[], None], measure: Callable, text: Callable) -> None:
+  """Run a benchmark command (the flags defined here, when it runs, so that importing its module
+  defines none): --config (required), the flags define_flags() adds and --json; its result,
+  measure(flags.FLAGS) -> a JSON-able dict, printed as one JSON object with --json, else as
+  text(result); a UsageError or write fault is one error line (report)."""
+  from absl import app
+
+  def main(argv):
+    del argv
+    with report():
+      result = measure(flags.FLAGS)
+    print(json.dumps(result) if flags.FLAGS.json else text(result))
+
+  define_config_flag()
+  define_flags()
+  flags.DEFINE_bool("json", False, "Print one JSON object instead of the text.")
+  flags.mark_flag_as_required("config")
+  app.run(main, flags_parser=parse_flags)

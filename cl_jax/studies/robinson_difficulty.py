@@ -42,11 +42,11 @@ STUDY = Study(
     sweep_analysis="per_seed",
     title="Instance-discrimination difficulty and feature suppression (Robinson et al. 2021, "
     "Fig. 3)",
+    paper="Robinson et al. 2021",
+    where="Sec. 2.3, Fig. 3",
     arms=(*T_ARMS, *B_ARMS),
     metrics=("colour", "shape", "texture", "mean"),
     comparisons=_sweeps(),
-    paper="Robinson et al. 2021",
-    where="Sec. 2.3, Fig. 3",
     claim="\u201cWhen instance discrimination is easy (big \u03c4, small \u03b2), encoders "
     "represent color well and other features badly. When instance discrimination is hard "
     "(small \u03c4, big \u03b2), encoders represent more challenging shape and texture "

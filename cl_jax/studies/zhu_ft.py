@@ -32,34 +32,36 @@ STUDY = Study(
     arms=(MOCOV2, POS_EX, POS_IN, NEG_IN, BOTH),
     metrics=("colour", "shape", "texture", "mean", "pos_mean", "neg_mean", "neg_var"),
     comparisons=(
-        Comparison(
-            "positive extrapolation - none",
-            "mean",
-            (POS_EX.name, BASE),
-            expect="increase",
-            primary=False,
-            quote="The positive extrapolation with various \u03b1_{ex} consistently improves the "
-            "accuracy from the baseline MoCo (71.1%)",
-            where="Sec. 4.1, Tables 2 and 7",
-        ),
-        Comparison(
-            "positive interpolation - none",
-            "mean",
-            (POS_IN.name, BASE),
-            expect="decrease",
-            quote="Interpolation hurts the performance while extrapolation improves.",
-            primary=False,
-            where="Table 3 caption",
-        ),
-        Comparison(
-            "negative interpolation - none",
-            "mean",
-            (NEG_IN.name, BASE),
-            expect="increase",
-            primary=False,
-            quote="The neg interpolation is fairly robust with various \u03b1_{in} , with the "
-            "improvement of 2.2%-3.5% from the baseline (71.1%).",
-            where="Sec. 4.2, Tables 4 and 7",
+        *(
+            Comparison(
+                f"{part} - none", "mean", (arm.name, BASE), expect=expect, quote=quote, where=where,
+                primary=False,
+            )  # fmt: skip
+            for part, arm, expect, quote, where in (
+                (
+                    "positive extrapolation",
+                    POS_EX,
+                    "increase",
+                    "The positive extrapolation with various \u03b1_{ex} consistently improves "
+                    "the accuracy from the baseline MoCo (71.1%)",
+                    "Sec. 4.1, Tables 2 and 7",
+                ),
+                (
+                    "positive interpolation",
+                    POS_IN,
+                    "decrease",
+                    "Interpolation hurts the performance while extrapolation improves.",
+                    "Table 3 caption",
+                ),
+                (
+                    "negative interpolation",
+                    NEG_IN,
+                    "increase",
+                    "The neg interpolation is fairly robust with various \u03b1_{in} , with the "
+                    "improvement of 2.2%-3.5% from the baseline (71.1%).",
+                    "Sec. 4.2, Tables 4 and 7",
+                ),
+            )
         ),
         *(
             Comparison(
@@ -77,31 +79,25 @@ STUDY = Study(
                 ("negative interpolation", NEG_IN.name),
             )
         ),
-        Comparison(
-            "positive score: extrapolation - none",
-            "pos_mean",
-            (POS_EX.name, BASE),
-            expect="decrease",
-            primary=False,
-            quote="(b) Inspired by (a), we apply extrapolation on positive pairs to slightly "
-            "decrease the scores, generating harder positives.",
-            where="Fig. 1 caption",
-        ),
-        Comparison(
-            "positive score: both - none",
-            "pos_mean",
-            (BOTH.name, BASE),
-            expect="decrease",
-            quote=SCORES,
-            where="Sec. 4.3, Fig. 7(b)",
-        ),
-        Comparison(
-            "negative score: both - none",
-            "neg_mean",
-            (BOTH.name, BASE),
-            expect="increase",
-            quote=SCORES,
-            where="Sec. 4.3, Fig. 7(a)",
+        *(
+            Comparison(name, metric, (arm.name, BASE), expect=expect, quote=quote, where=where,
+                       primary=primary)  # fmt: skip
+            for name, metric, arm, expect, quote, where, primary in (
+                (
+                    "positive score: extrapolation - none",
+                    "pos_mean",
+                    POS_EX,
+                    "decrease",
+                    "(b) Inspired by (a), we apply extrapolation on positive pairs to slightly "
+                    "decrease the scores, generating harder positives.",
+                    "Fig. 1 caption",
+                    False,
+                ),
+                ("positive score: both - none", "pos_mean", BOTH, "decrease", SCORES,
+                 "Sec. 4.3, Fig. 7(b)", True),  # fmt: skip
+                ("negative score: both - none", "neg_mean", BOTH, "increase", SCORES,
+                 "Sec. 4.3, Fig. 7(a)", True),  # fmt: skip
+            )
         ),
         Comparison("negative score: interpolation - none", "neg_mean", (NEG_IN.name, BASE)),
         Comparison("negative score variance: both - none", "neg_var", (BOTH.name, BASE)),
