@@ -118,7 +118,6 @@ def _define_flags():
   """The command's flags (defined only when it runs as a program)."""
   from absl import flags
 
-
   flags.DEFINE_string("workdir", None, "Run directory with a checkpoint.")
   flags.DEFINE_string("evaluator", None, f"Comma-separated evaluators: {', '.join(NAMES)}.")
   flags.DEFINE_string("suite", None, "Replaced by --evaluator.")
