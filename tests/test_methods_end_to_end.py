@@ -62,6 +62,7 @@ def _losses(workdir):
             ("pos_mean", "neg_mean", "neg_var", "ns_mean"),
         ),
         ("simsiam", ["--config.model.predictor_hidden_dim=8"], ("pos_mean",)),
+        ("barlow_twins", [], ("pos_mean", "off_diagonal_rms")),
     ],
 )
 def test_pretrain_then_probe(tmp_path, name, extra, keys):

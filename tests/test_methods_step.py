@@ -1,5 +1,5 @@
-"""One train step of SimCLR, BYOL and SimSiam: the loss against NumPy re-derivations from a
-reference forward, the EMA target, add-ons off, and 1 vs 4 devices."""
+"""One train step of SimCLR, BYOL, SimSiam and Barlow Twins: the loss against NumPy
+re-derivations from a reference forward, the EMA target, add-ons off, and 1 vs 4 devices."""
 
 import functools
 
@@ -14,7 +14,7 @@ from cl_jax import train_step as step_lib
 from cl_jax.addons import nonsemantic
 from cl_jax.data import photometric
 from cl_jax.runtime import parallel
-from configs import byol, simclr, simsiam
+from configs import barlow_twins, byol, simclr, simsiam
 
 pytestmark = pytest.mark.slow  # subprocess runs or compiled train steps: minutes
 
@@ -83,7 +83,7 @@ def _views(config, state, batch):
 def _forward(encoder, params, batch_stats, x, predict=False):
   apply = functools.partial(encoder.apply, train=True, predict=predict, mutable=["batch_stats"])
   out, _ = jax.jit(apply)({"params": params, "batch_stats": batch_stats}, x)
-  return {k: np.asarray(v, np.float64) for k, v in out.items() if k in ("z", "p")}
+  return {k: np.asarray(v, np.float64) for k, v in out.items() if k in ("z", "p", "projection")}
 
 
 def _cos(a, b):
@@ -102,6 +102,23 @@ def test_simsiam_loss_is_the_symmetric_negative_cosine(batch):
   o2 = _forward(encoder, before.params, before.batch_stats, v2, predict=True)
   expect = -(_cos(o1["p"], o2["z"]).mean() + _cos(o2["p"], o1["z"]).mean()) / 2
   np.testing.assert_allclose(metrics["loss"], expect, rtol=1e-5, atol=1e-6)
+
+
+def test_barlow_twins_loss_is_eq_1_of_the_two_views_projections(batch):
+  """L_BT (Zbontar et al. 2021, Eq. 1) of the step, from a reference forward of the two views:
+  C the correlations of the projections' dimensions over the batch (batch norm's eps 1e-5 on
+  each variance), lambda 5e-3."""
+  config = _config(barlow_twins)
+  encoder, before, after, metrics = _step(config, batch)
+  assert after.target_params is None and after.queue is None
+  v1, v2, _ = _views(config, before, batch)
+  za = _forward(encoder, before.params, before.batch_stats, v1)["projection"]
+  zb = _forward(encoder, before.params, before.batch_stats, v2)["projection"]
+  standard = lambda z: (z - z.mean(0)) / np.sqrt(len(z) * (z.var(0) + 1e-5))
+  c = standard(za).T @ standard(zb)
+  off = c - np.diag(np.diag(c))
+  expect = np.sum((1 - np.diag(c)) ** 2) + 5e-3 * np.sum(off**2)
+  np.testing.assert_allclose(metrics["loss"], expect, rtol=1e-4)
 
 
 @pytest.mark.parametrize("ns", [False, True])
@@ -171,9 +188,19 @@ def test_positive_extrapolation_before_its_start_epoch_changes_nothing(module, b
   assert active["loss"] != plain_later["loss"]
 
 
-@pytest.mark.parametrize("module", [simclr, byol])
-def test_one_and_four_devices_take_the_same_step(module, batch):
-  config = _config(module, model={"bn_mode": "local", "bn_groups": 4})
+@pytest.mark.parametrize(
+    "module, optim",
+    [
+        (simclr, {}),
+        (byol, {}),
+        # SGD at a tenth of the config's lr: at batch 8 Barlow Twins' first step at its own lr
+        # moves the stem's weights by more than their size, and the float32 differences of the
+        # sums' order with them, to 1e-4 of the weights.
+        (barlow_twins, {"optimizer": "sgd", "base_lr": 0.02}),
+    ],
+)
+def test_one_and_four_devices_take_the_same_step(module, optim, batch):
+  config = _config(module, model={"bn_mode": "local", "bn_groups": 4}, optim=optim)
   _, _, one, m1 = _step(config, batch, devices=1)
   _, _, four, m4 = _step(config, batch, devices=4)
   np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)

@@ -8,11 +8,12 @@ defaults and check (its block, its rules, the add-ons it composes) and the code 
 gives its entry for such a config, and ENTRIES holds every entry, LooC's included.
 """
 
-from cl_jax.objectives import byol, looc, moco, simclr, simsiam
+from cl_jax.objectives import barlow_twins, byol, looc, moco, simclr, simsiam
 from cl_jax.objectives.method import Method
 
 METHODS: dict[str, Method] = {
-    m.name: m for m in (moco.METHOD, simclr.METHOD, byol.METHOD, simsiam.METHOD)
+    m.name: m
+    for m in (moco.METHOD, simclr.METHOD, byol.METHOD, simsiam.METHOD, barlow_twins.METHOD)
 }
 ENTRIES: tuple[Method, ...] = (*METHODS.values(), looc.METHOD)
 
