@@ -10,11 +10,13 @@ import os
 from cl_jax import objectives
 from cl_jax.analysis.study_types import Arm, arm
 
-# The quick default of each config file (configs/<name>.py, README "The quick recipe"): every
-# method's (its entry's config_file, cl_jax.objectives.ENTRIES) and the add-on configs'.
-QUICK_CONFIGS = ("mocov1", "mocov2_patchns", "mocov2_patchns_ft_ifm", "dicr") + tuple(
-    os.path.splitext(os.path.basename(m.config_file))[0] for m in objectives.ENTRIES
-)
+# The quick default of each config file (configs/<name>.py, README "The quick recipe"): those
+# named here in this order, then every other method's (its entry's config_file,
+# cl_jax.objectives.ENTRIES).
+_LISTED = ("mocov1", "mocov2", "mocov2_patchns", "mocov2_patchns_ft_ifm", "looc", "dicr", "simclr")
+_LISTED += ("byol", "simsiam")
+_METHODS = [os.path.splitext(os.path.basename(m.config_file))[0] for m in objectives.ENTRIES]
+QUICK_CONFIGS = _LISTED + tuple(name for name in _METHODS if name not in _LISTED)
 QUICK = {name: arm(name, f"configs/{name}.py") for name in QUICK_CONFIGS}
 MOCOV2, MOCOV2_NS, SIMCLR = QUICK["mocov2"], QUICK["mocov2_patchns"], QUICK["simclr"]
 
