@@ -273,3 +273,30 @@ def test_a_refused_batch_reports_in_one_line_why():
       "v5e:2x2: 4 x TPU v5e on 1 host(s), global batch 2048 (512 per chip), refused after 61.2 s",
       "  DOES NOT FIT: the compiler ran out of HBM (Ran out of memory on HBM)",
   ]
+
+
+@pytest.mark.slow  # one compile of the tiny step on 8 devices
+def test_barlow_twins_all_reduces_its_cross_correlation_as_a_loss_over_the_global_batch():
+  """Its (d, d) correlation sums over the global batch, d x d > the batch: the one collective
+  beyond gradients and batch norm, named by its scope rather than "unexpected"."""
+  from cl_jax.runtime import config_files
+  from tests.conftest import ROOT
+
+  config = config_files.load_config_file(f"{ROOT}/configs/barlow_twins.py").get_config()
+  config.data.image_size = 16
+  config.model.update(depth=10, width_multiplier=0.125, head_hidden_dim=32, head_out_dim=16)
+  cpu = chips.Chip("CPU", float("inf"), 1e12, 1e11, "")
+  target = bench_compile.Target("cpu:8", cpu, tuple(jax.devices()[:8]), 1)
+  result = bench_compile.analyse(bench_compile.for_target(config, 8, 4), target)
+  purposes = {c["purpose"] for c in result["collectives"]}
+  assert "unexpected" not in purposes, result["collectives"]
+  assert "loss over the global batch" in purposes, result["collectives"]
+
+
+def test_a_loss_over_the_global_batch_is_named_by_its_scope():
+  big = [8192 * 8192]
+  args = ("all-reduce", big, True, 10**6, 512)
+  assert bench_compile.classify("jit(f)/jvp(global_batch_loss)/dot_general", *args) == (
+      "loss over the global batch"
+  )
+  assert bench_compile.classify("jit(f)/jvp()/dot_general", *args) == "unexpected"

@@ -271,13 +271,17 @@ def classify(
   most one value per image, else unexpected (an all-reduce of images is a gather that XLA
   could not keep on the devices that hold them). XLA's combiner drops the op_name of the small
   floating-point reductions it merges (the synchronised batch norm's statistics and its
-  hand-written backward's sums, losses): those are COMBINED_SMALL."""
+  hand-written backward's sums, losses): those are COMBINED_SMALL. A loss whose sums over the
+  global batch are larger than one value per image (Barlow Twins' cross-correlation) runs under
+  the named scope "global_batch_loss"."""
   if "shuffle_bn" in op_name:
     return "shuffled key batch"
   if "queue_contrast" in op_name:
     return "queue contrast"
   if "batch_contrast" in op_name:
     return "batch contrast"
+  if "global_batch_loss" in op_name:
+    return "loss over the global batch"
   reduction = kind in ("all-reduce", "reduce-scatter")
   combined = (
       not op_name
