@@ -46,6 +46,7 @@ CONFIGS = (
     "configs/simclr.py:imagenet100",
     "configs/byol.py:imagenet100",
     "configs/simsiam.py:imagenet100",
+    "configs/barlow_twins.py:imagenet100",
     "configs/mocov2_patchns_ft_ifm.py:imagenet100",
     "configs/mocov2_texturens.py:imagenet100",
     "configs/looc.py:imagenet100",
