@@ -355,8 +355,9 @@ def test_share_under_jit():
 def test_the_atomic_ops_leave_the_moco_pipeline_as_it_was(spec):
   """Rotation and texture switched on change none of the aug-plus draws (they draw from keys
   of their own), and with their draws forced off (no quarter turn, no texture) the images are
-  aug-plus's alone, bit for bit; the aug-plus pipeline itself is the stored one's
-  (test_fixture_from_the_moco_only_module)."""
+  aug-plus's alone, to float32 rounding (one unit in the last place: the program with the atomic
+  ops fuses its passes differently); the aug-plus pipeline itself is the stored one's, bit for
+  bit (test_fixture_from_the_moco_only_module)."""
   images = random_images(seed=28)
   on = dataclasses.replace(spec, rotation_prob=0.5, texture_prob=0.5)
   for seed in range(3):
@@ -365,7 +366,7 @@ def test_the_atomic_ops_leave_the_moco_pipeline_as_it_was(spec):
     assert atomic["rotation"].any() and atomic["texture"].any()  # the ops were drawn
     forced = {**atomic, "rotation": np.zeros_like(atomic["rotation"])}
     forced["texture"] = np.zeros_like(atomic["texture"])
-    np.testing.assert_array_equal(apply(images, forced, on), apply(images, plain, spec))
+    np.testing.assert_allclose(apply(images, forced, on), apply(images, plain, spec), atol=2.4e-7)
 
 
 def fixture_pipeline(out_path: str) -> None:
