@@ -5,6 +5,7 @@ slurm_cluster.py): a tiny study of 2 arms x 2 seeds as a job array gives the loc
 records, a task signalled mid-run is requeued and finishes with the same record, and a failing
 task shows as failed in --status with its error while the others finish."""
 
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from tests import slurm_cluster, tiny_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [f"--set={f[len('--config.') :]}" for f in tiny_run.FLAGS if f.startswith("--config.")]
-# 64 steps: long enough (about 6 s on a Zen 4 core) to be signalled mid-run.
+# 64 steps; the signalled task is held still (SIGSTOP) while the signal reaches it.
 TINY += ["--set=optim.epochs=8", "--set=eval.every=0"]
 STEPS = 64
 ARMS = ("mocov2_nojitter", "mocov2_patchns_nojitter")  # ge_nojitter's
@@ -118,6 +119,34 @@ def _records(results) -> dict:
   return out
 
 
+def _pid_of(*words: str) -> int:
+  """The process whose command line holds all `words` as arguments (waits up to 60 s)."""
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+      try:
+        with open(f"/proc/{entry}/cmdline", "rb") as f:
+          args = f.read().decode(errors="replace").split("\0")
+      except OSError:
+        continue
+      if all(w in args for w in words):
+        return int(entry)
+    time.sleep(0.1)
+  raise AssertionError(f"no process with {words}")
+
+
+def _signalled_or_going(pid: int, signum: int) -> bool:
+  """Whether the stopped process `pid` has `signum` pending, or runs again (the scheduler's
+  job kill sends SIGCONT before its SIGTERM), or has ended."""
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      fields = dict(line.split(":", 1) for line in f if ":" in line)
+  except FileNotFoundError:
+    return True
+  pending = int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+  return bool(pending >> (signum - 1) & 1) or not fields["State"].strip().startswith("T")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
   slurm_cluster.available()
@@ -154,11 +183,21 @@ def test_a_study_on_slurm_gives_the_local_workers_records(tmp_path, cluster, mon
   deadline = time.monotonic() + 900
   while steps() < 2 and time.monotonic() < deadline:  # the task trains
     time.sleep(0.1)
-  monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])  # for squeue
-  rows = study_launch.status(STUDIES["ge_nojitter"], 2, str(work), str(results))
-  assert rows[0]["state"] == "running" and rows[0]["job_id"] == signalled, rows
-  cluster.run("scancel", f"--signal={study_launch.STOP_SIGNAL}", signalled)
-  assert 0 < steps() < STEPS, f"the signal came at step {steps()} of {STEPS}, not mid-run"
+  # Held still (SIGSTOP) while it is signalled: the signal is pending when it goes on, mid-run
+  # however long the scheduler takes to deliver it.
+  trainer = _pid_of("cl_jax.main", f"--workdir={study_records.run_dir(str(work), ARMS[0], 0)}")
+  os.kill(trainer, signal.SIGSTOP)
+  try:
+    monkeypatch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])  # for squeue
+    rows = study_launch.status(STUDIES["ge_nojitter"], 2, str(work), str(results))
+    assert rows[0]["state"] == "running" and rows[0]["job_id"] == signalled, rows
+    cluster.run("scancel", f"--signal={study_launch.STOP_SIGNAL}", signalled)
+    while not _signalled_or_going(trainer, signal.SIGUSR2) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert 0 < steps() < STEPS, f"the signal came at step {steps()} of {STEPS}, not mid-run"
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.kill(trainer, signal.SIGCONT)
   while time.monotonic() < deadline:
     if not cluster.run("squeue", "-h", "-r").stdout.strip():
       break
