@@ -117,3 +117,105 @@ def test_the_training_encoder_reduces_in_the_configured_dtype():
   model.grad_reduce_dtype = "float16"
   with pytest.raises(ValueError, match="model.grad_reduce_dtype must be 'float32' or 'bfloat16'"):
     build_encoder(model, mesh=mesh)
+
+
+def _strided_conv64(x, kernel, pad):
+  """NumPy float64: sum_{t_h, t_w} xpad[b, 2i + t_h, 2j + t_w] kernel[t_h, t_w] (x zero-padded
+  by pad on each side), and the function giving the kernel's gradient for an output gradient."""
+  x = np.pad(np.asarray(x, np.float64), ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+  kernel = np.asarray(kernel, np.float64)
+  kh, kw = kernel.shape[:2]
+  ho, wo = (x.shape[1] - kh) // 2 + 1, (x.shape[2] - kw) // 2 + 1
+  window = lambda th, tw: x[:, th : th + 2 * ho - 1 : 2, tw : tw + 2 * wo - 1 : 2]
+  out = sum(
+      np.einsum("bijc,co->bijo", window(th, tw), kernel[th, tw])
+      for th in range(kh)
+      for tw in range(kw)
+  )
+  kernel_grad = lambda g: np.stack([
+      np.stack([np.einsum("bijc,bijo->co", window(th, tw), g) for tw in range(kw)])
+      for th in range(kh)
+  ])  # fmt: skip
+  return out, kernel_grad
+
+
+@pytest.mark.parametrize(
+    "height, width, kernel, pad, channels",
+    [(32, 32, 7, 3, 3), (33, 30, 7, 3, 3), (17, 17, 7, 3, 3), (16, 18, 3, 1, 5), (20, 20, 5, 2, 2)],
+)
+def test_space_to_depth_form_is_the_strided_convolution(height, width, kernel, pad, channels):
+  """Conv(space_to_depth=True), stride 2, in float32: its output and kernel gradient equal a
+  float64 NumPy strided convolution's, even and odd image sides, to float32 rounding; its
+  parameter is the direct convolution's ((k, k, C, O), the same initial values)."""
+  x = jax.random.normal(jax.random.key(0), (2, height, width, channels))
+  padding = ((pad, pad), (pad, pad))
+  module = conv.Conv(4, (kernel, kernel), (2, 2), padding, jnp.float32, conv_init)
+  stacked = conv.Conv(
+      4, (kernel, kernel), (2, 2), padding, jnp.float32, conv_init, space_to_depth=True
+  )
+  params = stacked.init(jax.random.key(1), x)
+  assert params["params"]["kernel"].shape == (kernel, kernel, channels, 4)
+  np.testing.assert_array_equal(
+      params["params"]["kernel"], module.init(jax.random.key(1), x)["params"]["kernel"]
+  )
+  want, kernel_grad = _strided_conv64(x, params["params"]["kernel"], pad)
+  got, vjp = jax.vjp(lambda p: stacked.apply(p, x), params)
+  assert got.shape == want.shape
+  scale = np.abs(want).max()
+  np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0, atol=2e-6 * scale)
+  g = jax.random.normal(jax.random.key(2), got.shape)
+  (grads,) = vjp(g)
+  want_grad = kernel_grad(np.asarray(g, np.float64))
+  np.testing.assert_allclose(
+      np.asarray(grads["params"]["kernel"], np.float64),
+      want_grad,
+      rtol=0,
+      atol=2e-6 * np.abs(want_grad).max(),
+  )
+
+
+def test_space_to_depth_stacks_blocks_and_places_the_taps_by_hand():
+  """The stem's form by hand: image pixel (2i + q_h, 2j + q_w, c) is stacked channel
+  (q_h, q_w, c) of block (i, j), 12 channels padded to 16 with zeros; the 7x7 kernel's tap t
+  lands at block tap m = floor((t - 3) / 2) + 2, phase q = (t - 3) mod 2 (4 taps, the first
+  phase-0 tap zero), padding 2 before and 1 after."""
+  x = jnp.arange(2 * 4 * 6 * 3, dtype=jnp.float32).reshape(2, 4, 6, 3)
+  s = conv.space_to_depth(x)
+  assert s.shape == (2, 2, 3, 16)
+  assert s[1, 1, 2, (1 * 2 + 0) * 3 + 2] == x[1, 3, 4, 2]
+  assert s[0, 0, 1, (0 * 2 + 1) * 3 + 0] == x[0, 0, 3, 0]
+  assert not np.any(s[..., 12:])
+  k = jnp.arange(7 * 7 * 3 * 2, dtype=jnp.float32).reshape(7, 7, 3, 2) + 1
+  stacked, padding = conv.space_to_depth_kernel(k, ((3, 3), (3, 3)))
+  assert stacked.shape == (4, 4, 16, 2) and padding == ((2, 1), (2, 1))
+  for th in range(7):
+    for tw in range(7):
+      (mh, qh), (mw, qw) = divmod(th - 3, 2), divmod(tw - 3, 2)
+      np.testing.assert_array_equal(
+          stacked[mh + 2, mw + 2, (qh * 2 + qw) * 3 : (qh * 2 + qw + 1) * 3], k[th, tw]
+      )
+  assert np.count_nonzero(stacked) == k.size  # every other entry is zero
+
+
+def test_space_to_depth_bfloat16_weight_gradient_over_devices():
+  """With a mesh of 8 devices in bfloat16, the stacked form's kernel gradient (the float32
+  sum of the devices' gradients, mapped back to the (k, k, C, O) kernel) is the float64
+  strided convolution's to bfloat16 rounding."""
+  mesh = parallel.make_mesh(jax.devices()[:8])
+  x = jax.random.normal(jax.random.key(0), (16, 12, 12, 3)).astype(jnp.bfloat16)
+  stacked = conv.Conv(
+      6, (7, 7), (2, 2), ((3, 3), (3, 3)), jnp.bfloat16, conv_init, grad_mesh=mesh,
+      space_to_depth=True,
+  )  # fmt: skip
+  kernel = stacked.init(jax.random.key(1), x)["params"]["kernel"]
+  g = jax.random.normal(jax.random.key(2), (16, 6, 6, 6)).astype(jnp.bfloat16)
+
+  def loss(kernel, x):
+    out = stacked.apply({"params": {"kernel": kernel}}, x)
+    return jnp.sum(out.astype(jnp.float32) * g.astype(jnp.float32))
+
+  got = jax.jit(jax.grad(loss))(kernel, jax.device_put(x, parallel.batch_sharding(mesh)))
+  assert got.dtype == jnp.float32 and got.shape == kernel.shape
+  _, kernel_grad = _strided_conv64(x.astype(jnp.float32), kernel.astype(jnp.bfloat16), 3)
+  want = kernel_grad(np.asarray(g, np.float64))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-2 * np.abs(want).max())

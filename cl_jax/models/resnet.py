@@ -7,7 +7,8 @@ Layout: stem -> four stages of residual blocks (64, 128, 256, 512 base channels 
 their stride on the 3x3 convolution (v1.5). Projection shortcuts (1x1 conv + BN) are used
 where the stride or the channel count changes. Convolutions have no bias, use torch-style
 explicit padding, and Kaiming-normal (fan_out, untruncated) initialisation; every BN is a
-``GroupBatchNorm`` with ``bn_groups`` groups.
+``GroupBatchNorm`` with ``bn_groups`` groups. The ImageNet stem's 7x7 stride-2 convolution runs
+in its space-to-depth form (cl_jax.models.conv), the same function of the same parameter.
 """
 
 import functools
@@ -58,9 +59,16 @@ def resnet_feature_dim(depth: int, width_multiplier: float) -> int:
 
 
 def _conv(
-    features: int, kernel: int, stride: int, dtype: Any, name: str, grad_mesh: Mesh | None
+    features: int,
+    kernel: int,
+    stride: int,
+    dtype: Any,
+    name: str,
+    grad_mesh: Mesh | None,
+    space_to_depth: bool = False,
 ) -> Conv:
-  """Bias-free k x k convolution with torch-style symmetric padding k // 2."""
+  """Bias-free k x k convolution with torch-style symmetric padding k // 2 (space_to_depth:
+  computed in that form, see cl_jax.models.conv)."""
   pad = kernel // 2
   return Conv(
       features,
@@ -70,6 +78,7 @@ def _conv(
       dtype=dtype,
       kernel_init=conv_init,
       grad_mesh=grad_mesh,
+      space_to_depth=space_to_depth,
       name=name,
   )
 
@@ -179,7 +188,7 @@ class ResNet(nn.Module):
     kind, blocks = _STAGES[self.depth]
     x = x.astype(self.dtype)
     if self.stem == 'imagenet':
-      x = _conv(width, 7, 2, self.dtype, 'stem_conv', self.grad_mesh)(x)
+      x = _conv(width, 7, 2, self.dtype, 'stem_conv', self.grad_mesh, space_to_depth=True)(x)
     else:
       x = _conv(width, 3, 1, self.dtype, 'stem_conv', self.grad_mesh)(x)
     x = GroupBatchNorm(num_groups=self.bn_groups, dtype=self.dtype, relu=True, name='stem_bn')(
