@@ -161,7 +161,8 @@ class Conv(nn.Module):
     if self.space_to_depth:
       if strides != (2, 2):
         raise ValueError(f"space_to_depth needs strides (2, 2), got {strides}")
-      x, (kernel, padding), strides = space_to_depth(x), space_to_depth_kernel(kernel, padding), (1, 1)
+      kernel, padding = space_to_depth_kernel(kernel, padding)
+      x, strides = space_to_depth(x), (1, 1)
     if self.grad_mesh is None or jnp.dtype(self.dtype) == jnp.float32:
       return convolve(x, kernel.astype(self.dtype), strides, padding)
     return convolve_f32_weight_grad(x, kernel, strides, padding, self.grad_mesh)
