@@ -185,6 +185,10 @@ def test_space_to_depth_stacks_blocks_and_places_the_taps_by_hand():
   assert s[1, 1, 2, (1 * 2 + 0) * 3 + 2] == x[1, 3, 4, 2]
   assert s[0, 0, 1, (0 * 2 + 1) * 3 + 0] == x[0, 0, 3, 0]
   assert not np.any(s[..., 12:])
+  padded = conv.space_to_depth(x, ((2, 1), (2, 1)))
+  assert padded.shape == (2, 5, 6, 16)
+  np.testing.assert_array_equal(padded[:, 2:4, 2:5], s)
+  assert not np.any(padded[:, :2]) and not np.any(padded[:, 4:]) and not np.any(padded[:, :, 5:])
   k = jnp.arange(7 * 7 * 3 * 2, dtype=jnp.float32).reshape(7, 7, 3, 2) + 1
   stacked, padding = conv.space_to_depth_kernel(k, ((3, 3), (3, 3)))
   assert stacked.shape == (4, 4, 16, 2) and padding == ((2, 1), (2, 1))

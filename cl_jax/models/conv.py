@@ -59,15 +59,16 @@ def _stacked_taps(kernel: int, pad: int) -> tuple[int, int, int]:
   return m_hi - m_lo + 1, -m_lo, -pad - 2 * m_lo
 
 
-def space_to_depth(x: jax.Array) -> jax.Array:
-  """(B, H, W, C) -> (B, ceil(H/2), ceil(W/2), C4), C4 = 4C rounded up to a multiple of 8:
-  S[b, i, j, (q_h, q_w, c)] = x[b, 2i + q_h, 2j + q_w, c] (zero beyond x's edge), the padded
+def space_to_depth(x: jax.Array, padding: Padding = ((0, 0), (0, 0))) -> jax.Array:
+  """(B, H, W, C) -> (B, ceil(H/2) + pt + pb, ceil(W/2) + pl + pr, C4), C4 = 4C rounded up to
+  a multiple of 8: S[b, pt + i, pl + j, (q_h, q_w, c)] = x[b, 2i + q_h, 2j + q_w, c] (zero
+  beyond x's edge), padded by `padding` ((pt, pb), (pl, pr)) blocks of zeros, the padded
   channels zero."""
   b, h, w, c = x.shape
   x = jnp.pad(x, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
   h, w = x.shape[1] // 2, x.shape[2] // 2
   s = x.reshape(b, h, 2, w, 2, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, 4 * c)
-  return jnp.pad(s, ((0, 0), (0, 0), (0, 0), (0, -4 * c % _CHANNEL_MULTIPLE)))
+  return jnp.pad(s, ((0, 0), *padding, (0, -4 * c % _CHANNEL_MULTIPLE)))
 
 
 def space_to_depth_kernel(kernel: jax.Array, padding: Padding) -> tuple[jax.Array, Padding]:
@@ -161,8 +162,10 @@ class Conv(nn.Module):
     if self.space_to_depth:
       if strides != (2, 2):
         raise ValueError(f"space_to_depth needs strides (2, 2), got {strides}")
-      kernel, padding = space_to_depth_kernel(kernel, padding)
-      x, strides = space_to_depth(x), (1, 1)
+      # The blocks' zero padding (asymmetric) written with the stacked image, once: cuDNN
+      # takes symmetric padding only, and XLA would pad a copy for each convolution reading it.
+      kernel, blocks = space_to_depth_kernel(kernel, padding)
+      x, strides, padding = space_to_depth(x, blocks), (1, 1), ((0, 0), (0, 0))
     if self.grad_mesh is None or jnp.dtype(self.dtype) == jnp.float32:
       return convolve(x, kernel.astype(self.dtype), strides, padding)
     return convolve_f32_weight_grad(x, kernel, strides, padding, self.grad_mesh)
