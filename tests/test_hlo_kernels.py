@@ -146,3 +146,26 @@ def test_batch_norm_input_elements_counted_by_hand():
   net = ResNet(depth=10, stem="cifar", width_multiplier=0.125)
   expected = 3 * 1024 + 3 * 512 + 3 * 256 + 3 * 128
   assert hlo_kernels.bn_input_elements(net, 2, 8) == expected
+
+
+def _kernel(op_name, fused_op_names, fused=("add", "pad", "transpose"), nbytes=200 << 20):
+  return {
+      "op_name": op_name, "opcode": "fusion", "target": "", "fused": set(fused),
+      "fused_op_names": set(fused_op_names), "bytes": nbytes,
+  }  # fmt: skip
+
+
+def test_a_kernel_fusing_the_augmentation_counts_as_augmentation_and_shuffle_bn_is_not_bn():
+  """XLA fuses the views' last augmentation pass into their consumers: the stem's stacking of
+  the query views (root under stem_conv) and, for the key views, MoCo's shuffle (a gather under
+  "shuffle_bn", which is no batch norm); both are augmentation. The same kernels without an
+  augmentation op: the stacking is "other", the shuffle's gather too; a real BN stays BN."""
+  stem = "jit(train_step)/jvp(Encoder)/backbone/stem_conv/jit(_pad)/pad"
+  augment = "jit(train_step)/augment/div"
+  shuffle = "jit(train_step)/shuffle_bn/gather"
+  assert hlo_kernels.kind_of(_kernel(stem, [stem, augment])) == "augmentation"
+  assert hlo_kernels.kind_of(_kernel(stem, [stem, augment, shuffle])) == "augmentation"
+  assert hlo_kernels.kind_of(_kernel(stem, [stem])) == "other"
+  assert hlo_kernels.kind_of(_kernel(shuffle, [shuffle], fused=("gather",))) == "other"
+  bn = "jit(train_step)/jvp(Encoder)/backbone/stem_bn/mul"
+  assert hlo_kernels.kind_of(_kernel(bn, [bn, shuffle])) == "BN elementwise"

@@ -10,15 +10,18 @@ read once each (cl_jax.bench.profile.hlo_instructions): the traffic the kernel n
 which the memory-bound kernels of a train step come close to.
 
 Every kernel has one of KINDS, from its op_name (the JAX name stack) and what it fuses:
-  - "augmentation", "optimizer": under the train step's "augment" or "optimizer" scope (the
-    augmentation's matrix products included);
+  - "augmentation": a kernel that computes anything under the train step's "augment" scope
+    (its matrix products included, and the pass that XLA fuses with the views' consumers: the
+    key views' shuffle, the ImageNet stem's stacking of the views);
+  - "optimizer": under the train step's "optimizer" scope;
   - "convolution", "matmul": the other cuDNN or cuBLAS calls, and fusions that hold one;
   - "pooling": reduce-window or select-and-scatter, or what XLA rewrote them into (the
     ImageNet stem's max-pool and its gradient);
   - "BN statistics", "BN backward", "BN elementwise": a kernel that computes anything under a
     batch-norm module (bn, bn1, ..., stem_bn, proj_bn; the ReLUs and residual adds that XLA
-    fuses with it included): the reductions of the forward, the reductions of the backward
-    (under autodiff's "transpose("), and the other fusions, forward and backward;
+    fuses with it included; not MoCo's "shuffle_bn" scope, which permutes the key views): the
+    reductions of the forward, the reductions of the backward (under autodiff's
+    "transpose("), and the other fusions, forward and backward;
   - "small kernels": the rest below SMALL_BYTES (scalars, per-channel vectors, the EMA and
     loss bookkeeping), whose time is set by their launch, not their bytes;
   - "other": the rest (the loss's products, ReLUs and adds outside batch norm, the queue).
@@ -82,7 +85,7 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ")
 _CALLED = re.compile(
     r"\b(?:body|condition|to_apply|calls|branch_computations)=\{?(%?[\w.\-]+(?:,\s*%?[\w.\-]+)*)\}?"
 )
-_BN = re.compile(r"(^|/)(\w+_)?bn\d*(/|$)|batch_?norm", re.I)
+_BN = re.compile(r"(^|/)(?!shuffle_bn/)(\w+_)?bn\d*(/|$)|batch_?norm", re.I)
 _POOLING = ("reduce-window", "select-and-scatter")
 
 
@@ -121,14 +124,14 @@ def executed(hlo_text: str) -> list[str]:
 def kind_of(inst: dict) -> str:
   """The kind (one of KINDS) of a kernel: an entry of profile.hlo_instructions."""
   op_name = inst["op_name"]
-  if "/augment/" in op_name:
+  names = {op_name, *inst["fused_op_names"]}
+  if any("/augment/" in name for name in names):
     return "augmentation"
   if "/optimizer/" in op_name:
     return "optimizer"
   general = profile.kind_of(inst["opcode"], inst["target"], inst["fused"])
   if general in ("convolution", "matmul"):
     return general
-  names = {op_name, *inst["fused_op_names"]}
   pooling = {inst["opcode"], *inst["fused"]} & set(_POOLING)
   if pooling or any(p.replace("-", "_") in name for name in names for p in _POOLING):
     return "pooling"
