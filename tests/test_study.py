@@ -836,8 +836,9 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path):
   assert "base seed 0: failed: arm base seed 0" in study_launch.status_table("pair", rows)
 
 
-# A stand-in for cl_jax.main: on SIGINT or SIGTERM it notes the signal and its process group (as
-# if saving a checkpoint) and exits with 128 + the signal; it asks its parent for the signal.
+# A stand-in for cl_jax.main: on SIGINT, SIGTERM or SIGUSR2 (a scheduler's warning signal) it
+# notes the signal and its process group (as if saving a checkpoint) and exits with 128 + the
+# signal; it asks its parent for the signal.
 FAKE_CHILD = """
 import os, signal, sys, time
 def stop(signum, frame):
@@ -846,6 +847,7 @@ def stop(signum, frame):
     sys.exit(128 + signum)
 signal.signal(signal.SIGTERM, stop)
 signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGUSR2, stop)
 if sys.argv[2] != "0":
     os.kill(os.getppid(), int(sys.argv[2]))
     time.sleep(60)
@@ -865,6 +867,32 @@ def test_a_stop_signal_is_passed_to_the_run_and_stops_the_study(tmp_path, signum
   assert name == signal.Signals(signum).name
   assert int(group) != os.getpgid(0)  # a terminal's Ctrl-C reaches the runner only
   assert signal.getsignal(signum) is before
+
+
+def test_a_schedulers_warning_signal_reaches_the_run_before_the_tasks_own_handler(
+    tmp_path, monkeypatch
+):
+  """In a SLURM task (STOP_SIGNAL_ENV set) the warning signal is passed on to the run, which
+  saves and ends, while the task's own handler of it (submitit's, which requeues and exits at
+  once) is held back, and restored after; without the variable it is not passed on."""
+  script, saved = tmp_path / "child.py", tmp_path / "saved.txt"
+  script.write_text(FAKE_CHILD)
+  usr2 = signal.SIGUSR2
+  monkeypatch.setenv(study_runs.STOP_SIGNAL_ENV, "USR2")
+  own = []
+  before = signal.signal(usr2, lambda signum, frame: own.append(signum))
+  try:
+    with pytest.raises(study_runs.StudyStopped, match="SIGUSR2") as stopped:
+      study_runs.run_child([sys.executable, str(script), str(saved), str(int(usr2)), "0"])
+    assert stopped.value.code == 128 + usr2
+    assert saved.read_text().split()[0] == "SIGUSR2" and own == []
+    signal.raise_signal(usr2)  # the task's own handler is back
+    assert own == [usr2]
+  finally:
+    signal.signal(usr2, before)
+  assert usr2 in study_runs.forwarded_signals()
+  monkeypatch.delenv(study_runs.STOP_SIGNAL_ENV)
+  assert study_runs.forwarded_signals() == (signal.SIGINT, signal.SIGTERM)
 
 
 def test_a_child_without_a_signal_gives_its_status_and_a_stop_is_not_a_failed_run(tmp_path):

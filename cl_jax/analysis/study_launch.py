@@ -11,8 +11,10 @@ attempt of the same task.
 SLURM through submitit (`submit_slurm`): one array of one task per pending arm-seed, submitted
 with the options of SlurmOptions; a task is submitit's Checkpointable `StudyTask`: on SLURM's
 warning signal (USR2, submitit's --signal=USR2@90) cl_jax.main, which was started with
---stop_signal=USR2, stops at the end of its step with a checkpoint, and submitit requeues the
-task, which resumes the run from that checkpoint; a preemption (SIGTERM) saves the same way. The
+--stop_signal=USR2 and is sent the signal by the task as well, stops at the end of its step with
+a checkpoint; only once it has ended does submitit requeue the task (its handler of the signal,
+which exits at once, would otherwise end the job step and with it the trainer before it saved),
+which resumes the run from that checkpoint; a preemption (SIGTERM) saves the same way. The
 array's job ids are kept in <workdir>/slurm/<study>/jobs.json for `status`.
 """
 
@@ -20,6 +22,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -31,6 +34,7 @@ from cl_jax.analysis.study_runs import (
     FAILED_FILE,
     STOP_SIGNAL_ENV,
     RunFailed,
+    StudyStopped,
     claim,
     ensure_record,
     is_claimed,
@@ -168,9 +172,11 @@ class StudyTask(submitit.helpers.Checkpointable):
 
 def run_task(arm, seed: int, workdir: str, results: str, extra: tuple, analyses: tuple) -> str:
   """Train (or resume, or read) the record of arm `arm` (a study_types.Arm) at `seed`, with
-  the study's `analyses`, as a scheduler's task: cl_jax.main
-  stops on STOP_SIGNAL with a checkpoint; the run directory's claim is awaited for up to
-  CLAIM_WAIT_S (an earlier attempt still saving). Returns the record's path.
+  the study's `analyses`, as a scheduler's task: cl_jax.main stops on STOP_SIGNAL with a
+  checkpoint (the signal passed on to it by study_runs.run_children, which holds it back from
+  submitit's handler until the run has ended), after which the signal is raised again for
+  submitit's handler, which requeues the task and exits; the run directory's claim is awaited for
+  up to CLAIM_WAIT_S (an earlier attempt still saving). Returns the record's path.
 
   Raises:
     RunFailed: another process held the claim throughout the wait; whatever ensure_record
@@ -180,6 +186,7 @@ def run_task(arm, seed: int, workdir: str, results: str, extra: tuple, analyses:
   os.environ[STOP_SIGNAL_ENV] = STOP_SIGNAL
   arm_name = arm.name
   directory = run_dir(workdir, arm_name, seed)
+  stopped = None
   with claim(directory, wait_s=CLAIM_WAIT_S) as mine:
     if not mine:
       raise RunFailed(
@@ -188,9 +195,15 @@ def run_task(arm, seed: int, workdir: str, results: str, extra: tuple, analyses:
       )
     try:
       ensure_record(arm, seed, workdir, results, extra, analyses)
+    except StudyStopped as e:  # saved; requeued below, once the claim is released
+      stopped = e
     except Exception as e:  # any failure, kept for --status; the task fails with it
       write_failure(directory, str(e))
       raise
+  if stopped is not None:
+    print(stopped, flush=True)
+    signal.raise_signal(getattr(signal, f"SIG{STOP_SIGNAL}"))  # submitit: requeue, exit
+    raise stopped  # the handler returned: not submitit's
   return str(record_path(results, arm_name, seed))
 
 

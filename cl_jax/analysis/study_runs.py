@@ -135,6 +135,14 @@ class StudyStopped(Exception):
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def forwarded_signals() -> tuple[int, ...]:
+  """The signals run_children passes on: SIGINT, SIGTERM and a scheduler's warning signal
+  (STOP_SIGNAL_ENV, a SLURM task's), which the children's cl_jax.main stops on."""
+  name = os.environ.get(STOP_SIGNAL_ENV)
+  extra = getattr(signal, f"SIG{name}") if name else None
+  return FORWARDED_SIGNALS + ((extra,) if extra and extra not in FORWARDED_SIGNALS else ())
+
+
 def run_child(cmd: list[str], log: str | None = None) -> int:
   """Run `cmd` and return its exit status (run_children with one command); with `log`, its
   output is appended to that file as well as shown."""
@@ -166,11 +174,12 @@ def run_children(
 ) -> list[int]:
   """Run the commands `cmds` at once (with environment `env`, by default this process's; a list: one
   per command) and return their exit statuses. Each child has its own process group, so a terminal's
-  Ctrl-C reaches this process only; while they run, SIGINT and SIGTERM sent here are passed on to
-  every child (cl_jax.main then stops at the end of its step with a checkpoint) and the wait goes on
-  until all have ended. Raises StudyStopped after such a signal. logs[i], where given: a file that
-  command i's output (stdout and stderr) is appended to, as well as shown. The children inherit
-  the run directory's claim (claim)."""
+  Ctrl-C reaches this process only; while they run, SIGINT, SIGTERM and a scheduler's warning
+  signal (forwarded_signals) sent here are passed on to every child (cl_jax.main then stops at the
+  end of its step with a checkpoint) and the wait goes on until all have ended, whatever this
+  process's own handler of that signal would have done. Raises StudyStopped after such a signal.
+  logs[i], where given: a file that command i's output (stdout and stderr) is appended to, as well
+  as shown. The children inherit the run directory's claim (claim)."""
   received, pending, children = [], [], []  # pending: came before the children started
 
   def forward(signum, frame):
@@ -182,7 +191,7 @@ def run_children(
     else:
       pending.append(signum)
 
-  previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+  previous = {s: signal.signal(s, forward) for s in forwarded_signals()}
   try:
     tees = []
     envs = env if isinstance(env, list) else [env] * len(cmds)
