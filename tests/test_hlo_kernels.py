@@ -95,6 +95,42 @@ def test_kernels_and_bytes_of_a_hand_counted_module():
   assert table["bytes"] == 4096 * 3 + M2 * 13 + M2 // 2 + 2 + 21
 
 
+def test_the_max_pools_own_kernels_are_pooling_and_the_batch_norm_passes_reading_it_are_not():
+  """The stem's max-pool under autodiff takes no reduce-window: its kernels are known by their
+  own op's scope, "max_pool"; a batch norm pass that fuses some of the max-pool's ops (its
+  gradient's last cast) stays batch norm, and a plain reduce-window is pooling as before."""
+
+  def kernel(op_name, fused_names, fused, opcode="fusion"):
+    return {
+        "opcode": opcode,
+        "op_name": op_name,
+        "fused_op_names": set(fused_names),
+        "target": "",
+        "fused": set(fused),
+        "bytes": 10**9,
+    }
+
+  stem = "jit(step)/transpose(jvp(Encoder))/backbone"
+  forward = kernel(
+      "jit(step)/jvp(Encoder)/backbone/max_pool/cond/branch_0_fun/select_n",
+      ["jit(step)/jvp(Encoder)/backbone/stem_bn/mul"],
+      ["select", "multiply", "slice"],
+  )
+  gradient = kernel(f"{stem}/max_pool/cond/branch_0_fun/slice", [], ["pad", "select", "add"])
+  bn_sums = kernel(
+      f"{stem}/stem_bn/cond/branch_0_fun/reduce",
+      [f"{stem}/max_pool/cond/branch_0_fun/convert_element_type"],
+      ["reduce", "multiply"],
+  )
+  window = kernel("jit(step)/Encoder/backbone/reduce_window_max", [], ["reduce-window"])
+  assert [hlo_kernels.kind_of(k) for k in (forward, gradient, bn_sums, window)] == [
+      "pooling",
+      "pooling",
+      "BN backward",
+      "pooling",
+  ]
+
+
 def test_a_cpu_program_is_one_kernel_reading_and_writing_its_arrays():
   x = jnp.zeros((256, 256), jnp.float32)
   hlo = jax.jit(lambda x: jnp.sin(x) * 2).lower(x).compile().as_text()

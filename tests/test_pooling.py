@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cl_jax.models import pooling
 from cl_jax.models.pooling import max_pool_3x3_s2
 
 
@@ -55,3 +56,20 @@ def test_gradient_is_select_and_scatter_on_tpus_and_the_summed_one_elsewhere():
   cuda = grad.trace(x).lower(lowering_platforms=("cuda",)).as_text()
   assert "select_and_scatter" in tpu and "stablehlo.pad" not in tpu
   assert "select_and_scatter" not in cuda and cuda.count("stablehlo.pad") >= 9
+
+
+def test_the_backward_keeps_each_windows_first_maximum_as_an_int8_offset():
+  """The residual of the forward off TPUs: per window, the row-major offset 3 di + dj of its
+  first maximum, against a NumPy loop over the windows (ties from 3 levels; padding never
+  wins, every window holding at least one element)."""
+  rng = np.random.default_rng(2)
+  x = rng.integers(0, 3, (2, 7, 8, 3)).astype(np.float32)
+  y, (first, _) = pooling._forward(jnp.asarray(x))  # pylint: disable=protected-access
+  assert first.dtype == jnp.int8 and first.shape == y.shape == (2, 4, 4, 3)
+  padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-np.inf)
+  expected = np.zeros(first.shape, np.int8)
+  for b, i, j, c in np.ndindex(*first.shape):
+    window = padded[b, 2 * i : 2 * i + 3, 2 * j : 2 * j + 3, c].reshape(-1)
+    expected[b, i, j, c] = int(np.argmax(window))  # np.argmax: the first maximum
+  np.testing.assert_array_equal(first, expected)
+  np.testing.assert_array_equal(y, _flax(jnp.asarray(x)))

@@ -15,8 +15,9 @@ Every kernel has one of KINDS, from its op_name (the JAX name stack) and what it
     key views' shuffle, the ImageNet stem's stacking of the views);
   - "optimizer": under the train step's "optimizer" scope;
   - "convolution", "matmul": the other cuDNN or cuBLAS calls, and fusions that hold one;
-  - "pooling": reduce-window or select-and-scatter, or what XLA rewrote them into (the
-    ImageNet stem's max-pool and its gradient);
+  - "pooling": reduce-window or select-and-scatter, or what XLA rewrote them into, and the
+    kernels of the ImageNet stem's max-pool (its own op under the "max_pool" scope; its
+    forward under autodiff and its gradient);
   - "BN statistics", "BN backward", "BN elementwise": a kernel that computes anything under a
     batch-norm module (bn, bn1, ..., stem_bn, proj_bn; the ReLUs and residual adds that XLA
     fuses with it included; not MoCo's "shuffle_bn" scope, which permutes the key views): the
@@ -87,6 +88,11 @@ _CALLED = re.compile(
 )
 _BN = re.compile(r"(^|/)(?!shuffle_bn/)(\w+_)?bn\d*(/|$)|batch_?norm", re.I)
 _POOLING = ("reduce-window", "select-and-scatter")
+# The scope of the stem's max-pool, whose gradient (off TPUs) and forward under autodiff take
+# neither op (cl_jax.models.pooling): a kernel whose own op (its root's) is under it is pooling;
+# one that only fuses some of its ops, such as the batch norm passes that read the max-pool's
+# gradient, is not.
+_POOLING_SCOPE = "max_pool"
 
 
 def executed(hlo_text: str) -> list[str]:
@@ -133,7 +139,8 @@ def kind_of(inst: dict) -> str:
   if general in ("convolution", "matmul"):
     return general
   pooling = {inst["opcode"], *inst["fused"]} & set(_POOLING)
-  if pooling or any(p.replace("-", "_") in name for name in names for p in _POOLING):
+  pooling_names = any(p.replace("-", "_") in name for name in names for p in _POOLING)
+  if pooling or pooling_names or _POOLING_SCOPE in op_name:
     return "pooling"
   if inst["bytes"] < SMALL_BYTES:
     return "small kernels"

@@ -2,15 +2,20 @@
 
 Autodiff of a max-pool is XLA's select-and-scatter, which its GPU compiler rewrites into a
 reduce-window carrying float32 values and int32 indices and a scatter (about 3.2 GB per step
-for the MoCo-v2 ResNet-50 at 224 px, batch 256). Off TPUs the gradient is the same function
-written as a sum over the 9 window offsets: each window's gradient goes to its first maximum in
-row-major order (select-and-scatter's choice with its `>=` select), placed back by strided
-padding; XLA's GPU compiler fuses the whole sum into one kernel that reads x, the pooled y and
-y's gradient and writes x's gradient. XLA's TPU compiler runs select-and-scatter natively but
+for the MoCo-v2 ResNet-50 at 224 px, batch 256). Off TPUs the pool keeps, beside its output,
+which of its 9 window offsets holds each window's first maximum in row-major order
+(select-and-scatter's choice with its `>=` select), one int8 per output element; the gradient
+is then a sum over the offsets of each window's gradient where the offset is that window's,
+placed back by strided padding. It reads y's gradient and the offsets, not x or y: XLA's GPU
+compiler fuses it into the batch norm's backward passes that consume it, so that the gradient
+at the pool's input is never written (the stem's BN, ReLU and max-pool backward move 1.5 GB per
+step instead of 4.3 GB in that step). XLA's TPU compiler runs select-and-scatter natively but
 does not fuse that sum: it keeps a float32 copy of the padded input per offset (1.6 GB per chip
 at 128 images of 224 px), so on TPUs the max-pool takes autodiff's gradient
 (jax.lax.platform_dependent, resolved when the step is lowered for its platform).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -32,8 +37,10 @@ def max_pool_3x3_s2(x: jax.Array) -> jax.Array:
   """(B, H, W, C) -> (B, ceil(H/2), ceil(W/2), C): the max over 3x3 windows at stride 2 with
   one row and column of padding on each side (flax's nn.max_pool(x, (3, 3), (2, 2),
   ((1, 1), (1, 1)))), in x's dtype; its gradient autodiff's (select-and-scatter) on TPUs and
-  the summed one of _summed_gradient_pool elsewhere, equal for every input."""
-  return jax.lax.platform_dependent(x, tpu=_pool, default=_summed_gradient_pool)
+  the summed one of _summed_gradient_pool elsewhere, equal for every input. Its ops are named
+  under "max_pool" (what cl_jax.bench.hlo_kernels counts as pooling)."""
+  with jax.named_scope("max_pool"):
+    return jax.lax.platform_dependent(x, tpu=_pool, default=_summed_gradient_pool)
 
 
 def _pool(x: jax.Array) -> jax.Array:
@@ -55,29 +62,34 @@ def _summed_gradient_pool(x: jax.Array) -> jax.Array:
 
 
 def _forward(x):
-  y = _pool(x)
-  return y, (x, y)
+  """y = _pool(x) as the maximum of the 9 offsets' elements, and (B, out_h, out_w, C) int8
+  first: the offset 3 di + dj of each window's first maximum in row-major order."""
+  out_h, out_w = -(-x.shape[1] // _STRIDE), -(-x.shape[2] // _STRIDE)
+  padded = _padded(x)
+  offsets = [
+      _offset(padded, di, dj, out_h, out_w) for di in range(_WINDOW) for dj in range(_WINDOW)
+  ]
+  y = functools.reduce(jnp.maximum, offsets)
+  first = jnp.full(y.shape, _WINDOW * _WINDOW, jnp.int8)
+  for k in reversed(range(_WINDOW * _WINDOW)):
+    first = jnp.where(offsets[k] == y, jnp.int8(k), first)
+  return y, (first, x.shape[1:3])
 
 
 def _backward(residuals, g):
-  """dx = sum over offsets k of place_k(g * [x_k == y and no earlier offset equals y]): every
-  window's gradient to its first maximum, placed at its input position by strided padding,
-  summed in float32 (an input that is the maximum of several windows takes all their
-  gradients) and cast to g's dtype."""
-  x, y = residuals
-  height, width = x.shape[1:3]
-  out_h, out_w = y.shape[1:3]
-  padded = _padded(x)
+  """dx = sum over offsets k = 3 di + dj of place_k(g * [first == k]): every window's gradient
+  to its first maximum, placed at its input position by strided padding, summed in float32 (an
+  input that is the maximum of several windows takes all their gradients) and cast to g's
+  dtype."""
+  first, (height, width) = residuals
+  out_h, out_w = first.shape[1:3]
   g32, zero = g.astype(jnp.float32), jnp.zeros((), jnp.float32)
-  taken = jnp.zeros(y.shape, bool)
-  dx = jnp.zeros((x.shape[0], height + 2 * _PAD, width + 2 * _PAD, x.shape[3]), jnp.float32)
+  dx = jnp.zeros((g.shape[0], height + 2 * _PAD, width + 2 * _PAD, g.shape[3]), jnp.float32)
   for di in range(_WINDOW):
     for dj in range(_WINDOW):
-      first = (_offset(padded, di, dj, out_h, out_w) == y) & ~taken
-      taken = taken | first
       # Window (i, j)'s element (di, dj) sits at padded row 2 i + di, column 2 j + dj.
       placed = jax.lax.pad(
-          jnp.where(first, g32, zero),
+          jnp.where(first == _WINDOW * di + dj, g32, zero),
           zero,
           (
               (0, 0, 0),
