@@ -287,8 +287,11 @@ def test_blur_matrices_are_the_reflect_padded_taps():
 
 def test_bfloat16_views_stay_within_one_grey_level_of_float32():
   """Views held in bfloat16 between the passes (a bfloat16 network's runs) against float32 ones,
-  with every op on for half the views and a 23-tap blur as at 224 px: at most one grey level
-  (1 / 255) apart, and not equal (the bfloat16 path is really taken)."""
+  with every op on for half the views and a 23-tap blur as at 224 px: at most 0.75 grey levels
+  (0.75 / 255) apart, the three roundings (the colour ops' output and each of the blur's
+  products, of values less 0.5) each at most 2^-10 = 0.25 grey levels, and not equal (the
+  bfloat16 path is really taken). Smooth images, whose neighbours round alike, are the worst
+  case: the blur does not average their roundings away."""
   size = 64
   spec = photometric.PhotometricSpec(
       jitter_prob=1.0,
@@ -306,7 +309,7 @@ def test_bfloat16_views_stay_within_one_grey_level_of_float32():
   single = apply(images, params, spec)
   half = apply(images, params, dataclasses.replace(spec, dtype="bfloat16"))
   difference = np.abs(half - single)
-  assert 0.0 < difference.max() <= 1.0 / 255.0, difference.max()
+  assert 0.0 < difference.max() <= 0.75 / 255.0, difference.max()
 
 
 # ---------------------------------------------------------------- sampling

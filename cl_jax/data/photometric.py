@@ -105,9 +105,10 @@ class PhotometricSpec:
       uses 0.5. Needs images of side >= 4 (the reflect padding of the 7 x 7 kernel).
     mean, std: per-channel RGB normalisation constants (std > 0).
     dtype: "float32" or "bfloat16", the dtype the views are held in from the colour ops to the
-      blur (its first matrix product reads them); every op computes in float32.
-      "bfloat16" halves those bytes and keeps the views within one grey level of "float32"
-      (tests/test_photometric.py), below what a bfloat16 network's first layer rounds away.
+      end of the blur (the colour ops' output and each of the blur's two matrix products, which
+      accumulate in float32); every op computes in float32. "bfloat16" halves those bytes and
+      keeps the views within 0.75 grey levels of "float32" (held less 0.5, see _centre;
+      tests/test_photometric.py), about what a bfloat16 network's first layer rounds away.
   """
 
   jitter_prob: float = 0.8
@@ -322,18 +323,23 @@ def blur_matrices(sigma: jax.Array, blur: jax.Array, radius: int, size: int) -> 
 
 def _blur(planar: jax.Array, sigma: jax.Array, blur: jax.Array, radius: int) -> jax.Array:
   """Separable Gaussian blur of (B, H, 3, W) views where blur[b] (blur_matrices), the others
-  copied: two batched matrix products, along W and then along H, with float32 matrices and
-  results; (B, H, 3, W) float32 out. A blur of 2r + 1 taps as products with banded n x n matrices
-  costs 2n / (2r + 1) times the FLOPs of shifted multiply-adds, which a GPU's matrix units absorb,
-  and moves each image twice instead of 2 (2r + 1) times; dm-pix's depthwise convolution with a
-  per-example sigma becomes a grouped convolution with B * 3 groups under vmap (17x slower on CPU
-  at B=64, 224 px, r=11) and pads with zeros, which darkens the border.
+  copied: two batched matrix products, along W and then along H, with float32 matrices,
+  accumulated in float32 and rounded to the views' dtype (bfloat16 or float32); (B, H, 3, W) in
+  that dtype out. A copied view is the identity's product, exact in either dtype. A blur of
+  2r + 1 taps as products with banded n x n matrices costs 2n / (2r + 1) times the FLOPs of
+  shifted multiply-adds, which a GPU's matrix units absorb, and moves each image twice instead
+  of 2 (2r + 1) times; dm-pix's depthwise convolution with a per-example sigma becomes a grouped
+  convolution with B * 3 groups under vmap (17x slower on CPU at B=64, 224 px, r=11) and pads
+  with zeros, which darkens the border.
   """
   height, width = planar.shape[1], planar.shape[3]
   along_w = blur_matrices(sigma, blur, radius, width)
   along_h = along_w if height == width else blur_matrices(sigma, blur, radius, height)
-  rows = jnp.einsum("bhcw,bvw->bhcv", planar, along_w, precision=_BLUR_PRECISION)
-  return jnp.einsum("bgh,bhcv->bgcv", along_h, rows, precision=_BLUR_PRECISION)
+  product = functools.partial(
+      jnp.einsum, precision=_BLUR_PRECISION, preferred_element_type=planar.dtype
+  )
+  rows = product("bhcw,bvw->bhcv", planar.astype(jnp.float32), along_w)
+  return product("bgh,bhcv->bgcv", along_h, rows.astype(jnp.float32))
 
 
 def _rotate(image: jax.Array, turns: jax.Array) -> jax.Array:
@@ -417,15 +423,38 @@ def apply_photometric(
   return _apply_batch(images.astype(jnp.float32), params, radius, rotate, texture, spec.dtype)
 
 
-def _colour(image: jax.Array, p: dict[str, jax.Array], dtype: str) -> jax.Array:
+def _centre(dtype: str) -> float:
+  """What the views less between the passes: held in bfloat16, as x - 0.5 in [-0.5, 0.5],
+  which bfloat16 (8 significant bits) rounds by at most 2^-10, a quarter of a grey level,
+  against 2^-9 for x itself near 1; the blur commutes with the shift (each row of its matrices
+  sums to 1). Held in float32, as x itself (no rounding to save, and a view that no op changes
+  comes back bit for bit)."""
+  return 0.5 if dtype == "bfloat16" else 0.0
+
+
+def _colour(image: jax.Array, p: dict[str, jax.Array], dtype: str) -> tuple[jax.Array, ...]:
   """One (H, W, 3) image: jitter where p["jitter"], then grayscale where p["grayscale"]; out as
-  (H, 3, W) in `dtype`, the layout of the blur's matrix products."""
+  its three (H, W) planes R, G, B less _centre(dtype), in `dtype`."""
   planes = tuple(image[..., i] for i in range(3))
   jittered = colour_jitter.jitter_planes(planes, p)
   planes = tuple(jnp.where(p["jitter"], y, x) for x, y in zip(planes, jittered))
   grays = colour_jitter.gray_planes(planes)
-  planes = tuple(jnp.where(p["grayscale"], y, x) for x, y in zip(planes, grays))
-  return jnp.stack(planes, 1).astype(dtype)
+  return tuple(
+      (jnp.where(p["grayscale"], y, x) - _centre(dtype)).astype(dtype)
+      for x, y in zip(planes, grays)
+  )
+
+
+def _planar(planes: tuple[jax.Array, ...]) -> jax.Array:
+  """Three (B, H, W) planes -> (B, H, 3, W), the layout of the blur's matrix products, each
+  element selected from its plane. Not jnp.stack: XLA's GPU compiler would fuse the colour ops
+  into the stacking, where every output element recomputes all three planes (each op of the
+  colour group reads every channel), and instead splits the colour ops in two kernels with
+  float32 planes between them (565 MB per 256 views of 224 px); with a selection it computes
+  the three planes in one kernel and stacks them in another (270 MB)."""
+  channel = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 3, 1), 2)
+  r, g, b = (plane[:, :, None] for plane in planes)
+  return jnp.where(channel == 0, r, jnp.where(channel == 1, g, b))
 
 
 # Jitted so that eager calls (host-side use, tests) run as one compiled program instead of
@@ -441,16 +470,16 @@ def _apply_batch(
 ) -> jax.Array:
   """(B, H, W, 3) float32 -> float32: texture (if `texture`), jitter, grayscale, blur (clipped to
   [0, 1] against rounding of the luma and blur weights), solarize, rotation (if `rotate`); each
-  selected by its flag in params. From the colour ops to the blur, the views are held in
-  `dtype`; every op computes in float32."""
+  selected by its flag in params. From the colour ops to the end of the blur, the views are
+  held in `dtype`; every op computes in float32."""
   x = images
   if texture:
     textured = jax.vmap(random_conv.texture)(x, params["texture_kernel"])
     x = jnp.where(params["texture"][:, None, None, None], textured, x)
-  x = jax.vmap(functools.partial(_colour, dtype=dtype))(x, params)  # (B, H, 3, W)
+  x = _planar(jax.vmap(functools.partial(_colour, dtype=dtype))(x, params))  # (B, H, 3, W)
   if radius:
     x = _blur(x, params["sigma"], params["blur"], radius)
-  x = jnp.clip(jnp.swapaxes(x, 2, 3).astype(jnp.float32), 0.0, 1.0)
+  x = jnp.clip(jnp.swapaxes(x, 2, 3).astype(jnp.float32) + _centre(dtype), 0.0, 1.0)
   x = jnp.where(params["solarize"][:, None, None, None], pix.solarize(x, 0.5), x)
   return jax.vmap(_rotate)(x, params["rotation"]) if rotate else x
 
