@@ -324,6 +324,111 @@ def test_group_normalise_equals_autodiff_of_the_plain_formula(ending):
     np.testing.assert_allclose(g, v, rtol=1e-5, atol=1e-5)
 
 
+def _pool_problem(seed, shape, groups, levels):
+  """x (continuous, or integers in [0, levels) then shifted so that the ReLU cuts some and
+  windows tie), scale, bias, and objective weights for the pooled output and both statistics."""
+  rng = np.random.default_rng(seed)
+  if levels:
+    x = rng.integers(0, levels, shape).astype(np.float32)
+  else:
+    x = (rng.normal(size=shape) * 2 + 0.5).astype(np.float32)
+  c = shape[-1]
+  scale, bias = (rng.normal(size=c).astype(np.float32) for _ in range(2))
+  pooled = (shape[0], -(-shape[1] // 2), -(-shape[2] // 2), c)
+  w = rng.normal(size=pooled).astype(np.float32)
+  a, b = (rng.normal(size=(groups, c)).astype(np.float32) for _ in range(2))
+  return x, scale, bias, w, a, b
+
+
+def _pool_gradients(normalise_pool, x, scale, bias, w, a, b):
+  """Output, statistics and the gradients of x, scale and bias of a (x, scale, bias) ->
+  (pooled, mean, var) function under a weighted-sum objective."""
+
+  def value(x, scale, bias):
+    out = normalise_pool(x, scale, bias)
+    return sum(jnp.sum(u * v) for u, v in zip((w, a, b), out)), out
+
+  grads, out = jax.grad(value, argnums=(0, 1, 2), has_aux=True)(x, scale, bias)
+  return list(out) + list(grads)
+
+
+@pytest.mark.parametrize('groups,levels', [(1, 0), (4, 0), (2, 3)])
+def test_group_normalise_pool_equals_autodiff_of_the_plain_formula(groups, levels):
+  """The stem's batch norm, ReLU and max-pool in one op: output, statistics and gradients of
+  x, scale and bias within float32 rounding of autodiff through the textbook two-pass batch
+  norm, jax.nn.relu and flax's max-pool (select-and-scatter), odd sides included; with x on 3
+  levels most windows tie and many lie wholly under the ReLU."""
+  shape = (8, 7, 9, 5)
+  x, scale, bias, w, a, b = _pool_problem(15, shape, groups, levels)
+  shift = np.full(5, 0.4, np.float32)
+
+  def plain(x, scale, bias):
+    grouped = x.reshape((groups, shape[0] // groups) + shape[1:])
+    mean = jnp.mean(grouped, axis=(1, 2, 3), keepdims=True)
+    var = jnp.mean(jnp.square(grouped - mean), axis=(1, 2, 3), keepdims=True)
+    y = ((grouped - mean) * jax.lax.rsqrt(var + 1e-5)).reshape(shape) * scale + bias
+    pooled = nn.max_pool(jax.nn.relu(y), (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    return pooled, mean.reshape(groups, -1), var.reshape(groups, -1)
+
+  def ours(x, scale, bias):
+    f32 = jnp.dtype(jnp.float32)
+    return batchnorm.group_normalise_pool(x, scale, bias, shift, groups, 1e-5, f32)
+
+  got = jax.jit(functools.partial(_pool_gradients, ours))(x, scale, bias, w, a, b)
+  want = jax.jit(functools.partial(_pool_gradients, plain))(x, scale, bias, w, a, b)
+  for g, v in zip(got, want):
+    np.testing.assert_allclose(g, v, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('mode', ['train', 'eval', 'scattered'])
+def test_a_norm_with_max_pool_equals_the_norm_then_the_max_pool(mode):
+  """GroupBatchNorm(relu=True, max_pool=True) against the same norm followed by
+  max_pool_3x3_s2: output, updated running statistics and (training mode) the gradients of the
+  input and both parameters, in training mode, eval mode and with scattered groups."""
+  from cl_jax.models.pooling import max_pool_3x3_s2  # pylint: disable=import-outside-toplevel
+
+  x = jnp.asarray(np.random.default_rng(16).normal(size=(4, 10, 10, 3)), jnp.float32)
+  variables = jax.tree.map(jnp.asarray, _bn_variables(np.random.default_rng(17), 3))
+  groups = jnp.asarray([1, 0, 0, 1]) if mode == 'scattered' else None
+
+  def apply(fused, variables, x):
+    norm = GroupBatchNorm(num_groups=2, relu=True, max_pool=fused)
+    y, updates = norm.apply(variables, x, mode == 'eval', groups, mutable=['batch_stats'])
+    return (y if fused else max_pool_3x3_s2(y)), updates
+
+  (y, stats), (y_ref, stats_ref) = apply(True, variables, x), apply(False, variables, x)
+  assert y.shape == (4, 5, 5, 3)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-6, atol=1e-6)
+  for got, want in zip(jax.tree.leaves(stats), jax.tree.leaves(stats_ref)):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  if mode == 'train':
+    w = jnp.asarray(np.random.default_rng(18).normal(size=y.shape), jnp.float32)
+    grad = lambda fused: jax.grad(lambda v, x: jnp.sum(w * apply(fused, v, x)[0]), argnums=(0, 1))(
+        variables, x
+    )
+    for got, want in zip(jax.tree.leaves(grad(True)), jax.tree.leaves(grad(False))):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_stem_pools_inside_its_norm_off_tpus_and_after_it_on_tpus():
+  """Lowered for each platform (no TPU or GPU needed): the training-mode norm with max_pool
+  differentiates through select-and-scatter on TPUs and through group_normalise_pool's
+  backward (strided pads, no select-and-scatter) on GPUs."""
+  norm = GroupBatchNorm(num_groups=2, relu=True, max_pool=True)
+  x = jnp.zeros((4, 8, 8, 3), jnp.float32)
+  variables = norm.init(_key(0), x, False)
+
+  def loss(params, x):
+    y, _ = norm.apply({**variables, 'params': params}, x, False, mutable=['batch_stats'])
+    return jnp.sum(y**2)
+
+  grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  tpu = grad.trace(variables['params'], x).lower(lowering_platforms=('tpu',)).as_text()
+  cuda = grad.trace(variables['params'], x).lower(lowering_platforms=('cuda',)).as_text()
+  assert 'select_and_scatter' in tpu
+  assert 'select_and_scatter' not in cuda and cuda.count('stablehlo.pad') >= 9
+
+
 @pytest.mark.parametrize('offset', [0.0, 3.0])
 def test_one_pass_statistics_of_bfloat16_inputs_with_a_large_mean(offset):
   """bfloat16 inputs whose mean (300) dwarfs their spread (2): the one-pass statistics,
@@ -387,6 +492,28 @@ def test_group_normalise_gradients_on_8_devices_equal_one_device(groups):
   assert many[0].sharding.spec[0] == 'data'
   for got, want in zip(many, one):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('groups', [1, 8])
+@pytest.mark.slow
+def test_group_normalise_pool_on_8_devices_equals_one_device(groups):
+  """The stem's norm, ReLU and max-pool with the batch sharded over 8 devices gives the
+  one-device output, statistics and gradients."""
+  mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Explicit,))
+  x, scale, bias, w, a, b = _pool_problem(19, (16, 6, 6, 4), groups, 0)
+  shift = jnp.zeros(4, jnp.float32)
+  ours = lambda x, s, b: batchnorm.group_normalise_pool(
+      x, s, b, shift, groups, 1e-5, jnp.dtype(jnp.float32)
+  )
+  run = jax.jit(functools.partial(_pool_gradients, ours))
+  one = run(x, scale, bias, w, a, b)
+  data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  xs, ws = (jax.device_put(v, data) for v in (x, w))
+  with jax.set_mesh(mesh):
+    many = run(xs, scale, bias, ws, a, b)
+  assert many[0].sharding.spec[0] == 'data'
+  for got, want in zip(many, one):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow

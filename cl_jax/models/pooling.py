@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 _WINDOW, _STRIDE, _PAD = 3, 2, 1
+NO_MAXIMUM = _WINDOW * _WINDOW  # a `first` offset that place() puts nowhere
 
 
 def _padded(x: jax.Array) -> jax.Array:
@@ -61,30 +62,42 @@ def _summed_gradient_pool(x: jax.Array) -> jax.Array:
   return _pool(x)
 
 
-def _forward(x):
-  """y = _pool(x) as the maximum of the 9 offsets' elements, and (B, out_h, out_w, C) int8
-  first: the offset 3 di + dj of each window's first maximum in row-major order."""
+def window_maxima(x: jax.Array, *others: jax.Array) -> tuple[jax.Array, ...]:
+  """(y, first, *at_first) of x (B, H, W, C): y (B, ceil(H/2), ceil(W/2), C) = _pool(x), the
+  maximum of the 9 window offsets' elements; first (int8, y's shape) the offset 3 di + dj of
+  each window's first maximum in row-major order (select-and-scatter's choice); and each of
+  `others` (arrays of x's shape) at that position."""
   out_h, out_w = -(-x.shape[1] // _STRIDE), -(-x.shape[2] // _STRIDE)
-  padded = _padded(x)
-  offsets = [
-      _offset(padded, di, dj, out_h, out_w) for di in range(_WINDOW) for dj in range(_WINDOW)
-  ]
-  y = functools.reduce(jnp.maximum, offsets)
-  first = jnp.full(y.shape, _WINDOW * _WINDOW, jnp.int8)
+
+  def offsets(a):
+    padded = _padded(a) if a is x else jnp.pad(a, ((0, 0), (_PAD, _PAD), (_PAD, _PAD), (0, 0)))
+    return [_offset(padded, di, dj, out_h, out_w) for di in range(_WINDOW) for dj in range(_WINDOW)]
+
+  candidates = offsets(x)
+  y = functools.reduce(jnp.maximum, candidates)
+  # Built from the windows' own arrays (not from new constants), so that they keep y's
+  # sharding under explicitly sharded meshes.
+  first = jnp.full_like(y, NO_MAXIMUM, dtype=jnp.int8)
   for k in reversed(range(_WINDOW * _WINDOW)):
-    first = jnp.where(offsets[k] == y, jnp.int8(k), first)
-  return y, (first, x.shape[1:3])
+    first = jnp.where(candidates[k] == y, jnp.int8(k), first)
+  at_first = []
+  for other in others:
+    values = offsets(other)
+    picked = values[-1]
+    for k in range(_WINDOW * _WINDOW - 1):
+      picked = jnp.where(first == k, values[k], picked)
+    at_first.append(picked)
+  return (y, first, *at_first)
 
 
-def _backward(residuals, g):
-  """dx = sum over offsets k = 3 di + dj of place_k(g * [first == k]): every window's gradient
-  to its first maximum, placed at its input position by strided padding, summed in float32 (an
-  input that is the maximum of several windows takes all their gradients) and cast to g's
-  dtype."""
-  first, (height, width) = residuals
+def place(g: jax.Array, first: jax.Array, height: int, width: int) -> jax.Array:
+  """sum over offsets k = 3 di + dj of place_k(g * [first == k]), float32 (B, height, width, C):
+  every window's g (B, out_h, out_w, C) at its first maximum's input position (first ==
+  NO_MAXIMUM: nowhere), placed by strided padding; an input that is the maximum of several
+  windows takes all their values."""
   out_h, out_w = first.shape[1:3]
   g32, zero = g.astype(jnp.float32), jnp.zeros((), jnp.float32)
-  dx = jnp.zeros((g.shape[0], height + 2 * _PAD, width + 2 * _PAD, g.shape[3]), jnp.float32)
+  dx = None
   for di in range(_WINDOW):
     for dj in range(_WINDOW):
       # Window (i, j)'s element (di, dj) sits at padded row 2 i + di, column 2 j + dj.
@@ -98,8 +111,21 @@ def _backward(residuals, g):
               (0, 0, 0),
           ),
       )
-      dx = dx + placed
-  return (dx[:, _PAD : _PAD + height, _PAD : _PAD + width].astype(g.dtype),)
+      dx = placed if dx is None else dx + placed
+  return dx[:, _PAD : _PAD + height, _PAD : _PAD + width]
+
+
+def _forward(x):
+  """y = _pool(x) and, for the gradient, each window's first maximum (window_maxima)."""
+  y, first = window_maxima(x)
+  return y, (first, x.shape[1:3])
+
+
+def _backward(residuals, g):
+  """dx = place(g, first): every window's gradient to its first maximum, summed in float32
+  and cast to g's dtype."""
+  first, (height, width) = residuals
+  return (place(g, first, height, width).astype(g.dtype),)
 
 
 _summed_gradient_pool.defvjp(_forward, _backward)

@@ -21,7 +21,6 @@ from jax.sharding import Mesh
 
 from cl_jax.models.batchnorm import GroupBatchNorm
 from cl_jax.models.conv import Conv
-from cl_jax.models.pooling import max_pool_3x3_s2
 
 # (block type, blocks per stage) for each supported depth.
 _STAGES = {
@@ -191,11 +190,14 @@ class ResNet(nn.Module):
       x = _conv(width, 7, 2, self.dtype, 'stem_conv', self.grad_mesh, space_to_depth=True)(x)
     else:
       x = _conv(width, 3, 1, self.dtype, 'stem_conv', self.grad_mesh)(x)
-    x = GroupBatchNorm(num_groups=self.bn_groups, dtype=self.dtype, relu=True, name='stem_bn')(
-        x, not train, groups
-    )
-    if self.stem == 'imagenet':
-      x = max_pool_3x3_s2(x)
+    # The ImageNet stem's max-pool runs inside its batch norm (GroupBatchNorm.max_pool).
+    x = GroupBatchNorm(
+        num_groups=self.bn_groups,
+        dtype=self.dtype,
+        relu=True,
+        max_pool=self.stem == 'imagenet',
+        name='stem_bn',
+    )(x, not train, groups)
     for stage in range(self.stages):
       x = residual_stage(self, x, train, stage, width, kind, blocks[stage], groups)
     pooled = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
