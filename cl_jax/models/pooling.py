@@ -4,14 +4,14 @@ Autodiff of a max-pool is XLA's select-and-scatter, which its GPU compiler rewri
 reduce-window carrying float32 values and int32 indices and a scatter (about 3.2 GB per step
 for the MoCo-v2 ResNet-50 at 224 px, batch 256). Off TPUs the pool keeps, beside its output,
 which of its 9 window offsets holds each window's first maximum in row-major order
-(select-and-scatter's choice with its `>=` select), one int8 per output element; the gradient
-is then a sum over the offsets of each window's gradient where the offset is that window's,
-placed back by strided padding. It reads y's gradient and the offsets, not x or y: XLA's GPU
-compiler fuses it into the batch norm's backward passes that consume it, so that the gradient
-at the pool's input is never written (the stem's BN, ReLU and max-pool backward move 1.5 GB per
-step instead of 4.3 GB in that step). XLA's TPU compiler runs select-and-scatter natively but
-does not fuse that sum: it keeps a float32 copy of the padded input per offset (1.6 GB per chip
-at 128 images of 224 px), so on TPUs the max-pool takes autodiff's gradient
+(select-and-scatter's choice with its `>=` select), one int8 per output element
+(window_maxima); the gradient is a sum over the offsets of each window's gradient where the
+offset is that window's, placed back by strided padding (place), one pass that reads y's
+gradient and the offsets, not x or y. The stem runs its batch norm, ReLU and this max-pool as
+one op (cl_jax.models.batchnorm.group_normalise_pool), whose backward places the gradient
+inside the batch norm's dx pass. XLA's TPU compiler runs select-and-scatter natively but does
+not fuse that sum: it keeps a float32 copy of the padded input per offset (1.6 GB per chip at
+128 images of 224 px), so on TPUs the max-pool takes autodiff's gradient
 (jax.lax.platform_dependent, resolved when the step is lowered for its platform).
 """
 
