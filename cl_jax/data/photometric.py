@@ -446,12 +446,18 @@ def _colour(image: jax.Array, p: dict[str, jax.Array], dtype: str) -> tuple[jax.
 
 
 def _planar(planes: tuple[jax.Array, ...]) -> jax.Array:
-  """Three (B, H, W) planes -> (B, H, 3, W), the layout of the blur's matrix products, each
-  element selected from its plane. Not jnp.stack: XLA's GPU compiler would fuse the colour ops
-  into the stacking, where every output element recomputes all three planes (each op of the
-  colour group reads every channel), and instead splits the colour ops in two kernels with
-  float32 planes between them (565 MB per 256 views of 224 px); with a selection it computes
-  the three planes in one kernel and stacks them in another (270 MB)."""
+  """Three (B, H, W) planes -> (B, H, 3, W), the layout of the blur's matrix products. In
+  bfloat16 (an accelerator's runs) each element is selected from its plane, not stacked with
+  jnp.stack: XLA's GPU compiler would fuse the colour ops into the stacking, where every output
+  element recomputes all three planes (each op of the colour group reads every channel), and
+  instead splits the colour ops in two kernels with float32 planes between them (565 MB per 256
+  views of 224 px); with a selection it computes the three planes in one kernel and stacks them
+  in another (270 MB). In float32 (the CPU's runs, whose records the claims compare) they are
+  stacked as before: XLA's CPU compiler fuses the colour ops otherwise around a selection and
+  rounds their products otherwise (fused multiply-adds), which would change every such run's
+  numbers (tests/test_dicr_step.py's recorded steps)."""
+  if planes[0].dtype == jnp.float32:
+    return jnp.stack(planes, 2)
   channel = jax.lax.broadcasted_iota(jnp.int32, (1, 1, 3, 1), 2)
   r, g, b = (plane[:, :, None] for plane in planes)
   return jnp.where(channel == 0, r, jnp.where(channel == 1, g, b))
