@@ -69,13 +69,15 @@ def test_rows_sum_the_collectives_and_show_the_fitted_batch():
       "6, 62.5 MB",
       "1",
       "41.2 (40.0)",
+      "`abc1234`",
   ]
   table = compile_table.render([failed, record])
   lines = table.splitlines()
   # The CONFIGS order: the imagenet100 MoCo-v2 + patch negatives cell before LooC's.
   assert lines[2].startswith("| `mocov2_patchns.py:imagenet100` | v5e:2x2 | yes")
   assert lines[3].startswith("| `looc.py:imagenet100` | h100:8 | no: error: something one line")
-  assert lines[3].count("|") == lines[0].count("|")
+  assert lines[3].count("|") == lines[0].count("|") == lines[2].count("|")
+  assert lines[3].endswith("| `abc1234` |")
   assert "at commit `abc1234` on AMD EPYC, 2 cores" in table
 
 
@@ -100,6 +102,7 @@ def test_a_preset_out_of_hbm_shows_the_largest_batch_that_fits():
       "6, 62.5 MB (batch 96)",
       "1",
       "41.2 (40.0)",
+      "",
   ]
   # The largest batch recomputes activations to fit: more FLOPs per image than the preset's.
   fits = dict(record["result"], first=_analysis(128, 9.0), checked=_analysis(256, 15.2))
@@ -114,6 +117,7 @@ def test_a_preset_out_of_hbm_shows_the_largest_batch_that_fits():
   record["result"].update(checked=None, fit=None)
   cells = [c.strip() for c in compile_table.row(record).strip("|").split("|")]
   assert cells[2:5] == ["no: out of HBM", "over 16.0 (batch 128)", "none"]
+  assert len(cells) == 9
 
 
 def test_the_queue_writes_a_record_per_cell_and_keeps_it(tmp_path):

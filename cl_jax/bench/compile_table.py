@@ -19,7 +19,8 @@ fits (its compile's peak), the collectives of one step with their bytes per chip
 by data parallelism counted as unexpected), and FLOPs per image, compiled and analytic; the last
 two at the preset's batch, or at the largest batch that fits where the preset's does not. Where
 the largest batch costs more FLOPs per image than the preset's, relative to the analytic count
-(over 1%: a TPU compiler recomputes activations to fit its HBM), its cell says how many.
+(over 1%: a TPU compiler recomputes activations to fit its HBM), its cell says how many; and
+the commit that compiled it (the table keeps cells from several commits).
 """
 
 import json
@@ -139,8 +140,9 @@ def _over_count(analysis: dict) -> float:
 def row(record: dict) -> str:
   """One cell's row of the table (module docstring)."""
   cells = [f"`{record['config'].removeprefix('configs/')}`", record["target"]]
+  commit = f"`{record['commit']}`" if record.get("commit") else ""
   if "failed" in record:
-    return "| " + " | ".join(cells + [f"no: {record['failed']}"] + [""] * 5) + " |"
+    return "| " + " | ".join(cells + [f"no: {record['failed']}"] + [""] * 5 + [commit]) + " |"
   result = record["result"]
   first, checked, fit = result["first"], result["checked"], result["fit"] or {}
   m = first["memory"]
@@ -166,7 +168,7 @@ def row(record: dict) -> str:
   # Communication and FLOPs at the preset's batch, or at the largest that fits where the
   # preset's does not compile.
   if m is None and checked is None:
-    return "| " + " | ".join(cells + [fits, peak, largest, "", "", ""]) + " |"
+    return "| " + " | ".join(cells + [fits, peak, largest, "", "", "", commit]) + " |"
   shown = first if m is not None else checked
   # A TPU compiler near the HBM limit recomputes activations rather than keep them: the largest
   # batch then costs more FLOPs per image than the preset's, over the analytic count (which
@@ -193,6 +195,7 @@ def row(record: dict) -> str:
               + ("" if shown is first else f" (batch {shown['batch_per_chip']})"),
               str(unexpected),
               gflops,
+              commit,
           ]
       )
       + " |"
@@ -211,8 +214,9 @@ def render(records: list[dict]) -> str:
   lines = [
       "| config | target | compiles | peak GiB per chip of HBM (preset's batch per chip) "
       "| largest batch per chip the config accepts (its peak) "
-      "| collectives per step (bytes per chip) | unexpected | GFLOP per image (analytic) |",
-      "|---|---|---|---|---|---|---:|---|",
+      "| collectives per step (bytes per chip) | unexpected | GFLOP per image (analytic) "
+      "| commit |",
+      "|---|---|---|---|---|---|---:|---|---|",
   ]
   lines += [row(r) for r in records]
   lines += [
