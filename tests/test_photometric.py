@@ -265,9 +265,13 @@ def test_outputs_stay_in_unit_interval():
     assert out.min() >= 0.0 and out.max() <= 1.0
 
 
-def test_blur_matrices_are_the_reflect_padded_taps():
+@pytest.mark.parametrize(
+    "sigma, radius, size",
+    # The last two: taps reflected at both borders reach one row's columns.
+    [(0.9, 2, 5), (1.7, 11, 40), (2.0, 6, 7), (1.3, 11, 12)],
+)
+def test_blur_matrices_are_the_reflect_padded_taps(sigma, radius, size):
   """blur_matrices by hand: row i of K holds the tap of offset k at column reflect(i + k)."""
-  sigma, radius, size = 0.9, 2, 5
   taps = np.exp(-(np.arange(-radius, radius + 1) ** 2) / (2 * sigma**2))
   taps /= taps.sum()
   expected = np.zeros((size, size))
