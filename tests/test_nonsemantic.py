@@ -242,7 +242,7 @@ def _tiling_corners(image, d):
 # One compilation per (shape, d_min, d_max); the fixtures below share them across tests.
 _patch_negatives = jax.jit(nonsemantic.patch_negatives, static_argnums=(2, 3, 4))
 _sample_layout = jax.jit(nonsemantic.sample_patch_layout, static_argnums=(1, 2, 3, 4))
-_render = jax.jit(nonsemantic.render_patches)
+_render = jax.jit(nonsemantic.render_patches, static_argnums=2)
 
 
 @pytest.fixture(scope="module")
@@ -305,13 +305,59 @@ def test_render_matches_numpy_reconstruction_from_layout(layout16):
   layout = {name: v[idx] for name, v in layout16.items()}
   assert {1, 16} <= set(layout["size"].tolist())
   views = np.random.default_rng(0).integers(0, 256, (len(idx), 16, 16, 3)).astype(np.uint8)
-  out = np.asarray(_render(jnp.asarray(views), layout))
+  out = np.asarray(_render(jnp.asarray(views), layout, 16))
   chex.assert_shape(out, views.shape)
   assert out.dtype == np.uint8
   for b in range(len(idx)):
     np.testing.assert_array_equal(
         out[b], _np_render(views[b], layout["size"][b], layout["corner"][b])
     )
+
+
+@pytest.mark.parametrize(
+    "dtype,s,d_min,d_max",
+    [
+        (np.uint8, 16, 1, 16),
+        (np.float32, 12, 3, 7),
+        (jnp.bfloat16, 9, 4, 4),
+        (np.float32, 20, 2, 5),
+    ],
+)
+def test_tpu_form_equals_the_numpy_reconstruction(dtype, s, d_min, d_max):
+  """The TPU form (a gather of row segments and a one-hot product) gives every NS image of
+  the NumPy reconstruction exactly, at patch sizes from 1 to S, clipped border cells
+  (S = 9, d = 4) and float values that a rounded product would change."""
+  n = 24
+  layout = _sample_layout(jax.random.key(s), n, s, d_min, d_max)
+  layout = {name: np.asarray(v) for name, v in layout.items()}
+  rng = np.random.default_rng(s)
+  views = rng.integers(0, 256, (n, s, s, 3)) if dtype == np.uint8 else rng.normal(size=(n, s, s, 3))
+  views = jnp.asarray(views, dtype)
+  render = jax.jit(nonsemantic._render_segments, static_argnums=3)  # pylint: disable=protected-access
+  out = np.asarray(render(views, layout["size"], layout["corner"], d_max).astype(jnp.float32))
+  assert out.shape == views.shape
+  reference = np.asarray(views.astype(jnp.float32))
+  for b in range(n):
+    np.testing.assert_array_equal(
+        out[b], _np_render(reference[b], layout["size"][b], layout["corner"][b])
+    )
+
+
+def test_render_gathers_pixels_off_tpus_and_row_segments_on_tpus():
+  """Lowered for each platform (no TPU or GPU needed): one gather of single pixels elsewhere;
+  on TPUs a gather of d_max-wide row segments and the one-hot products that place them
+  (test_tpu_form_equals_the_numpy_reconstruction checks that the forms agree)."""
+  views = jax.ShapeDtypeStruct((2, 12, 12, 3), jnp.bfloat16)
+  layout = {
+      "size": jax.ShapeDtypeStruct((2,), jnp.int32),
+      "corner": jax.ShapeDtypeStruct((2, 5, 5, 2), jnp.int32),
+  }
+  render = jax.jit(nonsemantic.render_patches, static_argnums=2)
+  tpu = render.trace(views, layout, 7).lower(lowering_platforms=("tpu",)).as_text()
+  cuda = render.trace(views, layout, 7).lower(lowering_platforms=("cuda",)).as_text()
+  assert tpu.count("slice_sizes = array<i64: 1, 1, 7>") == 3 and tpu.count("dot_general") == 3
+  assert "slice_sizes = array<i64: 1, 1, 3>" not in tpu
+  assert "dot_general" not in cuda and "slice_sizes = array<i64: 1, 1, 3>" in cuda
 
 
 def test_fixed_size_cells_are_contiguous_blocks_of_own_view(fixed4):
