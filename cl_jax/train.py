@@ -57,6 +57,7 @@ from cl_jax.runtime import (
     write_faults,
 )
 from cl_jax.runtime.errors import UsageError
+from cl_jax.runtime.layouts import StateLayouts
 from cl_jax.runtime.metrics import MetricWriter
 from cl_jax.runtime.progress import Progress, Throughput
 from cl_jax.runtime.run_log import collapse_notice, report_warning
@@ -447,10 +448,15 @@ def _pretrain(
   progress.write(summary)
 
   # ---- The loop.
-  # The full step (with its statistics) on logging steps, the lean one between them.
+  # The full step (with its statistics) on logging steps, the lean one between them, both
+  # keeping the state in the layouts the first of them to compile chose.
+  layouts = StateLayouts()
   train_steps = {
       logs: step_lib.jit_on_mesh(
-          step_lib.make_train_step(config, encoder, tx, schedule, mesh, spe, logs), state, mesh
+          step_lib.make_train_step(config, encoder, tx, schedule, mesh, spe, logs),
+          state,
+          mesh,
+          layouts,
       )
       for logs in (True, False)
   }

@@ -31,6 +31,7 @@ from cl_jax.data import photometric
 from cl_jax.objectives.forward import Views
 from cl_jax.objectives.moco import keys_per_step
 from cl_jax.runtime import parallel
+from cl_jax.runtime.layouts import StateLayouts, StepJit
 from cl_jax.state import TrainState
 
 __all__ = [
@@ -181,23 +182,25 @@ def make_train_step(
   return train_step
 
 
-def jit_train_step(train_step, state_sharding, batch_sharding):
-  """jit over the mesh with the state donated: its buffers are reused for the new state.
+def jit_train_step(
+    train_step, state_sharding, batch_sharding, layouts: StateLayouts | None = None
+) -> StepJit:
+  """train_step(state, batch) jitted over the mesh with the state donated (its buffers are
+  reused for the new state) and kept in the device-local layouts its compiler chooses,
+  shared with the other steps of `layouts` (cl_jax.runtime.layouts). Call it as the jitted
+  function; it compiles on its first call.
 
   state_sharding: cl_jax.runtime.parallel.state_sharding of the state; batch_sharding:
   the batch's rows over `data`. Metrics come back replicated.
   """
-  return jax.jit(
-      train_step,
-      in_shardings=(state_sharding, batch_sharding),
-      out_shardings=(state_sharding, None),
-      donate_argnums=(0,),
-  )
+  return StepJit(train_step, state_sharding, (batch_sharding,), None, layouts)
 
 
-def jit_on_mesh(train_step, state: TrainState, mesh: Mesh):
-  """`train_step` (of make_train_step) jitted by jit_train_step for `state` (its layout:
+def jit_on_mesh(
+    train_step, state: TrainState, mesh: Mesh, layouts: StateLayouts | None = None
+) -> StepJit:
+  """`train_step` (of make_train_step) jitted by jit_train_step for `state` (its sharding:
   the queue's rows over `mesh`, the rest replicated) and a batch split over `mesh`."""
   return jit_train_step(
-      train_step, parallel.state_sharding(state, mesh), parallel.batch_sharding(mesh)
+      train_step, parallel.state_sharding(state, mesh), parallel.batch_sharding(mesh), layouts
   )

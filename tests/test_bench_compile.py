@@ -113,6 +113,9 @@ def test_the_tiny_step_on_eight_cpu_devices_communicates_what_data_parallelism_n
   assert not result["census"]["float64"] and not result["census"]["host"]
   # The donated state is reused for the new state: every state byte is aliased.
   assert result["memory"]["alias"] >= result["state_bytes"]
+  # The CPU's compiler, left to choose the state's layouts, keeps them row-major.
+  layouts = result["state_layouts"]
+  assert layouts["arrays"] > 100 and layouts["not_row_major"] == 0, layouts
   # The evaluation forward: the probe's batch of 256 split over the 8 devices, nothing
   # communicated (replicated variables, each device's images its own).
   ev = result["eval"]

@@ -1,7 +1,8 @@
 """The quick default (MoCo-v2 + patch negatives) and SimCLR compiled ahead of time for a TPU v5e
 slice (v5e:2x2) and two H100s (h100:2) in bfloat16, as on accelerators: they compile and fit,
 communicate only what data parallelism needs (no image gathered in float32), donate their
-state, and their FLOPs per image agree with the analytic count. A residual block's batch norms,
+state (on H100s held in the layouts cuDNN reads), and their FLOPs per image agree with the
+analytic count. A residual block's batch norms,
 compiled for an H100, move the bytes they need and no more.
 
 The compilers (requirements-compile.txt, about 1.2 GB) live in a folder of their own, by default
@@ -44,6 +45,9 @@ EXPECTED = {
 # the optimizer: at 32 px they add 3-6% (v5e:2x2, quick default: 1.056; at :imagenet100's
 # 224 px ResNet-50, 1.031).
 FLOPS_RATIO = (1.0, 1.08)
+# The state's convolution kernels: ResNet-18's 20 in the online parameters and in their momentum,
+# and for MoCo in the EMA target.
+KERNELS_IN_STATE = {"mocov2_patchns": 3 * 20, "simclr": 2 * 20}
 
 
 def _compilers() -> str:
@@ -123,6 +127,10 @@ def test_the_quick_config_compiles_for_the_target_and_needs_only_data_parallel_t
   padding = 1.05 if target_name.startswith("h100") else 1.6
   assert state <= memory["argument"] <= padding * (state + views), (memory, state)
   assert not result["census"]["float64"] and not result["census"]["host"]
+  if target_name.startswith("h100"):
+    # Left to choose, the GPU's compiler keeps every kernel of the state in the order cuDNN
+    # reads it, (C_out, kh, kw, C_in), and nothing else out of row-major order.
+    assert result["state_layouts"]["orders"] == {"3,0,1,2": KERNELS_IN_STATE[config_name]}
   # Every contrastive score is a float32 product at full precision (a TPU computes a
   # default-precision one in one bf16 pass): only the heads' float32 layers use the default.
   default = result["census"]["default_precision_f32"]

@@ -436,6 +436,7 @@ def analyse(config, tgt: Target, with_eval: bool = True) -> dict:
   )
   hlo = compiled.as_text()
   insts = instructions(hlo)
+  layouts = state_layouts(compiled.input_formats[0][0])
   flops = float(cost.get("flops", 0.0))
   try:
     analytic = bench_flops.step_flops_per_image(config)["per_image"]
@@ -461,10 +462,25 @@ def analyse(config, tgt: Target, with_eval: bool = True) -> dict:
       "flop_roofline_img_per_s_per_chip": (batch / chips_n) / flop_s if flop_s else None,
       "byte_roofline_img_per_s_per_chip": (batch / chips_n) / byte_s if byte_s else None,
       "kernels": kernels,
+      "state_layouts": layouts,
       "collectives": collectives(insts, param_elements, batch),
       "census": census(insts),
       "eval": analyse_eval(config, tgt, param_elements) if with_eval else None,
   }
+
+
+def state_layouts(formats) -> dict:
+  """How the compiled step keeps the state in a chip's memory (cl_jax.runtime.layouts: the
+  compiler's choice): {"arrays": the state's arrays, "not_row_major": those it keeps in another
+  order, "orders": {order: count} of those, an order written as its major-to-minor dimensions,
+  e.g. "3,0,1,2" for a (kh, kw, C_in, C_out) kernel held as (C_out, kh, kw, C_in)}."""
+  orders = collections.Counter()
+  leaves = jax.tree.leaves(formats)
+  for f in leaves:
+    order = tuple(f.layout.major_to_minor)
+    if order != tuple(range(len(order))):
+      orders[",".join(map(str, order))] += 1
+  return {"arrays": len(leaves), "not_row_major": sum(orders.values()), "orders": dict(orders)}
 
 
 def kernel_report(hlo: str, config, tgt: Target, batch_per_chip: int) -> dict:
@@ -623,6 +639,16 @@ def report(result: dict) -> str:
         f"{result['bytes_accessed_per_chip'] / 1e9:.1f} GB per step, {result['bytes_source']})"
     )
   lines += kernel_lines(result["kernels"])
+  lay = result["state_layouts"]
+  lines.append(
+      f"  state layouts (the compiler's choice): {lay['not_row_major']} of {lay['arrays']} arrays "
+      "not row-major"
+      + (
+          "".join(f"; {n} in order ({o})" for o, n in lay["orders"].items())
+          if lay["orders"]
+          else ""
+      )
+  )
   lines.append("  collectives per step (kind, dtype, purpose: count, MB per chip):")
   for c in result["collectives"]:
     lines.append(

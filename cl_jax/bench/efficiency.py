@@ -10,7 +10,8 @@ the two frameworks' convolution kernels. The ratio here holds the backbone, the 
 the machine fixed: the supervised step is the same ResNet (config.model: depth, stem, width,
 dtype, BN groups) with a linear classifier over CLASSES classes, softmax cross-entropy on the
 uint8 view normalised as the pipeline does, train-mode batch norm, and the config's optimizer,
-at the same global batch, on one device, with donated buffers. Both are compiled, then timed
+at the same global batch, on one device, with donated buffers kept in the layouts the
+compiler chooses, as the train step's are (cl_jax.runtime.layouts). Both are compiled, then timed
 alternately in the same process (--rounds rounds of --steps steps each); the ratio of their
 median round times is printed beside the ratio of their FLOPs (XLA's cost analysis). A ratio
 of times near the ratio of FLOPs says that the step spends its extra time on its extra work.
@@ -33,6 +34,7 @@ from cl_jax.bench import memory as bench_memory
 from cl_jax.data import photometric
 from cl_jax.models.encoder import encoder_for
 from cl_jax.runtime import cli
+from cl_jax.runtime.layouts import StepJit
 
 CLASSES = 1000
 
@@ -87,7 +89,9 @@ def supervised_step(config: ml_collections.ConfigDict):
       "images": rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8),
       "labels": rng.integers(0, CLASSES, batch).astype(np.int32),
   }
-  return jax.jit(step, donate_argnums=0), state, jax.device_put(data)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  state, data = jax.device_put((state, data), device)
+  return StepJit(step, jax.tree.map(lambda _: device, state), (device,), device), state, data
 
 
 def _round_time(compiled, state, data, steps: int):
@@ -111,7 +115,8 @@ def measure(config: ml_collections.ConfigDict, rounds: int, steps: int) -> dict:
   step, state, data = train.synthetic_step(config, 1)
   sup, sup_state, sup_data = supervised_step(config)
   lowered, sup_lowered = step.lower(state, data), sup.lower(sup_state, sup_data)
-  compiled, sup_compiled = lowered.compile(), sup_lowered.compile()
+  compiled, sup_compiled = step.record(lowered.compile()), sup.record(sup_lowered.compile())
+  state, sup_state = step.place(state), sup.place(sup_state)
   flops = bench_flops.step_flops(lowered, 1)
   sup_flops = bench_flops.step_flops(sup_lowered, 1)
   state, _ = _round_time(compiled, state, data, 2)  # warm-up

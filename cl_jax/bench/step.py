@@ -96,8 +96,9 @@ def measure(
 
   start = time.perf_counter()
   lowered = step.lower(state, data)
-  compiled = lowered.compile()
+  compiled = step.record(lowered.compile())
   compile_s = time.perf_counter() - start
+  state = step.place(state)
   flops_per_device = flops.step_flops(lowered, devices)
   for _ in range(warmup + 1):
     state, metrics = compiled(state, data)
