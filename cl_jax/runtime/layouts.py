@@ -6,8 +6,8 @@ major, unless told otherwise, and XLA must then read and write the state in that
 GPUs that costs the train step dearly: cuDNN reads a convolution's kernel as (C_out, kh, kw,
 C_in) while Flax stores it as (kh, kw, C_in, C_out), so each step transposes every float32
 kernel of the online network, the EMA target and the momentum, in fusions that XLA cannot
-update in place and follows with copies into the donated buffers (for the ResNet-50 step on
-one H100: 208 kernels more, 0.75 GB more traffic per step, cl_jax.bench.compile).
+update in place and follows with copies into the donated buffers (docs/benchmarks.md counts
+them in the ResNet-50 step compiled for one H100).
 
 StepJit compiles a step f(state, *args) -> (state, out) with the state's layouts left to the
 compiler (Layout.AUTO, the same for the state it returns, which reuses the donated buffers),
