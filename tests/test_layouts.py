@@ -15,7 +15,7 @@ from jax.experimental.layout import Format, Layout
 
 from cl_jax import train
 from cl_jax import train_step as step_lib
-from cl_jax.runtime import parallel
+from cl_jax.runtime import checkpoint, parallel
 from cl_jax.runtime.layouts import StateLayouts, StepJit
 from configs import mocov2_patchns
 
@@ -110,15 +110,25 @@ def test_place_passes_through_arrays_already_in_their_layouts():
 
 
 def test_a_checkpoint_of_a_state_in_other_layouts_reads_back_the_same_values(tmp_path):
-  state = StateLayouts(_forced(_toy_state())).place(_toy_state())
-  with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(tmp_path / "state", state)
-  with ocp.StandardCheckpointer() as checkpointer:
-    restored = checkpointer.restore(
-        tmp_path / "state", jax.tree.map(ocp.utils.to_shape_dtype_struct, _toy_state())
-    )
-  for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(_toy_state())):
+  # Saved as the trainer saves its state (an orbax StandardSave in cl_jax's manager), read back
+  # as the evaluation jobs read the encoder (checkpoint.restore_variables).
+  params = StateLayouts(_forced(_toy_state())).place(_toy_state())
+  assert params["w"].format.layout.major_to_minor == KERNEL_ORDER
+  manager = checkpoint.make_manager(str(tmp_path))
+  state = {"params": params, "batch_stats": {"mean": jnp.arange(3.0)}, "step": np.int32(7)}
+  manager.save(7, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+  manager.wait_until_finished()
+  template = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=DEVICE),
+      {"params": _toy_state(), "batch_stats": {"mean": np.zeros(3, np.float32)}},
+  )
+  step, restored = checkpoint.restore_variables(
+      checkpoint.make_manager(str(tmp_path), read_only=True), template
+  )
+  assert step == 7
+  for got, want in zip(jax.tree.leaves(restored["params"]), jax.tree.leaves(_toy_state())):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  np.testing.assert_array_equal(np.asarray(restored["batch_stats"]["mean"]), [0.0, 1.0, 2.0])
 
 
 def _tiny_moco():
