@@ -160,6 +160,38 @@ def test_max_batch_refits_when_the_linear_fit_overshoots(monkeypatch):
   assert 0.95 * true_largest <= out["fit"]["config_batch"] <= true_largest
 
 
+def test_max_batch_steps_below_a_peak_that_grows_in_steps(monkeypatch):
+  """A TPU compiler pads the batch (to a multiple of 16 here), so the peak grows in steps: the
+  SimSiam step on v5p:2x2x1 (0.35 GB + 69.1 MB per image) peaks the same from 1,361 to 1,376
+  images, 40 MB over the chip. The line through 128 and 256 images points at 1,375, which does
+  not fit, and each later line's batch lies less than one batch below the last that failed,
+  in the same step: the search goes at least 1% below it (2% after a second miss) and ends
+  within 2% of the true largest (1,360), not at 256."""
+  import types
+
+  def peak(b):
+    return 354_277_720 + 69_119_776 * (-(-b // 16) * 16)
+
+  hbm = peak(1376) - 40_000_000
+  compiled = []
+
+  def analyse(b, tgt, with_eval=True):
+    compiled.append(b)
+    return {"memory": {"peak": peak(b)}, "fits": peak(b) <= hbm}
+
+  monkeypatch.setattr(bench_compile, "for_target", lambda config, chips, b: b)
+  monkeypatch.setattr(bench_compile, "analyse", analyse)
+  tgt = types.SimpleNamespace(devices=[0], chip=types.SimpleNamespace(hbm_bytes=hbm))
+  config = types.SimpleNamespace(model=types.SimpleNamespace(bn_groups=1))
+  out = bench_compile.max_batch(config, tgt, 128)
+  true_largest = max(b for b in range(1, 5000) if peak(b) <= hbm)
+  assert true_largest == 1360 and compiled[:3] == [128, 256, 1375]
+  assert len(compiled) == len(set(compiled)) and len(compiled) <= 2 + bench_compile.REFITS + 1
+  assert (
+      out["checked"]["fits"] and 0.98 * true_largest <= out["fit"]["config_batch"] <= true_largest
+  )
+
+
 def test_max_batch_compiles_each_batch_once(monkeypatch):
   """Linear memory (1 GiB + 55 MiB x b) on a 16 GiB chip fits 256 images with a queue that
   takes multiples of 128 per chip: the fit rounds down to 2 x 128, which was compiled already

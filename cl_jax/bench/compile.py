@@ -531,9 +531,13 @@ def max_batch(config, tgt: Target, first: int) -> dict:
   and 2 x `first`; where `first` does not fit, halves it until a batch does. Then narrows the
   gap between the largest batch that fits and the smallest that does not, up to REFITS more
   compiles: on the line through two peaks (the two batches that fit while none fails; the
-  batches either side once one fails, regula falsi), or halfway between them where the TPU
-  compiler refused the batch that does not fit (its peak unknown); where the larger of the two
-  batches that fit peaks no higher than the smaller, no line is drawn and the batch doubles.
+  batches either side once one fails, regula falsi), at least 1% below the smallest batch that
+  does not fit and twice as far after each line's batch that did not fit either (a TPU compiler
+  pads the batch, so its peak grows in steps, and a compiler may change its layouts between two
+  batches: the line's batch would otherwise creep down one batch per compile), or halfway
+  between them where the TPU compiler refused the batch that does not fit (its peak unknown);
+  where the larger of the two batches that fit peaks no higher than the smaller, no line is
+  drawn and the batch doubles.
   Each candidate is the largest batch the config accepts (fit["config_batch"]: MoCo's queue
   holds a whole number of global batches, the global batch a multiple of the batch-norm
   groups); a batch is compiled at most once; the search ends within 2% (or one step of the
@@ -571,7 +575,7 @@ def max_batch(config, tgt: Target, first: int) -> dict:
       return {"fit": None, "peaks": {}, "first": analyses[first], "checked": None}
   if b == first:
     compile_at(2 * first)
-  fit, searched, doubled = None, 0, False
+  fit, searched, doubled, misses = None, 0, False, 0
   while searched <= REFITS:
     peaks = known_peaks()
     low = max(x for x, a in analyses.items() if a["fits"])
@@ -589,15 +593,19 @@ def max_batch(config, tgt: Target, first: int) -> dict:
       doubled = high is None and fit["per_image_bytes"] <= 0
       if doubled:
         guess = 2 * low
+      elif high is None:
+        guess = fit["batch"]
       else:
-        guess = fit["batch"] if high is None else min(fit["batch"], high - step)
+        guess = min(fit["batch"], high - max(step, math.ceil(high * 0.01 * 2**misses)))
+        if guess <= low:
+          guess = (low + high) // 2 // step * step
     else:
       guess = (low + high) // 2 // step * step
     candidate = accepted(guess, low)
     if candidate is None or candidate in analyses:
       break
     searched += 1
-    compile_at(candidate)
+    misses = 0 if compile_at(candidate)["fits"] else misses + 1
   best = max(x for x, a in analyses.items() if a["fits"])
   fit = dict(fit or {"fixed_bytes": None, "per_image_bytes": None, "batch": None})
   fit.update(config_batch=best, refits=max(searched - 1, 0))
