@@ -96,19 +96,23 @@ parse_options() {
 # learning rate on CHIPS chips (python -m cl_jax.batch_plan, run by PYTHON in this checkout;
 # the --config.* ARGS apply), on stderr; where PYTHON cannot run it, the command that would.
 print_batch_plan() {
-  local python=$1 config=$2 chips=$3 arg out root
+  local python=$1 config=$2 chips=$3 arg out err root
   shift 3
   local overrides=()
   for arg in "$@"; do
     if [[ $arg == --config.* ]]; then overrides+=("$arg"); fi
   done
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-  if out=$(cd "$root" && "$python" -m cl_jax.batch_plan --config="$config" --chips="$chips" "${overrides[@]}" 2>&1); then
+  # The plan is the command's output; its log lines (a library's start-up notices) stay out of
+  # it, and the last of them names the reason where the command fails.
+  err=$(mktemp)
+  if out=$(cd "$root" && "$python" -m cl_jax.batch_plan --config="$config" --chips="$chips" "${overrides[@]}" 2>"$err"); then
     printf 'batch plan: %s\n' "$out" >&2
   else
     printf 'batch plan: not computed here (%s): python -m cl_jax.batch_plan --config=%s --chips=%s\n' \
-      "${out##*$'\n'}" "$config" "$chips" >&2
+      "$(tail -n 1 "$err")" "$config" "$chips" >&2
   fi
+  rm -f "$err"
 }
 
 # add_batch_per_chip: with --batch-per-chip N, checks N and appends

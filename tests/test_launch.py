@@ -742,3 +742,31 @@ def test_tpu_remote_run_and_logs_commands_work_in_bash(bare_path, tmp_path):
       "finished",
   ]
   assert lines[0].startswith(f"[{host}] === ")
+
+
+def test_the_batch_plan_line_holds_the_plan_and_not_the_log(tmp_path):
+  """print_batch_plan prints the plan batch_plan writes to stdout, not the log lines a library
+  writes to stderr as it starts (JAX's CUDA plugin on a machine without a GPU); where the
+  command fails, the last of those lines says why, beside the command to run."""
+  fake = tmp_path / "fake_python"
+  fake.write_text(
+      "#!/bin/sh\n"
+      'echo "WARNING: a start-up notice" >&2\n'
+      'if [ "$FAIL" = 1 ]; then echo "UsageError: --chips=x: give chip counts" >&2; exit 1; fi\n'
+      'echo "16 chips: per-chip batch 128"\n'
+  )
+  fake.chmod(0o755)
+
+  def plan(fail: str) -> str:
+    done = subprocess.run(
+        ["bash", "-c", f'source "{COMMON_SCRIPT}"; print_batch_plan "{fake}" configs/x.py 16'],
+        capture_output=True, text=True, env={**os.environ, "FAIL": fail}, check=True,
+    )  # fmt: skip
+    assert done.stdout == ""
+    return done.stderr
+
+  assert plan("0") == "batch plan: 16 chips: per-chip batch 128\n"
+  assert plan("1") == (
+      "batch plan: not computed here (UsageError: --chips=x: give chip counts): "
+      "python -m cl_jax.batch_plan --config=configs/x.py --chips=16\n"
+  )
