@@ -541,10 +541,10 @@ def max_batch(config, tgt: Target, first: int) -> dict:
   Each candidate is the largest batch the config accepts (fit["config_batch"]: MoCo's queue
   holds a whole number of global batches, the global batch a multiple of the batch-norm
   groups); a batch is compiled at most once; the search ends within 2% (or one step of the
-  groups). Returns dict(fit: the last line, {fixed_bytes, per_image_bytes, batch: memory's
-  alone} or None where no line was drawn, with config_batch and refits; peaks {batch: bytes} of
-  the batches that compiled; first: the analysis at `first`; checked: the largest batch's that
-  fits, None if none does)."""
+  groups) or after REFITS, wherever the gap then is. Returns dict(fit: the last line,
+  {fixed_bytes, per_image_bytes, batch: memory's alone} or None where no line was drawn, with
+  config_batch and refits; peaks {batch: bytes} of the batches that compiled; first: the
+  analysis at `first`; checked: the largest batch's that fits, None if none does)."""
   chips_n = len(tgt.devices)
   groups = max(config.model.bn_groups, 1)
   step = groups // math.gcd(groups, chips_n)
