@@ -123,8 +123,8 @@ GE = rung(
     notes="The sweep's first three alphas (0, 1, 2), before colour collapses at 3 and 5 in the "
     "quick runs: the headline's shape and texture slopes over them (primary) and the accuracy at "
     "alpha 2 against 0 (secondary), as in the quick claim; colour's and the accuracy's slopes "
-    "without a verdict. Meant for a GPU (launch/gpu_study.sh ge_alpha_x4 OUT): 15 runs of 4x the "
-    "quick MoCo-v2 recipe.",
+    "without a verdict. 15 runs of 4x the quick MoCo-v2 recipe, on a GPU (launch/gpu_study.sh "
+    "ge_alpha_x4 OUT) or on processors (a seed's three arms on one processor).",
 )
 
 DICR_ARMS = {
