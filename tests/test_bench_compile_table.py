@@ -1,5 +1,6 @@
 """cl_jax.bench.compile_table: cell names, the table's rows computed from hand-made records,
-and the queue's records (one per cell, kept on a second run, a failure's last line)."""
+and the queue's records (one per cell, kept on a second run, a failure's last line, replaced
+when another config spelling wrote it; a mistyped config refused before anything compiles)."""
 
 import json
 import os
@@ -131,10 +132,15 @@ def test_the_queue_writes_a_record_per_cell_and_keeps_it(tmp_path):
       "--configs=configs/dicr.py:simclr,cifar10",  # a preset with a comma is one config
       "--targets=v9:2x2",  # no such chip: the compile fails at once, in one line
   ]
+  out.mkdir()
+  collided = out / "dicr-simclr_cifar10-v9_2x2.json"  # a mistyped preset's record, same stem
+  collided.write_text(json.dumps({"config": "configs/dicr.py:simclr_cifar10", "target": "v9:2x2"}))
   first = subprocess.run(
       command, cwd=conftest.ROOT, env=tiny_run.env(), capture_output=True, text=True, timeout=300
   )
   assert first.returncode == 0, first.stderr[-3000:]
+  replaced = "replacing the record of configs/dicr.py:simclr_cifar10"
+  assert f"dicr-simclr_cifar10-v9_2x2.json: {replaced}" in first.stdout
   path = out / "mocov2_patchns-quick-v9_2x2.json"
   record = json.loads(path.read_text())
   assert record["failed"].startswith("error: --target=v9:2x2: give FAMILY:SHAPE"), record
@@ -161,3 +167,16 @@ def test_the_queue_writes_a_record_per_cell_and_keeps_it(tmp_path):
   )
   assert missing.returncode != 0 and missing.stderr.strip().count("\n") == 0
   assert "is not a folder of cell records" in missing.stderr
+  mistyped = subprocess.run(
+      command[:3] + [f"--out={tmp_path / 'typo'}", "--configs=configs/dicr.py:simclr_cifar10"],
+      cwd=conftest.ROOT,
+      env=tiny_run.env(),
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert mistyped.returncode != 0 and mistyped.stderr.strip().count("\n") == 0
+  assert "--configs=configs/dicr.py:simclr_cifar10: configs/dicr.py: method must be" in (
+      mistyped.stderr
+  )
+  assert not list((tmp_path / "typo").glob("*.json"))  # refused before any cell compiled

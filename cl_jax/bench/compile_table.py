@@ -10,8 +10,11 @@ fit allows (cl_jax.bench.compile.max_batch). The compilers come from requirement
 named in PYTHONPATH (docs/benchmarks.md). A cell's record, written to OUT/<cell>.json as soon as
 it ends, holds the commit (`git describe --always`, "-dirty" for changed code outside
 results/), the processor that compiled it, the command, its wall time and the compile's JSON,
-or the last line of its error. Cells
-whose record exists are kept, so a stopped queue resumes where it stopped. Then OUT/table.md
+or the last line of its error. Every config is loaded before anything compiles (a config file
+or preset that does not exist is a one-line error naming it). A cell whose record of the same
+config and target exists is kept, failed or not, so a stopped queue resumes where it stopped; a
+record of another spelling with the same file stem (`dicr.py:simclr_cifar10` for
+`dicr.py:simclr,cifar10`) is compiled again and replaced. Then OUT/table.md
 is written from every record in OUT (docs/benchmarks.md includes it): per cell, whether it
 compiles (a TPU compiler refuses a program larger than the chip's HBM: "no: out of HBM"), the
 peak memory per chip at the preset's batch against the chip's, the largest per-chip batch that
@@ -33,7 +36,7 @@ import time
 from absl import app, flags
 
 from cl_jax.bench import report as bench_report
-from cl_jax.runtime import cli, metrics
+from cl_jax.runtime import cli, config_files, metrics
 from cl_jax.runtime.errors import UsageError
 
 # The presets of every method (configs/*.py) and the quick default, the acceptance cells first.
@@ -78,6 +81,29 @@ def cell_command(config: str, target: str) -> list[str]:
       "--max_batch",
       "--json",
   ]
+
+
+def check_config(config: str) -> None:
+  """UsageError, in one line, unless `config` (PATH[:preset]) names a config file that builds
+  with that preset."""
+  path, _, preset = cli.resolve_config_path(config).partition(":")
+  module = config_files.load_config_file(path)
+  try:
+    module.get_config(preset) if preset else module.get_config()
+  except (ValueError, KeyError, TypeError) as e:
+    raise UsageError(f"--configs={config}: {e}") from e
+
+
+def _kept(path: str, config: str, target: str) -> bool:
+  """Whether OUT's record at `path` is this cell's (same config and target), so it is kept."""
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    record = json.load(f)
+  if (record.get("config"), record.get("target")) == (config, target):
+    return True
+  print(f"{os.path.basename(path)}: replacing the record of {record.get('config')}", flush=True)
+  return False
 
 
 def _commit() -> str:
@@ -260,10 +286,13 @@ def main(argv):
       raise UsageError(f"--out={f.out} is not a folder of cell records")
     os.makedirs(f.out, exist_ok=True)
     if not f.render_only:
-      for config in _chosen(f.configs, CONFIGS):
+      configs = _chosen(f.configs, CONFIGS)
+      for config in configs:
+        check_config(config)
+      for config in configs:
         for target in _chosen(f.targets, TARGETS):
           path = os.path.join(f.out, f"{cell_name(config, target)}.json")
-          if os.path.exists(path):
+          if _kept(path, config, target):
             continue
           record = run_cell(config, target)
           metrics.write_atomically(path, json.dumps(record, indent=1) + "\n")
