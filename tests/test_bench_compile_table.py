@@ -132,12 +132,16 @@ def test_the_queue_writes_a_record_per_cell_and_keeps_it(tmp_path):
       "--configs=configs/dicr.py:simclr,cifar10",  # a preset with a comma is one config
       "--targets=v9:2x2",  # no such chip: the compile fails at once, in one line
   ]
+
+  def run(args):
+    return subprocess.run(
+        args, cwd=conftest.ROOT, env=tiny_run.env(), capture_output=True, text=True, timeout=300
+    )
+
   out.mkdir()
   collided = out / "dicr-simclr_cifar10-v9_2x2.json"  # a mistyped preset's record, same stem
   collided.write_text(json.dumps({"config": "configs/dicr.py:simclr_cifar10", "target": "v9:2x2"}))
-  first = subprocess.run(
-      command, cwd=conftest.ROOT, env=tiny_run.env(), capture_output=True, text=True, timeout=300
-  )
+  first = run(command)
   assert first.returncode == 0, first.stderr[-3000:]
   replaced = "replacing the record of configs/dicr.py:simclr_cifar10"
   assert f"dicr-simclr_cifar10-v9_2x2.json: {replaced}" in first.stdout
@@ -153,27 +157,13 @@ def test_the_queue_writes_a_record_per_cell_and_keeps_it(tmp_path):
   table = (out / "table.md").read_text()
   assert "| `mocov2_patchns.py` | v9:2x2 | no: error: --target=v9:2x2" in table
   os.utime(path, (0, 0))
-  again = subprocess.run(
-      command, cwd=conftest.ROOT, env=tiny_run.env(), capture_output=True, text=True, timeout=300
-  )
+  again = run(command)
   assert again.returncode == 0 and os.stat(path).st_mtime == 0  # kept, not compiled again
-  missing = subprocess.run(
-      command[:3] + [f"--out={tmp_path / 'none'}", "--render_only"],
-      cwd=conftest.ROOT,
-      env=tiny_run.env(),
-      capture_output=True,
-      text=True,
-      timeout=300,
-  )
+  missing = run(command[:3] + [f"--out={tmp_path / 'none'}", "--render_only"])
   assert missing.returncode != 0 and missing.stderr.strip().count("\n") == 0
   assert "is not a folder of cell records" in missing.stderr
-  mistyped = subprocess.run(
-      command[:3] + [f"--out={tmp_path / 'typo'}", "--configs=configs/dicr.py:simclr_cifar10"],
-      cwd=conftest.ROOT,
-      env=tiny_run.env(),
-      capture_output=True,
-      text=True,
-      timeout=300,
+  mistyped = run(
+      command[:3] + [f"--out={tmp_path / 'typo'}", "--configs=configs/dicr.py:simclr_cifar10"]
   )
   assert mistyped.returncode != 0 and mistyped.stderr.strip().count("\n") == 0
   assert "--configs=configs/dicr.py:simclr_cifar10: configs/dicr.py: method must be" in (
