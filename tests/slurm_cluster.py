@@ -20,6 +20,9 @@ import pytest
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scancel", "scontrol", "sinfo")
+# A requeued job waits AuthInfo's cred_expire before it starts again (slurm.conf(5); default
+# 120 s): the requeue test's task would idle two minutes. Long enough for a job step to start.
+CRED_EXPIRE_S = 15
 
 
 def _binary(name: str) -> str | None:
@@ -98,7 +101,7 @@ SlurmctldHost={node}(127.0.0.1)
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
-AuthInfo=socket={socket_path}
+AuthInfo=socket={socket_path},cred_expire={CRED_EXPIRE_S}
 CredType=cred/munge
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={folder}/spool

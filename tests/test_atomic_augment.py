@@ -268,6 +268,7 @@ def test_share_copies_exactly_the_group(group):
   assert all(target[k] is before[k] for k in before) and set(target) == set(before)
 
 
+@pytest.mark.slow
 def test_share_everything_reproduces_the_source_view():
   images = random_images(seed=13)
   source, target = sampled(14), sampled(15)
@@ -291,6 +292,7 @@ def only(params, group):
   return params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", ["colour", "rotation", "texture"])
 def test_views_sharing_a_group_agree_in_it(group):
   images = random_images(seed=16)
@@ -303,6 +305,7 @@ def test_views_sharing_a_group_agree_in_it(group):
   )
 
 
+@pytest.mark.slow
 def test_shared_rotation_undoes_to_the_unrotated_key_view():
   images = random_images(seed=19)
   query, key = sampled(20), sampled(21)
@@ -378,6 +381,7 @@ def fixture_pipeline(out_path: str) -> None:
   np.savez(out_path, output=np.asarray(out), **{"param_" + k: v for k, v in params.items()})
 
 
+@pytest.mark.slow
 def test_fixture_from_the_moco_only_module(tmp_path):
   """The aug-plus pipeline's stored params and images (FIXTURE), bit for bit: computed in a
   process that compiles at XLA's default optimisation level (3), as FIXTURE was (the suite's

@@ -135,6 +135,7 @@ def _with_python_path() -> str:
   return os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 
+@pytest.mark.slow
 def test_the_launch_scripts_dry_run_prints_the_plan():
   env = {**os.environ, "PATH": _with_python_path()}
   config = "configs/mocov2_patchns.py:imagenet100"

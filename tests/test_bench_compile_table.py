@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from cl_jax.bench import compile_table
 from tests import conftest, tiny_run
 
@@ -121,6 +123,7 @@ def test_a_preset_out_of_hbm_shows_the_largest_batch_that_fits():
   assert len(cells) == 9
 
 
+@pytest.mark.slow
 def test_the_queue_writes_a_record_per_cell_and_keeps_it(tmp_path):
   out = tmp_path / "compile"
   command = [

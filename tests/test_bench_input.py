@@ -175,6 +175,7 @@ def test_a_decoding_that_reduces_no_image_is_recognised(folder):
   assert not jpeg_decode.reduces(big)
 
 
+@pytest.mark.slow
 def test_pipeline_of_reduced_decoding_gives_views_of_the_view_size(folder):
   c = _tiny_config()
   source = jpeg_decode.JpegSource(

@@ -234,6 +234,7 @@ def test_a_part_past_the_deadline_is_stopped_and_named():
   assert result == {"failed": "stopped at the report's deadline, after 0 s"}
 
 
+@pytest.mark.slow
 def test_the_gpu_script_keeps_its_deadline_and_packs_what_it_has(tmp_path):
   """launch/gpu_report.sh with a 1 s deadline: the step part is stopped, the others are not
   started, each is named in the report, and report.md, environment.txt and bench.tar.gz (the

@@ -187,6 +187,7 @@ def test_identical_views_attract_their_whole_representations():
   np.testing.assert_allclose(loss, -0.1 * (logits[0] - np.log(np.exp(logits).sum())), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_nested_view_repels_the_outer_views_rest_from_both_overlaps():
   """v2 inside v1: attract (o1, o2), repel {o2, n1} and {o1, n1}; n2 is null."""
   _, _, _, _, grads = _loss_and_grads([[0, 0, 16, 16]], [[4, 4, 12, 12]], tau=0.1)

@@ -152,6 +152,7 @@ def test_the_pipeline_draws_the_cpu_paths_crops_and_resumes(tmp_path):
     np.testing.assert_array_equal(got[key], want[key])
 
 
+@pytest.mark.slow
 def test_eight_devices_give_one_devices_views(tmp_path):
   """The batch split over 8 devices, each decoding its rows: the views of one device's run, on
   the batch sharding's devices, with the other keys as parallel.global_batch puts them."""

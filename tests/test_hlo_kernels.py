@@ -157,6 +157,7 @@ def test_modelled_time_from_rates():
   }
 
 
+@pytest.mark.slow
 def test_the_committed_rates_come_from_the_committed_h200_trace():
   bench = os.path.join(ROOT, "results", "bench", "h200")
   rates = hlo_kernels.calibrate_files(

@@ -121,6 +121,7 @@ def test_key_view_i_copies_exactly_augmentation_i_from_the_query():
     assert not np.array_equal(others[i]["sigma"], q["sigma"])
 
 
+@pytest.mark.slow
 def test_rotation_key_view_has_the_query_rotation_on_pixels():
   size, b = 16, 64
   spec = photometric.PhotometricSpec(

@@ -170,6 +170,7 @@ def test_append_row_merges_into_the_step_and_survives_resume(tmp_path, monkeypat
     metrics.append_row(str(tmp_path), 8, {}, "a/b")
 
 
+@pytest.mark.slow
 def test_append_row_adds_the_scalars_to_tensorboard(tmp_path):
   event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
   _log(tmp_path, range(1, 4), 0)

@@ -380,6 +380,7 @@ def test_group_normalise_pool_equals_autodiff_of_the_plain_formula(groups, level
     np.testing.assert_allclose(g, v, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mode', ['train', 'eval', 'scattered'])
 def test_a_norm_with_max_pool_equals_the_norm_then_the_max_pool(mode):
   """GroupBatchNorm(relu=True, max_pool=True) against the same norm followed by

@@ -302,6 +302,7 @@ def test_blur_matrices_program_does_not_grow_with_the_radius():
   assert equations(11) == equations(2)
 
 
+@pytest.mark.slow
 def test_bfloat16_views_stay_within_one_grey_level_of_float32():
   """Views held in bfloat16 between the passes (a bfloat16 network's runs) against float32 ones,
   with every op on for half the views and a 23-tap blur as at 224 px: at most 0.75 grey levels

@@ -298,6 +298,7 @@ def test_bad_inputs_get_one_line(tmp_path):
   assert "did you mean moco.temperature?" in line
 
 
+@pytest.mark.slow
 def test_bad_workdirs_and_refused_configs_get_one_line_and_leave_nothing(tmp_path):
   a_file = tmp_path / "a_file"
   a_file.write_text("")
@@ -314,6 +315,7 @@ def test_bad_workdirs_and_refused_configs_get_one_line_and_leave_nothing(tmp_pat
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_help_exits_with_status_zero():
   for module in ("cl_jax.main", "cl_jax.study"):
     proc = subprocess.run(

@@ -954,10 +954,14 @@ def test_the_gpu_study_command_brings_back_new_records_at_tiny_size(tmp_path):
       "optim.batch_size=32",
       "optim.epochs=1",
       "optim.warmup_epochs=0",
-      "model.width_multiplier=0.25",
+      "model.depth=10",
+      "model.width_multiplier=0.125",
+      "model.head_hidden_dim=32",
+      "model.head_out_dim=16",
       "model.dtype=float32",
   )
   env = {**os.environ, "PYTHON": sys.executable, "CL_JAX_STUDY_WORKERS": "2"}
+  env["TMPDIR"] = str(tmp_path)  # the script's scratch folder, not the machine's shared one
   env["CL_JAX_STUDY_DEADLINE_S"] = "900"
   env["CL_JAX_CACHE"] = str(tmp_path / "cache")
   arms = "simclr_trifeature128,simclr_ifm_trifeature128"

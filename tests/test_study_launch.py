@@ -49,6 +49,7 @@ with study_runs.claim(epath.Path(sys.argv[1])) as mine:
 """
 
 
+@pytest.mark.slow
 def test_a_claim_is_exclusive_and_released_when_its_holder_is_killed(tmp_path):
   directory = tmp_path / "arm" / "seed0"
   holder = subprocess.Popen(
@@ -67,6 +68,7 @@ def test_a_claim_is_exclusive_and_released_when_its_holder_is_killed(tmp_path):
     assert mine
 
 
+@pytest.mark.slow
 def test_a_dry_run_prints_the_arrays_sbatch_script(tmp_path):
   options = study_launch.SlurmOptions(
       partition="gpu", account="lab", qos="high", time_min=90, cpus_per_task=8, gpus_per_task=1,

@@ -307,6 +307,7 @@ def test_job_resumes_without_redoing_finished_shards(reference, tmp_path):
   assert _stats(out) == after
 
 
+@pytest.mark.slow
 def test_job_result_does_not_depend_on_workers(reference, tmp_path):
   """Two spawned workers, started by the command in a fresh process."""
   out = tmp_path / "textures"
@@ -389,6 +390,7 @@ def test_cli_reports_bad_input_in_one_line(args, message, reference, tmp_path):
   assert re.search(message, lines[0]), lines[0]
 
 
+@pytest.mark.slow
 def test_cli_reports_missing_tfds_data_in_one_line(tmp_path):
   proc = _cli(
       "--dataset=cifar10", f"--out={tmp_path / 'out'}", f"--data_dir={tmp_path}", "--size=32"
@@ -431,6 +433,7 @@ def _command(error) -> list[str]:
   return shlex.split(str(error.value).split("with: ", 1)[1])
 
 
+@pytest.mark.slow
 def test_texture_source_gives_the_command_for_a_missing_directory(tmp_path):
   out = tmp_path / "textures"
   with pytest.raises(ts.TextureDatasetError, match="no texture dataset") as error:

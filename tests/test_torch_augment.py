@@ -27,6 +27,7 @@ def _problem(seed: int, spec: photometric.PhotometricSpec):
   return images, params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_same_images_as_the_jax_augmentation(seed):
   """Every op on (jitter in every order, grayscale, blur, solarize, each on and off across the

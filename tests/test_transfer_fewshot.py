@@ -371,6 +371,7 @@ def test_transfer_end_to_end_matches_logistic_regression(probe, data_dir):
   assert "random init" in lines[1] and lines[2].split()[:3] == ["cub200", "15", "9"]
 
 
+@pytest.mark.slow
 def test_transfer_fast_protocol_uses_the_probe_settings(probe, data_dir):
   ctx = _context(probe, data_dir, datasets="flowers102", protocol="fast", baseline=False)
   entry = _report(transfer, ctx)["datasets"]["flowers102"]
