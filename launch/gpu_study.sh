@@ -27,8 +27,8 @@ use_carried_wheels "$python" cl_jax.study cl_jax.train grain ml_collections dm_p
 # The study reads and writes its records in OUT: the committed ones tell it what is done.
 mkdir -p "$out/results"
 cp -r results/studies/runs "$out/results/runs"
-scratch="${TMPDIR:-/tmp}/cl_jax_gpu_study"
-rm -rf "$scratch" && mkdir -p "$scratch"
+# The runs' work folders: a folder of this command's own (another on the machine keeps its own).
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/cl_jax_gpu_study.XXXXXX")
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   nproc
@@ -49,6 +49,6 @@ mkdir -p "$out/runs"
     mv "$out/results/runs/$record" "$out/runs/$record"
   fi
 done
-rm -rf "$out/results"
+rm -rf "$out/results" "$scratch"
 echo "gpu_study.sh: $(find "$out/runs" -name '*.json' | wc -l) new records in $out/runs, status $status, $(($(date +%s) - start)) s"
 exit "$status"
