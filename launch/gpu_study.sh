@@ -27,8 +27,10 @@ use_carried_wheels "$python" cl_jax.study cl_jax.train grain ml_collections dm_p
 # The study reads and writes its records in OUT: the committed ones tell it what is done.
 mkdir -p "$out/results"
 cp -r results/studies/runs "$out/results/runs"
-# The runs' work folders: a folder of this command's own (another on the machine keeps its own).
+# The runs' work folders: a folder of this command's own (another on the machine keeps its own),
+# removed however the command ends.
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/cl_jax_gpu_study.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   nproc
@@ -49,6 +51,6 @@ mkdir -p "$out/runs"
     mv "$out/results/runs/$record" "$out/runs/$record"
   fi
 done
-rm -rf "$out/results" "$scratch"
+rm -rf "$out/results"
 echo "gpu_study.sh: $(find "$out/runs" -name '*.json' | wc -l) new records in $out/runs, status $status, $(($(date +%s) - start)) s"
 exit "$status"

@@ -961,7 +961,7 @@ def test_the_gpu_study_command_brings_back_new_records_at_tiny_size(tmp_path):
       "model.dtype=float32",
   )
   env = {**os.environ, "PYTHON": sys.executable, "CL_JAX_STUDY_WORKERS": "2"}
-  env["TMPDIR"] = str(tmp_path)  # the script's scratch folder in the test's
+  env["TMPDIR"] = str(tmp_path)  # the script's scratch folder: under tmp_path
   env["CL_JAX_STUDY_DEADLINE_S"] = "900"
   env["CL_JAX_CACHE"] = str(tmp_path / "cache")
   arms = "simclr_trifeature128,simclr_ifm_trifeature128"
