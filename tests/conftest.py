@@ -1,6 +1,6 @@
-"""Test-wide settings: 8 simulated CPU devices, XLA's backend optimisation level 1, private
-caches shared by the session, its pytest-xdist workers and their subprocesses, and the
-repository on sys.path.
+"""Test-wide settings: 8 simulated CPU devices, XLA's backend optimisation level 1 in the test
+processes (their subprocesses at XLA's default), private caches shared by the session, its
+pytest-xdist workers and their subprocesses, and the repository on sys.path.
 
 Tests that are not about sharding build their mesh over one device; the
 8 devices serve the one-device-vs-many equivalence tests.
@@ -17,17 +17,33 @@ import subprocess
 import sys
 import tempfile
 
-# XLA's CPU backend compiles the generated kernels with LLVM's -O1 instead of its default -O3:
-# a third less compilation time for the suite's many small programs (a tiny train step: 23 s
-# -> 16 s on a 2-core AMD EPYC), the same operations, and results that differ from the
-# default's by float32 rounding (the order of a vectorised sum), within every tolerance here.
-# The one bit-for-bit comparison with a stored output (tests/test_atomic_augment.py) runs in a
-# process with the default level. Set in the environment, so the subprocesses and the xdist
-# workers compile (and read the compilation cache) at the same level.
+# The test processes (pytest and its xdist workers) compile at XLA's backend optimisation level 1:
+# LLVM's -O1 instead of XLA's default -O3 for the generated CPU kernels, a third less compilation
+# time for their many small programs, each run a few times (a tiny train step: 23 s -> 16 s on a
+# 2-core AMD EPYC), the same operations, and results that differ from the default's by float32
+# rounding (the order of a vectorised sum), within every tolerance here. Their subprocesses (the
+# runs of cl_jax.main and the other commands) compile at the default level, as a user's do: they
+# read most of their programs from the shared compilation cache and run them for many steps,
+# which -O1's kernels run several times slower (the stop trials' 48-step tiny run, its programs
+# cached: 33 s at -O1, 11 s at -O3 on a 2-core AMD EPYC Zen 4). So XLA_FLAGS is set here for this
+# process only and kept for its subprocesses in SUBPROCESS_XLA_FLAGS_ENV: every Python
+# subprocess starts with tests/subprocess_site/sitecustomize.py, which puts back the XLA_FLAGS the
+# suite started with where it finds IN_PROCESS_XLA_FLAGS_ENV's value. Where the suite starts with
+# no XLA_FLAGS, both compute on the convolution path cl_jax chooses for the processor
+# (cl_jax.runtime.xla_cpu, applied when cl_jax is imported). The persistent cache's keys include
+# XLA_FLAGS, so the two levels never read each other's programs. The one bit-for-bit comparison
+# with a stored output (tests/test_atomic_augment.py) runs in a process at the default level.
 OPT_LEVEL_FLAG = "--xla_backend_optimization_level=1"
 DEFAULT_LEVEL_FLAG = "--xla_backend_optimization_level=3"  # XLA's default
+IN_PROCESS_XLA_FLAGS_ENV = "CL_JAX_TEST_IN_PROCESS_XLA_FLAGS"
+SUBPROCESS_XLA_FLAGS_ENV = "CL_JAX_TEST_SUBPROCESS_XLA_FLAGS"  # absent: no XLA_FLAGS
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  if "XLA_FLAGS" in os.environ:
+    os.environ[SUBPROCESS_XLA_FLAGS_ENV] = os.environ["XLA_FLAGS"]
+  from cl_jax.runtime import xla_cpu  # noqa: E402, F401  (cl_jax's choice, where none is set)
+
   os.environ["XLA_FLAGS"] = " ".join(f for f in (os.environ.get("XLA_FLAGS"), OPT_LEVEL_FLAG) if f)
+  os.environ[IN_PROCESS_XLA_FLAGS_ENV] = os.environ["XLA_FLAGS"]
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

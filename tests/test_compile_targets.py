@@ -66,8 +66,8 @@ def _compilers() -> str:
 
 def _compile(config_name: str, target_name: str) -> dict:
   """`python -m cl_jax.bench.compile --json` of the config in bfloat16, with the compilers,
-  at XLA's default optimisation level (the target's program as users get it)."""
-  flags = os.environ.get("XLA_FLAGS", "").replace(conftest.OPT_LEVEL_FLAG, "").strip()
+  at XLA's default optimisation level, as every test subprocess (tests/conftest.py): the
+  target's program as users get it."""
   path = os.pathsep.join(p for p in (_compilers(), os.environ.get("PYTHONPATH")) if p)
   proc = subprocess.run(
       [
@@ -80,7 +80,7 @@ def _compile(config_name: str, target_name: str) -> dict:
           "--json",
       ],
       cwd=conftest.ROOT,
-      env={**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": path},
+      env={**os.environ, "PYTHONPATH": path},
       capture_output=True,
       text=True,
       timeout=1200,

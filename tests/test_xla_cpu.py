@@ -34,9 +34,9 @@ def test_importing_cl_jax_keeps_the_flags_it_finds_and_says_what_it_chose():
   assert out.startswith(repr(want))  # this machine's choice, None on AVX-512
   kept = subprocess.run(
       [sys.executable, "-c", code],
-      env={**env, "XLA_FLAGS": "--xla_backend_optimization_level=1"},
+      env={**env, "XLA_FLAGS": "--xla_backend_optimization_level=2"},
       capture_output=True,
       text=True,
       check=True,
   ).stdout
-  assert kept.strip() == "'--xla_backend_optimization_level=1' None"
+  assert kept.strip() == "'--xla_backend_optimization_level=2' None"
