@@ -32,7 +32,7 @@ import tempfile
 # no XLA_FLAGS, both compute on the convolution path cl_jax chooses for the processor
 # (cl_jax.runtime.xla_cpu, applied when cl_jax is imported). The persistent cache's keys include
 # XLA_FLAGS, so the two levels never read each other's programs. The one bit-for-bit comparison
-# with a stored output (tests/test_atomic_augment.py) runs in a process at the default level.
+# with a stored output (tests/test_atomic_augment.py) runs in a process with XLA's defaults.
 OPT_LEVEL_FLAG = "--xla_backend_optimization_level=1"
 DEFAULT_LEVEL_FLAG = "--xla_backend_optimization_level=3"  # XLA's default
 IN_PROCESS_XLA_FLAGS_ENV = "CL_JAX_TEST_IN_PROCESS_XLA_FLAGS"
