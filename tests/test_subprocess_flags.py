@@ -7,11 +7,7 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from tests import conftest
-
-pytestmark = pytest.mark.slow  # fresh interpreters: seconds
 
 _CHILD = "import os; print(repr(os.environ.get('XLA_FLAGS')))"
 
@@ -33,7 +29,7 @@ def test_subprocesses_get_the_suites_flags_and_the_test_process_level_1():
   child = _flags_in_child(dict(os.environ))
   assert child == os.environ.get(conftest.SUBPROCESS_XLA_FLAGS_ENV)
   assert conftest.OPT_LEVEL_FLAG not in (child or "").split()
-  # Flags a test gives its subprocess are its own, the test process's level among them.
+  # XLA_FLAGS a test gives its subprocess (other than the test process's own value) are kept.
   assert _flags_in_child({**os.environ, "XLA_FLAGS": "--xla_dump_to=/x"}) == "--xla_dump_to=/x"
   without = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   assert _flags_in_child(without) is None
