@@ -3,7 +3,8 @@ slice (v5e:2x2) and two H100s (h100:2) in bfloat16, as on accelerators: they com
 communicate only what data parallelism needs (no image gathered in float32), donate their
 state (on H100s held in the layouts cuDNN reads), and their FLOPs per image agree with the
 analytic count. A residual block's batch norms,
-compiled for an H100, move the bytes they need and no more.
+compiled for an H100, move the bytes they need and no more; the stem's batch norm and max-pool,
+compiled for a TPU v5p chip, keep x and not its normalised output for the backward.
 
 The compilers (requirements-compile.txt, about 1.2 GB) live in a folder of their own, by default
 .compilers at the repository's root (docs/benchmarks.md, "Compiled for TPUs and H100s"; another
@@ -204,3 +205,62 @@ def test_batch_norm_moves_the_bytes_it_needs_in_a_compiled_h100_block():
   assert per_element["bn2"] == pytest.approx(16, rel=5e-3), per_element
   assert per_element["bn3"] == pytest.approx(22, rel=5e-3), per_element
   assert result["masks"] == 0, result
+
+
+# The stem's batch norm, ReLU and max-pool (32 images of 112 x 112 x 64, bfloat16) followed by a
+# 1x1 convolution to 1,024 channels and a ReLU, whose forward and backward hold memory while the
+# stem's residuals wait for its backward; compiled for one TPU v5p chip in the TPU form
+# (normalise_then_pool) and as autodiff of group_normalise then max_pool_3x3_s2.
+_STEM_SCRIPT = """
+import functools, json
+import jax
+jax.config.update("jax_platforms", "cpu")  # the TPU is a compile-only target
+import jax.numpy as jnp
+from cl_jax.bench import compile as bench_compile
+from cl_jax.models import batchnorm, pooling
+bf16 = jnp.dtype(jnp.bfloat16)
+def stem(form, x, scale, bias):
+  shift = jnp.zeros_like(scale)
+  if form == "tpu":
+    return batchnorm.normalise_then_pool(x, scale, bias, shift, 1, 1e-5, bf16)[0]
+  y = batchnorm.group_normalise(x, None, scale, bias, shift, 1, 1e-5, bf16, True)[0]
+  return pooling.max_pool_3x3_s2(y)
+def step(form, x, scale, bias, w):
+  def loss(x, scale, bias):
+    z = jax.nn.relu(jnp.einsum("bhwc,cd->bhwd", stem(form, x, scale, bias), w))
+    return jnp.sum(z.astype(jnp.float32) ** 2)
+  return jax.grad(loss, argnums=(0, 1, 2))(x, scale, bias)
+sharding = jax.sharding.SingleDeviceSharding(bench_compile.target("v5p:2x2x1").devices[0])
+f32 = jnp.float32
+shapes = [((32, 112, 112, 64), bf16), ((64,), f32), ((64,), f32), ((64, 1024), bf16)]
+args = [jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in shapes]
+out = {}
+for form in ("tpu", "autodiff"):
+  compiled = jax.jit(functools.partial(step, form)).lower(*args).compile()
+  out[form] = {"temp": compiled.memory_analysis().temp_size_in_bytes,
+               "select_and_scatter": compiled.as_text().count("select-and-scatter")}
+print(json.dumps(out))
+"""
+
+
+def test_the_tpu_stem_keeps_x_not_its_normalised_output_for_the_backward():
+  """On TPUs the stem's max-pool takes select-and-scatter, which reads the pool's input y =
+  max(BN(x), 0): normalise_then_pool recomputes y from x in the backward, so the compiled
+  step's temporaries are smaller than autodiff's (which keeps y from the forward to the
+  backward) by at least y's size (32 x 112 x 112 x 64 bfloat16, 51.4 MB); both run
+  select-and-scatter."""
+  path = os.pathsep.join(p for p in (_compilers(), os.environ.get("PYTHONPATH")) if p)
+  proc = subprocess.run(
+      [sys.executable, "-c", _STEM_SCRIPT],
+      cwd=conftest.ROOT,
+      env={**os.environ, "PYTHONPATH": path},
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  y_bytes = 32 * 112 * 112 * 64 * 2
+  assert result["autodiff"]["temp"] - result["tpu"]["temp"] >= y_bytes, result
+  assert result["tpu"]["select_and_scatter"] >= 1, result
+  assert result["autodiff"]["select_and_scatter"] >= 1, result

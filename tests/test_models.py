@@ -352,12 +352,14 @@ def _pool_gradients(normalise_pool, x, scale, bias, w, a, b):
   return list(out) + list(grads)
 
 
+@pytest.mark.parametrize('op', ['group_normalise_pool', 'normalise_then_pool'])
 @pytest.mark.parametrize('groups,levels', [(1, 0), (4, 0), (2, 3)])
-def test_group_normalise_pool_equals_autodiff_of_the_plain_formula(groups, levels):
-  """The stem's batch norm, ReLU and max-pool in one op: output, statistics and gradients of
-  x, scale and bias within float32 rounding of autodiff through the textbook two-pass batch
-  norm, jax.nn.relu and flax's max-pool (select-and-scatter), odd sides included; with x on 3
-  levels most windows tie and many lie wholly under the ReLU."""
+def test_group_normalise_pool_equals_autodiff_of_the_plain_formula(groups, levels, op):
+  """The stem's batch norm, ReLU and max-pool in one op, in both forms (off TPUs and on them):
+  output, statistics and gradients of x, scale and bias within float32 rounding of autodiff
+  through the textbook two-pass batch norm, jax.nn.relu and flax's max-pool
+  (select-and-scatter), odd sides included; with x on 3 levels most windows tie and many lie
+  wholly under the ReLU."""
   shape = (8, 7, 9, 5)
   x, scale, bias, w, a, b = _pool_problem(15, shape, groups, levels)
   shift = np.full(5, 0.4, np.float32)
@@ -372,7 +374,7 @@ def test_group_normalise_pool_equals_autodiff_of_the_plain_formula(groups, level
 
   def ours(x, scale, bias):
     f32 = jnp.dtype(jnp.float32)
-    return batchnorm.group_normalise_pool(x, scale, bias, shift, groups, 1e-5, f32)
+    return getattr(batchnorm, op)(x, scale, bias, shift, groups, 1e-5, f32)
 
   got = jax.jit(functools.partial(_pool_gradients, ours))(x, scale, bias, w, a, b)
   want = jax.jit(functools.partial(_pool_gradients, plain))(x, scale, bias, w, a, b)

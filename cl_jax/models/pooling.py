@@ -56,6 +56,12 @@ def _pool(x: jax.Array) -> jax.Array:
   )
 
 
+def select_and_scatter_gradient(x: jax.Array, g: jax.Array) -> jax.Array:
+  """The gradient of _pool at x (B, H, W, C) for its output's gradient g: autodiff's, which
+  XLA runs as select-and-scatter (each window's gradient to its first maximum); x's dtype."""
+  return jax.vjp(_pool, x)[1](g)[0]
+
+
 @jax.custom_vjp
 def _summed_gradient_pool(x: jax.Array) -> jax.Array:
   """_pool with the gradient of _backward."""
