@@ -12,7 +12,9 @@ one op (cl_jax.models.batchnorm.group_normalise_pool), whose backward places the
 inside the batch norm's dx pass. XLA's TPU compiler runs select-and-scatter natively but does
 not fuse that sum: it keeps a float32 copy of the padded input per offset (1.6 GB per chip at
 128 images of 224 px), so on TPUs the max-pool takes autodiff's gradient
-(jax.lax.platform_dependent, resolved when the step is lowered for its platform).
+(jax.lax.platform_dependent, resolved when the step is lowered for its platform), and the stem's
+batch norm recomputes the pool's input for it in the backward
+(cl_jax.models.batchnorm.normalise_then_pool).
 """
 
 import functools
