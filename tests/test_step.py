@@ -97,3 +97,33 @@ def test_lean_step_returns_the_same_state_with_loss_and_lr_only(batch):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), full, lean)
   assert set(lean_metrics) == {"loss", "lr"} and len(full_metrics) > 10
   assert lean_metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-6)
+
+
+def _barrier_widths(text: str) -> list[int]:
+  """The operand count of each stablehlo.optimization_barrier in a lowered module's text."""
+  widths = []
+  for line in text.splitlines():
+    if "stablehlo.optimization_barrier" in line:
+      operands = line.split("stablehlo.optimization_barrier", 1)[1].split(":", 1)[0]
+      widths.append(operands.count("%"))
+  return widths
+
+
+def test_on_tpus_the_query_forward_waits_for_every_key():
+  """Lowered for each platform (no TPU or GPU needed): on TPUs the query encoder's parameters
+  pass one optimization barrier together with the keys and the NS keys, so the query's forward
+  starts when every key exists (cl_jax.objectives.forward.keys_first); on GPUs no barrier holds
+  the parameters, whose conversions XLA fuses."""
+  config = _config(True)
+  mesh = parallel.make_mesh(jax.devices()[:1])
+  encoder, tx, schedule, make_state, _ = train.build(config, 4 * B, mesh)
+  state = jax.eval_shape(make_state)
+  views = {v: jax.ShapeDtypeStruct((B, S, S, 3), jnp.uint8) for v in ("view1", "view2")}
+  traced = jax.jit(step_lib.make_train_step(config, encoder, tx, schedule, mesh, 4)).trace(
+      state, views
+  )
+  params = len(jax.tree.leaves(state.params))
+  tpu = _barrier_widths(traced.lower(lowering_platforms=("tpu",)).as_text())
+  cuda = _barrier_widths(traced.lower(lowering_platforms=("cuda",)).as_text())
+  assert max(tpu) >= params + 2, (params, tpu)  # the parameters, the keys, the NS keys
+  assert max(cuda) < params, (params, cuda)

@@ -70,12 +70,13 @@ def make_objective(
     keys = jnp.stack(keys, axis=2)  # (B, H, V, d): keys[b, i, j] = z_i^{k_j}
 
     def loss_fn(params):
+      params, ks = forward.keys_first(params, keys)
       out, bs = encode(encoder, params, state.batch_stats, x.v1)
       q = head_embeddings(out)
       loss, stats = looc.looc_loss(
-          q, keys, state.queue, config.moco.temperature, mesh, config.train.score_queries
+          q, ks, state.queue, config.moco.temperature, mesh, config.train.score_queries
       )
-      return loss, (bs, {**stats, **embedding_health(q[:, 0], keys[:, 0, 0])})
+      return loss, (bs, {**stats, **embedding_health(q[:, 0], ks[:, 0, 0])})
 
     loss, batch_stats, stats, grads = forward.value_and_grad(loss_fn, state.params)
     heads = keys.shape[1]

@@ -121,8 +121,9 @@ def make_objective(
     )
 
     def loss_fn(params):
+      params, (ks, ts) = forward.keys_first(params, (keys, ns_keys))
       bs, losses, stats, outs = state.batch_stats, [], [], []
-      for i, ((vq, _), k, t) in enumerate(zip(pairs, keys, ns_keys)):
+      for i, ((vq, _), k, t) in enumerate(zip(pairs, ks, ts)):
         out, bs = encode(encoder, params, bs, vq)
         outs.append(out)
         loss, st = pair_loss(
@@ -142,7 +143,7 @@ def make_objective(
         stats.append(st)
       mean = lambda xs: sum(xs) / len(xs)
       loss, stats = mean(losses), jax.tree.map(lambda *xs: mean(xs), *stats)
-      stats = {**stats, **embedding_health(outs[0]["z"], keys[0])}
+      stats = {**stats, **embedding_health(outs[0]["z"], ks[0])}
       return forward.regularised(
           addons.dicr, loss, stats, bs, encoder, params, state.step, outs[:2], x.regions
       )
