@@ -45,12 +45,15 @@ def make_objective(
     tau = byol.target_momentum(state.step, total, config.byol.base_momentum)
     target_params = forward.momentum_target(state, tau)
     views = (x.v1, x.v2)
-    z, target_bs = forward.target_keys(
+    targets, target_bs = forward.target_keys(
         encoder, target_params, state.target_batch_stats, list(views), x.r_key, shuffle=None
     )
-    t = forward.ns_keys(encoder, target_params, target_bs, list(views), x, ns, shuffle=None)
+    ns_targets = forward.ns_keys(
+        encoder, target_params, target_bs, list(views), x, ns, shuffle=None
+    )
 
     def loss_fn(params):
+      params, (z, t) = forward.keys_first(params, (targets, ns_targets))
       out1, bs = encode(encoder, params, state.batch_stats, x.v1, predict=True)
       out2, bs = encode(encoder, params, bs, x.v2, predict=True)
       preds = (out1["p"], out2["p"])
