@@ -263,8 +263,9 @@ def keys_first(params, keys):
   target's outputs): their scheduler would otherwise run part of a key forward while the
   query's activations wait for the backward, and hold both at the step's peak (ResNet-50 at
   224 px on v4:2x2x1: MoCo-v2 with texture negatives at 128 images per chip 5.26 GiB, 4.55
-  with the barrier; BYOL on v5p:2x2x1 at 256 per chip 17.23 GiB, 16.98). Elsewhere nothing: on GPUs a barrier on the parameters keeps XLA from
-  fusing their conversions (209 kernels more per MoCo-v2 step)."""
+  with the barrier; BYOL on v5p:2x2x1 at 256 per chip 17.23 GiB, 16.98). Elsewhere nothing:
+  on GPUs a barrier on the parameters keeps XLA from fusing their conversions (209 kernels more
+  per MoCo-v2 step)."""
   return jax.lax.platform_dependent(
       (params, keys), tpu=jax.lax.optimization_barrier, default=lambda values: values
   )
