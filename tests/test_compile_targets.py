@@ -65,6 +65,22 @@ def _compilers() -> str:
   return folder
 
 
+def _run_script(script: str) -> dict:
+  """The JSON object of the last line that `script` prints, run in a Python process of its own
+  with the compilers on its path."""
+  path = os.pathsep.join(p for p in (_compilers(), os.environ.get("PYTHONPATH")) if p)
+  proc = subprocess.run(
+      [sys.executable, "-c", script],
+      cwd=conftest.ROOT,
+      env={**os.environ, "PYTHONPATH": path},
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _compile(config_name: str, target_name: str) -> dict:
   """`python -m cl_jax.bench.compile --json` of the config in bfloat16, with the compilers,
   at XLA's default optimisation level, as every test subprocess (tests/conftest.py): the
@@ -189,17 +205,7 @@ def test_batch_norm_moves_the_bytes_it_needs_in_a_compiled_h100_block():
   residual's add, 22 (its normalisation also reads the shortcut; its sums read y for the mask and
   write the shortcut's gradient, which its dx pass reads instead of dy). 0.5% covers the
   (C,)-sized statistics."""
-  path = os.pathsep.join(p for p in (_compilers(), os.environ.get("PYTHONPATH")) if p)
-  proc = subprocess.run(
-      [sys.executable, "-c", _BLOCK_SCRIPT],
-      cwd=conftest.ROOT,
-      env={**os.environ, "PYTHONPATH": path},
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = _run_script(_BLOCK_SCRIPT)
   per_element = result["per_element"]
   assert per_element["bn1"] == pytest.approx(16, rel=5e-3), per_element
   assert per_element["bn2"] == pytest.approx(16, rel=5e-3), per_element
@@ -249,17 +255,7 @@ def test_the_tpu_stem_keeps_x_not_its_normalised_output_for_the_backward():
   step's temporaries are smaller than autodiff's (which keeps y from the forward to the
   backward) by at least y's size (32 x 112 x 112 x 64 bfloat16, 51.4 MB); both run
   select-and-scatter."""
-  path = os.pathsep.join(p for p in (_compilers(), os.environ.get("PYTHONPATH")) if p)
-  proc = subprocess.run(
-      [sys.executable, "-c", _STEM_SCRIPT],
-      cwd=conftest.ROOT,
-      env={**os.environ, "PYTHONPATH": path},
-      capture_output=True,
-      text=True,
-      timeout=600,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = _run_script(_STEM_SCRIPT)
   y_bytes = 32 * 112 * 112 * 64 * 2
   assert result["autodiff"]["temp"] - result["tpu"]["temp"] >= y_bytes, result
   assert result["tpu"]["select_and_scatter"] >= 1, result

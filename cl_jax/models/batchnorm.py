@@ -315,10 +315,7 @@ def normalise_then_pool(x, scale, bias, shift, num_groups: int, epsilon: float, 
   which the batch norm's backward reads anyway. Shapes, arguments and results as
   group_normalise_pool.
   """
-  y, mean, var, _ = _forward(x, None, scale, bias, shift, num_groups, epsilon, dtype, True)
-  channels = x.shape[-1]
-  pooled = pooling.max_pool_3x3_s2(y)
-  return pooled, mean.reshape(num_groups, channels), var.reshape(num_groups, channels)
+  return _normalise_then_pool_fwd(x, scale, bias, shift, num_groups, epsilon, dtype)[0]
 
 
 def _normalise_then_pool_fwd(x, scale, bias, shift, num_groups, epsilon, dtype):
