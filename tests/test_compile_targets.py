@@ -148,6 +148,11 @@ def test_the_quick_config_compiles_for_the_target_and_needs_only_data_parallel_t
     # Left to choose, the GPU's compiler keeps every kernel of the state in the order cuDNN
     # reads it, (C_out, kh, kw, C_in), and nothing else out of row-major order.
     assert result["state_layouts"]["orders"] == {"3,0,1,2": KERNELS_IN_STATE[config_name]}
+    # Its kernels are counted and their bytes are the step's traffic.
+    assert result["kernels"]["bytes"] == result["bytes_accessed_per_chip"] > 0
+  else:
+    # A TPU program's instructions include its DMAs: no kernel table; XLA counts the bytes.
+    assert result["kernels"] is None and result["bytes_source"] == "compiled"
   # Every contrastive score is a float32 product at full precision (a TPU computes a
   # default-precision one in one bf16 pass): only the heads' float32 layers use the default.
   default = result["census"]["default_precision_f32"]

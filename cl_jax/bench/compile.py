@@ -443,7 +443,7 @@ def analyse(config, tgt: Target, with_eval: bool = True) -> dict:
   except ValueError:
     analytic = None
   kernels = kernel_report(hlo, config, tgt, batch // chips_n)
-  accessed = float(cost.get("bytes accessed", 0.0)) or float(kernels["bytes"])
+  accessed = float(cost.get("bytes accessed", 0.0)) or float(kernels["bytes"] if kernels else 0)
   flop_s, byte_s = flops / tgt.chip.peak_bf16_flops, accessed / tgt.chip.hbm_bytes_per_s
   return {
       **head,
@@ -483,11 +483,16 @@ def state_layouts(formats) -> dict:
   return {"arrays": len(leaves), "not_row_major": sum(orders.values()), "orders": dict(orders)}
 
 
-def kernel_report(hlo: str, config, tgt: Target, batch_per_chip: int) -> dict:
-  """The kernels of a compiled step per chip (cl_jax.bench.hlo_kernels.kernel_table), with the
-  batch-norm inputs' elements of one forward of the chip's batch and BN's bytes per such
-  element; on GPU targets also the modelled time of the kernels (hlo_kernels.model_ms, rates
-  calibrated on the committed H200 trace: a model, not a measurement)."""
+def kernel_report(hlo: str, config, tgt: Target, batch_per_chip: int) -> dict | None:
+  """The kernels of a compiled GPU step per chip (cl_jax.bench.hlo_kernels.kernel_table), with
+  the batch-norm inputs' elements of one forward of the chip's batch, BN's bytes per such
+  element and the modelled time of the kernels (hlo_kernels.model_ms, rates calibrated on the
+  committed H200 trace: a model, not a measurement). None on other targets; a TPU program's
+  instructions include its DMAs (each prefetch as a copy-start and a copy-done of the same
+  bytes, asynchronous slices into on-chip memory), so their operands and results are no count
+  of kernels or of HBM traffic; XLA's cost analysis gives the bytes there."""
+  if not tgt.name.startswith("h100"):
+    return None
   table = hlo_kernels.kernel_table(hlo)
   encoder = encoder_for(config)
   elements = hlo_kernels.bn_input_elements(encoder, batch_per_chip, config.data.image_size)
@@ -497,10 +502,9 @@ def kernel_report(hlo: str, config, tgt: Target, batch_per_chip: int) -> dict:
   )
   table["bn_input_elements"] = elements
   table["bn_bytes_per_input_element"] = round(bn_bytes / elements, 2) if elements else None
-  if tgt.name.startswith("h100"):
-    rates = hlo_kernels.load_rates()
-    table["model_ms"] = hlo_kernels.model_ms(table, rates)
-    table["model_source"] = rates["source"]
+  rates = hlo_kernels.load_rates()
+  table["model_ms"] = hlo_kernels.model_ms(table, rates)
+  table["model_source"] = rates["source"]
   return table
 
 
@@ -646,7 +650,8 @@ def report(result: dict) -> str:
         f"{result['byte_roofline_img_per_s_per_chip']:.0f}: "
         f"{result['bytes_accessed_per_chip'] / 1e9:.1f} GB per step, {result['bytes_source']})"
     )
-  lines += kernel_lines(result["kernels"])
+  if result["kernels"]:
+    lines += kernel_lines(result["kernels"])
   lay = result["state_layouts"]
   lines.append(
       f"  state layouts (the compiler's choice): {lay['not_row_major']} of {lay['arrays']} arrays "
