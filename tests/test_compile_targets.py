@@ -65,45 +65,34 @@ def _compilers() -> str:
   return folder
 
 
-def _run_script(script: str) -> dict:
-  """The JSON object of the last line that `script` prints, run in a Python process of its own
+def _run(args: list[str], timeout: int) -> dict:
+  """The JSON object of the last line that `python ARGS` prints, run in a process of its own
   with the compilers on its path."""
   path = os.pathsep.join(p for p in (_compilers(), os.environ.get("PYTHONPATH")) if p)
   proc = subprocess.run(
-      [sys.executable, "-c", script],
+      [sys.executable, *args],
       cwd=conftest.ROOT,
       env={**os.environ, "PYTHONPATH": path},
       capture_output=True,
       text=True,
-      timeout=600,
+      timeout=timeout,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _run_script(script: str) -> dict:
+  """_run of a Python script given as text."""
+  return _run(["-c", script], timeout=600)
 
 
 def _compile(config_name: str, target_name: str) -> dict:
   """`python -m cl_jax.bench.compile --json` of the config in bfloat16, with the compilers,
   at XLA's default optimisation level, as every test subprocess (tests/conftest.py): the
   target's program as users get it."""
-  path = os.pathsep.join(p for p in (_compilers(), os.environ.get("PYTHONPATH")) if p)
-  proc = subprocess.run(
-      [
-          sys.executable,
-          "-m",
-          "cl_jax.bench.compile",
-          f"--config=configs/{config_name}.py",
-          "--config.model.dtype=bfloat16",
-          f"--target={target_name}",
-          "--json",
-      ],
-      cwd=conftest.ROOT,
-      env={**os.environ, "PYTHONPATH": path},
-      capture_output=True,
-      text=True,
-      timeout=1200,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  args = ["-m", "cl_jax.bench.compile", f"--config=configs/{config_name}.py"]
+  args += ["--config.model.dtype=bfloat16", f"--target={target_name}", "--json"]
+  return _run(args, timeout=1200)
 
 
 @pytest.mark.parametrize("target_name", ["v5e:2x2", "h100:2"])
